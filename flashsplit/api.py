@@ -1,0 +1,212 @@
+"""The public API: ``decode``, ``combine`` and ``plan``."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from . import backends  # noqa: F401  (registers the backends)
+from .plan import MAX_SPLITS, SplitPlan, cdiv, choose_num_splits, split_bounds, tokens_per_split, SPLIT_GRANULE
+from .problem import DecodeProblem, check_decode_inputs, check_num_splits
+from .registry import Backend, select
+
+#: SM count used when planning for a device that has none (the CPU interpreter): an H200's.
+DEFAULT_NUM_SMS = 132
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_type: str, index: int | None) -> int:
+    if device_type != "cuda":
+        return DEFAULT_NUM_SMS
+    return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()).multi_processor_count
+
+
+def _make_plan(problem: DecodeProblem, backend: Backend, backend_reason: str, num_splits: int, num_sms: int) -> SplitPlan:
+    block_m = backend.block_m(problem)
+    row_blocks = cdiv(problem.packed_rows, block_m)
+    work_units = problem.batch * problem.num_heads_kv * row_blocks
+    units_per_sm = backend.units_per_sm(problem)
+    if num_splits == 0:
+        num_splits, split_reason = choose_num_splits(work_units, problem.seqlen_k, num_sms, units_per_sm)
+    else:
+        split_reason = "requested"
+    return SplitPlan(
+        backend=backend.name,
+        backend_reason=backend_reason,
+        num_splits=num_splits,
+        split_reason=split_reason,
+        granule=SPLIT_GRANULE,
+        tokens_per_split=tokens_per_split(problem.seqlen_k, num_splits),
+        block_m=block_m,
+        row_blocks=row_blocks,
+        work_units=work_units,
+        grid=(num_splits, problem.batch, problem.num_heads_kv * row_blocks),
+        num_sms=num_sms,
+        units_per_sm=units_per_sm,
+        runs_combine=num_splits > 1,
+    )
+
+
+def plan(
+    batch: int,
+    seqlen_k: int,
+    num_heads: int,
+    num_heads_kv: int,
+    head_dim: int,
+    *,
+    seqlen_q: int = 1,
+    dtype: torch.dtype = torch.bfloat16,
+    causal: bool = False,
+    has_cache_seqlens: bool = True,
+    num_splits: int = 0,
+    num_sms: int | None = None,
+    device: str | torch.device = "cuda",
+    backend: str = "auto",
+) -> SplitPlan:
+    """What :func:`decode` will do for these shapes, in pure Python (no GPU needed).
+
+    ``seqlen_k`` is the cache capacity (``k_cache.shape[1]``); ``num_sms`` defaults to the
+    device's count (132, an H200's, when there is no CUDA device). ``device="cuda"`` plans
+    for the GPU backends even on a machine without one.
+
+    >>> p = plan(1, 32768, 32, 8, 128, num_sms=132, backend="triton")
+    >>> p.num_splits, p.grid
+    (29, (29, 1, 8))
+    """
+    for name, value in (("batch", batch), ("seqlen_k", seqlen_k), ("num_heads", num_heads),
+                        ("num_heads_kv", num_heads_kv), ("head_dim", head_dim), ("seqlen_q", seqlen_q)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name in ("batch", "seqlen_k") else 1):
+            raise ValueError(f"{name}: expected a {'non-negative' if name in ('batch', 'seqlen_k') else 'positive'} int, got {value!r}")
+    if num_heads % num_heads_kv != 0:
+        raise ValueError(f"num_heads: expected a multiple of num_heads_kv ({num_heads_kv}), got {num_heads}")
+    check_num_splits(num_splits)
+    device = torch.device(device)
+    problem = DecodeProblem(
+        batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_heads=num_heads, num_heads_kv=num_heads_kv,
+        head_dim=head_dim, dtype=dtype, causal=causal, has_cache_seqlens=has_cache_seqlens, device_type=device.type,
+    )
+    chosen, reason = select(problem, backend)
+    return _make_plan(problem, chosen, reason, num_splits, num_sms or _num_sms(device.type, device.index))
+
+
+def decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    num_splits: int = 0,
+    return_lse: bool = False,
+    out: torch.Tensor | None = None,
+    backend: str = "auto",
+):
+    """Split-KV decode attention over a KV cache (FlashAttention ``flash_attn_with_kvcache`` style).
+
+    Args:
+        q: ``[B, L_q, H_q, D]`` fp16 or bf16; ``L_q`` >= 1 (several tokens for speculative decoding).
+        k_cache, v_cache: ``[B, L_k, H_kv, D]``, q's dtype and device, ``H_q % H_kv == 0``; the last
+            dim contiguous, other strides free. ``D`` a multiple of 8 up to 256.
+        cache_seqlens: int32 ``[B]`` on q's device: live keys of each row (default ``L_k``). Slots
+            past a row's length are never read into the result (they may hold NaN). A row of
+            length 0 gives O = 0 and LSE = -inf.
+        softmax_scale: defaults to ``1 / sqrt(D)``.
+        causal: for ``L_q > 1``, query ``i`` sees keys ``[0, seqlen - L_q + i]`` (bottom-right
+            aligned); a no-op at ``L_q = 1``. A query that sees no key gets O = 0, LSE = -inf.
+        num_splits: 0 picks by the shared heuristic (see :func:`plan`); ``n`` in 1..256 uses
+            exactly ``n`` splits.
+        return_lse: also return the softmax log-sum-exp.
+        out: optional ``[B, L_q, H_q, D]`` output tensor in q's dtype.
+        backend: ``"auto"`` (the best backend that supports the problem), ``"triton"`` or ``"cute"``.
+
+    Returns:
+        ``out`` ``[B, L_q, H_q, D]`` in q's dtype, and with ``return_lse`` also ``lse`` fp32
+        ``[B, H_q, L_q]`` (natural log).
+
+    Never synchronizes with the host, so it can be captured in a CUDA graph; the split count
+    depends on shapes only, so one captured graph serves any ``cache_seqlens``.
+    """
+    problem = check_decode_inputs(q, k_cache, v_cache, cache_seqlens, causal, num_splits, out)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
+    chosen, reason = select(problem, backend)
+    if out is None:
+        out = torch.empty_like(q)
+    batch, seqlen_q, num_heads, head_dim = q.shape
+    lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    elif not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool) or not math.isfinite(softmax_scale):
+        raise TypeError(f"softmax_scale: expected a finite float, got {softmax_scale!r}")
+    if batch > 0 and num_heads > 0:
+        if k_cache.shape[1] == 0:
+            out.zero_()  # no keys at all: every row is empty
+            if lse is not None:
+                lse.fill_(float("-inf"))
+        else:
+            the_plan = _make_plan(problem, chosen, reason, num_splits, _num_sms(q.device.type, q.device.index))
+            chosen.decode(q, k_cache, v_cache, cache_seqlens, the_plan.num_splits, float(softmax_scale),
+                          causal, out, lse)
+    return (out, lse) if return_lse else out
+
+
+def combine(
+    out_partial: torch.Tensor,
+    lse_partial: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge split partials into the attention output.
+
+    Args:
+        out_partial: fp32 ``[S, B, L_q, H_q, D]``, last dim contiguous.
+        lse_partial: fp32 ``[S, B, H_q, L_q]``, natural log; ``-inf`` marks an empty split,
+            whose ``out_partial`` slice is never read.
+        out: optional ``[B, L_q, H_q, D]`` output; else one of ``out_dtype`` (default fp32).
+        backend: which backend's combine kernel runs.
+
+    Returns:
+        ``(out, lse)``: ``out`` ``[B, L_q, H_q, D]`` and ``lse`` fp32 ``[B, H_q, L_q]``; a row
+        whose splits are all empty gets O = 0 and LSE = -inf.
+    """
+    for name, t, rank in (("out_partial", out_partial, 5), ("lse_partial", lse_partial, 4)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name}: expected dtype float32, got {t.dtype}")
+        if t.dim() != rank:
+            raise ValueError(f"{name}: expected {rank} dims, got shape {list(t.shape)}")
+    num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
+    if lse_partial.shape != (num_splits, batch, num_heads, seqlen_q):
+        raise ValueError(
+            f"lse_partial: expected shape {[num_splits, batch, num_heads, seqlen_q]} to match out_partial, "
+            f"got {list(lse_partial.shape)}"
+        )
+    if lse_partial.device != out_partial.device:
+        raise ValueError(f"lse_partial: expected out_partial's device {out_partial.device}, got {lse_partial.device}")
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"out_partial: expected 1..{MAX_SPLITS} splits in dim 0, got {num_splits}")
+    if head_dim > 1 and out_partial.stride(-1) != 1:
+        raise ValueError(f"out_partial: the last dim must be contiguous, got strides {tuple(out_partial.stride())}")
+    if lse_partial.stride(-1) != 1 and seqlen_q > 1:
+        raise ValueError(f"lse_partial: the last dim must be contiguous, got strides {tuple(lse_partial.stride())}")
+    if out is None:
+        out = torch.empty((batch, seqlen_q, num_heads, head_dim), dtype=out_dtype or torch.float32, device=out_partial.device)
+    elif out.shape != (batch, seqlen_q, num_heads, head_dim) or out.device != out_partial.device:
+        raise ValueError(f"out: expected shape {[batch, seqlen_q, num_heads, head_dim]} on {out_partial.device}, "
+                         f"got {list(out.shape)} on {out.device}")
+    lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=out_partial.device)
+    if out.numel() > 0:
+        problem = DecodeProblem(
+            batch=batch, seqlen_q=seqlen_q, seqlen_k=0, num_heads=num_heads, num_heads_kv=num_heads,
+            head_dim=head_dim, dtype=out.dtype, causal=False, has_cache_seqlens=False,
+            device_type=out_partial.device.type,
+        )
+        chosen, _ = select(problem, backend)
+        chosen.combine(out_partial, lse_partial, out, lse)
+    return out, lse

@@ -1,0 +1,6 @@
+"""Registers the built-in backends. No registration imports a GPU library eagerly."""
+
+from .registry import register
+from .triton.backend import TritonBackend
+
+register(TritonBackend())

@@ -1,0 +1,149 @@
+"""The shared split plan: how many splits, and where each split starts and ends.
+
+Every backend takes its split count from :func:`choose_num_splits` and its per-row boundaries
+from :func:`split_bounds` (mirrored on the device, token for token). Backends pick their own
+tile sizes, never their own split boundaries; that is what makes their partials comparable
+split by split and lets one backend's combine merge another backend's partials.
+
+Split boundaries (for one batch row of live length ``n`` keys, ``S`` splits, granule ``G``)::
+
+    tokens_per_split(n) = ceil(ceil(n / G) / S) * G      # a whole number of granules
+    split s covers keys  [s * tokens_per_split(n), min((s + 1) * tokens_per_split(n), n))
+    splits_used(n)      = ceil(n / tokens_per_split(n))   # 0 when n == 0
+
+Splits are contiguous from key 0, so an empty split only ever follows the row's last key:
+no split is empty while the row has keys left. Worked example, ``G = 128``, ``S = 4``,
+``n = 1000``: ceil(1000 / 128) = 8 granules, 2 per split, 256 tokens per split; the splits
+cover [0, 256), [256, 512), [512, 768), [768, 1000). With ``n = 300``: 3 granules, 1 per
+split; [0, 128), [128, 256), [256, 300) and split 3 is empty (LSE = -inf).
+
+The split count is chosen from static shapes only (cache capacity, never live lengths), so a
+CUDA graph captured once stays valid for any ``cache_seqlens``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+#: Split boundaries are multiples of this many keys. Every backend's KV tile divides it, so a
+#: split never starts in the middle of a tile.
+SPLIT_GRANULE = 128
+#: The most splits ``decode`` accepts (and the combine kernels are built for).
+MAX_SPLITS = 256
+#: FA3's rule: with this fraction of the machine already busy without splitting, do not split.
+_BUSY_FRACTION = 0.8
+#: FA3's rule: take the smallest split count whose wave efficiency is within this of the best.
+_EFFICIENCY_SLACK = 0.85
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def tokens_per_split(seqlen: int, num_splits: int, granule: int = SPLIT_GRANULE) -> int:
+    """Keys per split for a row of ``seqlen`` live keys (a multiple of ``granule``; 0 if empty)."""
+    return cdiv(cdiv(seqlen, granule), num_splits) * granule
+
+
+def split_bounds(seqlen: int, num_splits: int, granule: int = SPLIT_GRANULE) -> list[tuple[int, int]]:
+    """``[(start, end), ...]`` for each of the ``num_splits`` splits of a row (end <= start: empty).
+
+    >>> split_bounds(1000, 4)
+    [(0, 256), (256, 512), (512, 768), (768, 1000)]
+    >>> split_bounds(300, 4)
+    [(0, 128), (128, 256), (256, 300), (384, 300)]
+    """
+    tps = tokens_per_split(seqlen, num_splits, granule)
+    return [(s * tps, min((s + 1) * tps, seqlen)) for s in range(num_splits)]
+
+
+def splits_used(seqlen: int, num_splits: int, granule: int = SPLIT_GRANULE) -> int:
+    """How many of the splits hold at least one key of a row of ``seqlen`` keys."""
+    if seqlen <= 0:
+        return 0
+    return cdiv(seqlen, tokens_per_split(seqlen, num_splits, granule))
+
+
+def wave_efficiency(work_units: int, num_splits: int, slots: int) -> float:
+    """Fraction of the last wave that is busy: ``w / ceil(w)`` with ``w = units * splits / slots``."""
+    waves = work_units * num_splits / slots
+    return waves / math.ceil(waves)
+
+
+def choose_num_splits(
+    work_units: int,
+    seqlen_k: int,
+    num_sms: int,
+    units_per_sm: int = 1,
+    granule: int = SPLIT_GRANULE,
+    max_splits: int = MAX_SPLITS,
+) -> tuple[int, str]:
+    """The split count for ``work_units`` CTAs of work per split, and a sentence saying why.
+
+    FA3's wave-efficiency rule (flash-attention ``hopper/heuristics.h``) with the backend's
+    occupancy as an input: the machine runs ``slots = num_sms * units_per_sm`` CTAs at once.
+
+    - ``work_units = batch * num_heads_kv * row_blocks`` (GQA packed: the q heads of one KV head
+      and the query positions share a CTA, so one KV head's keys are read once).
+    - No split when the work already fills ``0.8 * slots`` or the cache holds <= 2 granules.
+    - Otherwise the smallest ``s`` in ``1..min(max_splits, n_granules)`` whose wave efficiency is
+      at least 0.85 x the best, rounded to the count that the boundary rule really uses at full
+      capacity (so no split is empty when every row is full).
+
+    Worked example, 132 SMs, 2 units per SM (264 slots), batch 1, 32/8 heads, 32k keys:
+    work_units = 8, n_granules = 256; s = 29 gives 8 * 29 / 264 = 0.88 of a wave, the first
+    within 0.85 of the best (s = 33, exactly one wave), so 29 splits of 9 granules; at capacity
+    the boundary rule uses ceil(256 / 9) = 29 of them.
+    """
+    n_granules = max(1, cdiv(seqlen_k, granule))
+    slots = num_sms * units_per_sm
+    if work_units >= _BUSY_FRACTION * slots:
+        return 1, f"{work_units} work units already fill {work_units / slots:.0%} of {slots} CTA slots"
+    if n_granules <= 2:
+        return 1, f"only {n_granules} granule(s) of {granule} keys: splitting cannot pay"
+    limit = min(max_splits, n_granules)
+    efficiencies = [wave_efficiency(work_units, s, slots) for s in range(1, limit + 1)]
+    best = max(efficiencies)
+    chosen = next(s for s, eff in enumerate(efficiencies, start=1) if eff >= _EFFICIENCY_SLACK * best)
+    used = cdiv(n_granules, cdiv(n_granules, chosen))
+    return used, (
+        f"{work_units} work units on {slots} CTA slots ({num_sms} SMs x {units_per_sm}): "
+        f"{used} splits fill {wave_efficiency(work_units, used, slots):.0%} of the last wave"
+    )
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """What :func:`flashsplit.decode` will do for a problem; pure data, built without a GPU.
+
+    ``grid`` is the split kernel's launch grid ``(num_splits, batch, num_heads_kv * row_blocks)``;
+    ``tokens_per_split`` is the split length at full capacity (rows shorter than ``seqlen_k``
+    use fewer, shorter splits, see :func:`split_bounds`).
+    """
+
+    backend: str
+    backend_reason: str
+    num_splits: int
+    split_reason: str
+    granule: int
+    tokens_per_split: int
+    block_m: int
+    row_blocks: int
+    work_units: int
+    grid: tuple[int, int, int]
+    num_sms: int
+    units_per_sm: int
+    runs_combine: bool
+
+    def boundaries(self, seqlen: int) -> list[tuple[int, int]]:
+        """Per-split ``(start, end)`` key ranges for a row holding ``seqlen`` live keys."""
+        return split_bounds(seqlen, self.num_splits, self.granule)
+
+    def __str__(self) -> str:
+        combine = "then a combine kernel" if self.runs_combine else "no combine (one split)"
+        return (
+            f"backend {self.backend} ({self.backend_reason}); {self.num_splits} split(s) of up to "
+            f"{self.tokens_per_split} keys ({self.split_reason}); grid {self.grid}, "
+            f"{self.block_m}-row tiles x {self.row_blocks}; {combine}"
+        )

@@ -1,0 +1,165 @@
+"""A decode problem: the static facts of one ``decode`` call, and the checks that build it.
+
+:func:`check_decode_inputs` is the one place where user tensors are validated; everything past
+it (plan, backends, launchers) may rely on the shapes, dtypes and devices being consistent.
+No check reads tensor values, so nothing here synchronizes with the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .plan import MAX_SPLITS
+
+#: Query / cache dtypes every backend accepts (fp8 caches come with their own issue).
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+MAX_HEAD_DIM = 256
+
+
+@dataclass(frozen=True)
+class DecodeProblem:
+    """Static facts of one decode call; what backends and the plan decide on.
+
+    Shapes: q ``[batch, seqlen_q, num_heads, head_dim]``,
+    k/v cache ``[batch, seqlen_k, num_heads_kv, head_dim]``.
+    """
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    num_heads: int
+    num_heads_kv: int
+    head_dim: int
+    dtype: torch.dtype
+    causal: bool
+    has_cache_seqlens: bool
+    device_type: str
+    #: q, k_cache, v_cache start on 16-byte boundaries and every stride but the last is a
+    #: multiple of 16 bytes (what TMA descriptors need).
+    aligned_16b: bool = True
+
+    @property
+    def qhead_per_kvhead(self) -> int:
+        return self.num_heads // self.num_heads_kv
+
+    @property
+    def packed_rows(self) -> int:
+        """Rows of one GQA-packed tile: every query position of every q head of one KV head."""
+        return self.seqlen_q * self.qhead_per_kvhead
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of K and V at full capacity (what a decode step must read at least)."""
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.batch * self.seqlen_k * self.num_heads_kv * self.head_dim * itemsize
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+def _require_tensor(name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def _require_rank(name: str, t: torch.Tensor, rank: int, layout: str) -> None:
+    if t.dim() != rank:
+        raise ValueError(f"{name}: expected {rank} dims {layout}, got {t.dim()} dims of shape {_shape(t)}")
+
+
+def _require_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name}: the last dim must be contiguous (stride 1), got strides {tuple(t.stride())}")
+
+
+def check_num_splits(num_splits) -> int:
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+        raise TypeError(f"num_splits: expected an int, got {type(num_splits).__name__}")
+    if not 0 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits: expected 0 (heuristic) or 1..{MAX_SPLITS}, got {num_splits}")
+    return num_splits
+
+
+def check_decode_inputs(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor | None,
+    causal: bool,
+    num_splits: int,
+    out: torch.Tensor | None,
+) -> DecodeProblem:
+    """Validate ``decode``'s arguments and return the problem they describe.
+
+    Raises ``TypeError`` for a wrong type or dtype, ``ValueError`` for a wrong shape, layout,
+    device or range; each message names the argument, what was expected and what was given.
+    """
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _require_tensor(name, t)
+        _require_rank(name, t, 4, "[batch, seqlen, heads, head_dim]")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name}: expected dtype float16 or bfloat16, got {t.dtype}")
+        _require_last_dim_contiguous(name, t)
+    batch, seqlen_q, num_heads, head_dim = q.shape
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache: expected the same shape, got {_shape(k_cache)} and {_shape(v_cache)}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise TypeError(f"k_cache/v_cache: expected q's dtype {q.dtype}, got {k_cache.dtype} and {v_cache.dtype}")
+    if k_cache.shape[0] != batch:
+        raise ValueError(f"k_cache: expected batch {batch} (q's dim 0), got {k_cache.shape[0]}")
+    seqlen_k, num_heads_kv, head_dim_k = k_cache.shape[1:]
+    if head_dim_k != head_dim:
+        raise ValueError(f"k_cache/v_cache: expected head_dim {head_dim} (q's last dim), got {head_dim_k}")
+    if head_dim % 8 != 0 or not 8 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"q: expected head_dim a multiple of 8 in [8, {MAX_HEAD_DIM}], got {head_dim}")
+    if num_heads_kv == 0 or num_heads % num_heads_kv != 0:
+        raise ValueError(
+            f"q/k_cache: expected num_heads ({num_heads}) to be a positive multiple of num_heads_kv ({num_heads_kv})"
+        )
+    if seqlen_q == 0:
+        raise ValueError(f"q: expected seqlen_q >= 1, got shape {_shape(q)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.device != q.device:
+            raise ValueError(f"{name}: expected q's device {q.device}, got {t.device}")
+    if cache_seqlens is not None:
+        _require_tensor("cache_seqlens", cache_seqlens)
+        if cache_seqlens.dtype != torch.int32:
+            raise TypeError(f"cache_seqlens: expected dtype int32, got {cache_seqlens.dtype}")
+        if cache_seqlens.shape != (batch,):
+            raise ValueError(f"cache_seqlens: expected shape [{batch}], got {_shape(cache_seqlens)}")
+        if cache_seqlens.device != q.device:
+            raise ValueError(f"cache_seqlens: expected q's device {q.device}, got {cache_seqlens.device}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    check_num_splits(num_splits)
+    if out is not None:
+        _require_tensor("out", out)
+        if out.shape != q.shape:
+            raise ValueError(f"out: expected q's shape {_shape(q)}, got {_shape(out)}")
+        if out.dtype != q.dtype:
+            raise TypeError(f"out: expected q's dtype {q.dtype}, got {out.dtype}")
+        if out.device != q.device:
+            raise ValueError(f"out: expected q's device {q.device}, got {out.device}")
+        _require_last_dim_contiguous("out", out)
+    return DecodeProblem(
+        batch=batch,
+        seqlen_q=seqlen_q,
+        seqlen_k=seqlen_k,
+        num_heads=num_heads,
+        num_heads_kv=num_heads_kv,
+        head_dim=head_dim,
+        dtype=q.dtype,
+        causal=causal,
+        has_cache_seqlens=cache_seqlens is not None,
+        device_type=q.device.type,
+        aligned_16b=all(_is_aligned_16b(t) for t in (q, k_cache, v_cache)),
+    )
+
+
+def _is_aligned_16b(t: torch.Tensor) -> bool:
+    itemsize = t.element_size()
+    return t.data_ptr() % 16 == 0 and all((s * itemsize) % 16 == 0 for s in t.stride()[:-1])

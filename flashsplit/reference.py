@@ -1,0 +1,115 @@
+"""Reference decode attention in plain PyTorch (float32 / float64), for tests and benchmarks.
+
+It follows the same conventions as the kernels: bottom-right causal alignment, natural-log LSE,
+a row with no visible key gives O = 0 and LSE = -inf, and :func:`split_partials_ref` cuts each
+row at exactly the boundaries of :mod:`flashsplit.plan`, so kernels can be checked split by split.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .plan import SPLIT_GRANULE, split_bounds
+
+
+def _visible_mask(
+    batch: int, seqlen_q: int, seqlen_k: int, cache_seqlens: torch.Tensor | None, causal: bool, device
+) -> torch.Tensor:
+    """Bool ``[B, L_q, L_k]``: may query position m of row b see key j."""
+    keys = torch.arange(seqlen_k, device=device)
+    if cache_seqlens is None:
+        lengths = torch.full((batch,), seqlen_k, device=device, dtype=torch.long)
+    else:
+        lengths = cache_seqlens.to(device=device, dtype=torch.long)
+    limit = lengths[:, None].expand(batch, seqlen_q)  # keys < limit are visible
+    if causal:
+        # Query m (of L_q) is the (n - L_q + m)-th token: it sees keys [0, n - L_q + m].
+        limit = torch.minimum(limit, lengths[:, None] - seqlen_q + 1 + torch.arange(seqlen_q, device=device))
+    return keys[None, None, :] < limit[:, :, None]
+
+
+def attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache_seqlens: torch.Tensor | None = None,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    upcast: bool = True,
+    key_range: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode attention, computed directly.
+
+    q ``[B, L_q, H_q, D]``, k/v ``[B, L_k, H_kv, D]``; returns ``out`` ``[B, L_q, H_q, D]`` and
+    ``lse`` fp32 ``[B, H_q, L_q]``. With ``upcast`` the math runs in float64 and ``out`` is
+    float64; without it, in the inputs' dtype (what "PyTorch in the same precision" means for
+    error budgets). ``key_range`` (``start``, ``end`` int tensors ``[B]``) further restricts
+    each row to keys ``[start, end)``. Masked keys are excluded by selection, so NaN in unused
+    cache slots never reaches the result.
+    """
+    batch, seqlen_q, num_heads, head_dim = q.shape
+    seqlen_k, num_heads_kv = k.shape[1], k.shape[2]
+    group = num_heads // num_heads_kv
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    compute = torch.float64 if upcast else q.dtype
+    qc, kc, vc = (t.to(compute) for t in (q, k, v))
+    kc = kc.repeat_interleave(group, dim=2)
+    vc = vc.repeat_interleave(group, dim=2)
+    visible = _visible_mask(batch, seqlen_q, seqlen_k, cache_seqlens, causal, q.device)
+    if key_range is not None:
+        keys = torch.arange(seqlen_k, device=q.device)
+        start, end = (t.to(q.device, torch.long) for t in key_range)
+        visible = visible & ((keys >= start[:, None]) & (keys < end[:, None]))[:, None, :]
+    # Scores in the compute dtype (as a low-precision kernel would get them), softmax in >= fp32.
+    scores = (torch.einsum("bmhd,bjhd->bhmj", qc, kc) * scale).to(torch.float64 if upcast else torch.float32)
+    scores = scores.masked_fill(~visible[:, None, :, :], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # [B, H, L_q]
+    empty = torch.isneginf(lse)
+    probs = torch.exp(scores - torch.where(empty, 0.0, lse)[..., None])
+    probs = probs.masked_fill(~visible[:, None, :, :], 0.0)
+    vc = torch.where(visible.any(dim=1)[:, :, None, None], vc, torch.zeros((), dtype=vc.dtype, device=vc.device))
+    out = torch.einsum("bhmj,bjhd->bmhd", probs.to(compute), vc)
+    return out, lse.float()
+
+
+def split_partials_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache_seqlens: torch.Tensor | None,
+    num_splits: int,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    granule: int = SPLIT_GRANULE,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-split partials with the plan's boundaries, in float64 math.
+
+    Returns ``out_partial`` fp32 ``[S, B, L_q, H_q, D]`` and ``lse_partial`` fp32
+    ``[S, B, H_q, L_q]``; a split with no visible key has LSE ``-inf`` and O = 0.
+    """
+    batch, seqlen_k = q.shape[0], k.shape[1]
+    lengths = [seqlen_k] * batch if cache_seqlens is None else [int(n) for n in cache_seqlens.cpu()]
+    bounds = [split_bounds(n, num_splits, granule) for n in lengths]
+    outs, lses = [], []
+    for s in range(num_splits):
+        start = torch.tensor([bounds[b][s][0] for b in range(batch)])
+        end = torch.tensor([bounds[b][s][1] for b in range(batch)])
+        out, lse = attention_ref(q, k, v, cache_seqlens, causal, softmax_scale, key_range=(start, end))
+        outs.append(out.float())
+        lses.append(lse)
+    return torch.stack(outs), torch.stack(lses)
+
+
+def combine_ref(out_partial: torch.Tensor, lse_partial: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge partials (``[S, B, L_q, H_q, D]``, ``[S, B, H_q, L_q]``) in float64.
+
+    Returns ``out`` float64 ``[B, L_q, H_q, D]`` and ``lse`` fp32 ``[B, H_q, L_q]``.
+    """
+    lse_p = lse_partial.double()
+    lse = torch.logsumexp(lse_p, dim=0)  # -inf when every split is empty
+    weights = torch.exp(lse_p - torch.where(torch.isneginf(lse), 0.0, lse))  # [S, B, H, L_q]
+    weights = weights.permute(0, 1, 3, 2)[..., None]  # [S, B, L_q, H, 1]
+    o_p = torch.where(weights > 0, out_partial.double(), 0.0)  # never let an empty split's O in
+    return (weights * o_p).sum(0), lse.float()

@@ -1,0 +1,132 @@
+"""The backend registry: every backend declares what it supports; ``"auto"`` picks the best.
+
+A backend is an object with the :class:`Backend` interface. It is registered once, by name,
+with a priority (``"auto"`` tries higher priorities first). Backends that need optional
+packages import them lazily, inside their methods, so ``import flashsplit`` needs neither a GPU
+nor cutlass.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import torch
+
+from .problem import DecodeProblem
+
+
+class Backend(abc.ABC):
+    """Interface every backend implements.
+
+    Partial contract (identical for every backend, so combines can be mixed and matched):
+    ``out_partial`` fp32 ``[num_splits, batch, seqlen_q, num_heads, head_dim]``,
+    ``lse_partial`` fp32 ``[num_splits, batch, num_heads, seqlen_q]``, natural log, ``-inf`` for
+    a split with no visible key (its ``out_partial`` slice is then never read and may hold
+    anything). Split boundaries follow :mod:`flashsplit.plan` exactly.
+    """
+
+    name: str = ""
+    #: ``"auto"`` tries backends in decreasing priority.
+    priority: int = 0
+
+    @abc.abstractmethod
+    def supports(self, problem: DecodeProblem) -> str | None:
+        """``None`` when this backend can run ``problem``, else a sentence saying why not."""
+
+    @abc.abstractmethod
+    def block_m(self, problem: DecodeProblem) -> int:
+        """Packed rows (query positions x q heads of one KV head) per CTA tile."""
+
+    def units_per_sm(self, problem: DecodeProblem) -> int:
+        """How many split-kernel CTAs one SM runs at once (an input of the split heuristic)."""
+        return 1
+
+    @abc.abstractmethod
+    def decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        cache_seqlens: torch.Tensor | None,
+        num_splits: int,
+        softmax_scale: float,
+        causal: bool,
+        out: torch.Tensor,
+        lse: torch.Tensor | None,
+    ) -> None:
+        """Write ``out`` ``[B, L_q, H_q, D]`` (and ``lse`` fp32 ``[B, H_q, L_q]`` when given).
+
+        Inputs are already validated. With ``num_splits == 1`` no partials are written; rows
+        that use a single split may also skip the partials and write ``out`` directly.
+        """
+
+    @abc.abstractmethod
+    def forward_partials(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        cache_seqlens: torch.Tensor | None,
+        num_splits: int,
+        softmax_scale: float,
+        causal: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the split kernel alone; return ``(out_partial, lse_partial)`` for every split of
+        every row (no single-split shortcut), for parity tests and mix-and-match combines."""
+
+    @abc.abstractmethod
+    def combine(
+        self,
+        out_partial: torch.Tensor,
+        lse_partial: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor | None,
+    ) -> None:
+        """Merge partials (contract above) into ``out`` ``[B, L_q, H_q, D]`` and ``lse``."""
+
+
+_REGISTRY: dict[str, Backend] = {}
+
+
+def register(backend: Backend) -> Backend:
+    if backend.name in _REGISTRY:
+        raise ValueError(f"backend {backend.name!r} is already registered")
+    _REGISTRY[backend.name] = backend
+    return backend
+
+
+def names() -> list[str]:
+    """Registered backend names, best first."""
+    return [b.name for b in sorted(_REGISTRY.values(), key=lambda b: -b.priority)]
+
+
+def get(name: str) -> Backend:
+    if name not in _REGISTRY:
+        raise ValueError(f"backend: expected 'auto' or one of {names()}, got {name!r}")
+    return _REGISTRY[name]
+
+
+def select(problem: DecodeProblem, name: str = "auto") -> tuple[Backend, str]:
+    """The backend that runs ``problem`` and a sentence saying why it was chosen.
+
+    ``name="auto"`` takes the highest-priority backend that supports the problem; a named
+    backend that cannot run it raises ``ValueError`` with its reason.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"backend: expected a str, got {type(name).__name__}")
+    if name != "auto":
+        backend = get(name)
+        reason = backend.supports(problem)
+        if reason is not None:
+            raise ValueError(f"backend: {name!r} cannot run this problem: {reason} (choices: 'auto', {names()})")
+        return backend, "requested"
+    refusals = []
+    for candidate in sorted(_REGISTRY.values(), key=lambda b: -b.priority):
+        reason = candidate.supports(problem)
+        if reason is None:
+            why = "auto: best backend that supports the problem"
+            if refusals:
+                why += " (" + "; ".join(refusals) + ")"
+            return candidate, why
+        refusals.append(f"{candidate.name}: {reason}")
+    raise ValueError("backend: no backend supports this problem: " + "; ".join(refusals))

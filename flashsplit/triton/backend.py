@@ -1,0 +1,146 @@
+"""The Triton backend: allocates partials and launches the split and combine kernels.
+
+Portable (any GPU Triton supports) and, with no CUDA device, exact on the CPU through the
+Triton interpreter. Inputs arrive validated by :func:`flashsplit.problem.check_decode_inputs`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ..plan import SPLIT_GRANULE, cdiv, splits_used
+from ..problem import DecodeProblem
+from ..registry import Backend
+from . import interpreter_active
+from .combine_kernel import combine_kernel
+from .split_kernel import LOG2E, split_kv_kernel
+
+
+@dataclass(frozen=True)
+class TritonTiles:
+    """Compile-time tile shape of the split kernel for one problem."""
+
+    block_m: int
+    block_n: int
+    block_d: int
+    num_warps: int
+    num_stages: int
+
+
+def choose_tiles(packed_rows: int, head_dim: int) -> TritonTiles:
+    """Tiles for ``packed_rows`` rows (L_q x group) of head dim ``head_dim``.
+
+    Rows: the smallest power of two >= the packed rows, at least 16 (``tl.dot``'s minimum) and
+    at most 64 (more rows take more row blocks). Keys: 64 per tile, which divides the split
+    granule (128) so a split never starts inside a tile.
+    """
+    block_m = min(64, max(16, triton.next_power_of_2(packed_rows)))
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    return TritonTiles(block_m=block_m, block_n=64, block_d=block_d, num_warps=4, num_stages=3)
+
+
+def _strides(t: torch.Tensor | None, dims: int) -> tuple[int, ...]:
+    return tuple(t.stride()[:dims]) if t is not None else (0,) * dims
+
+
+class TritonBackend(Backend):
+    name = "triton"
+    priority = 0
+
+    def supports(self, problem: DecodeProblem) -> str | None:
+        if problem.device_type == "cuda":
+            return None
+        if problem.device_type == "cpu":
+            if interpreter_active():
+                return None
+            return "tensors are on the CPU and the Triton interpreter is off (set TRITON_INTERPRET=1 before importing triton)"
+        return f"tensors are on {problem.device_type!r}; the Triton backend needs CUDA (or the CPU interpreter)"
+
+    def block_m(self, problem: DecodeProblem) -> int:
+        return choose_tiles(problem.packed_rows, problem.head_dim).block_m
+
+    def units_per_sm(self, problem: DecodeProblem) -> int:
+        # Measured on the H200 (REFERENCE.md section 2): 2 CTAs per SM beat FA3's count of 1.
+        return 2
+
+    # -- launches -------------------------------------------------------------------------------
+
+    def _launch_split(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
+                      out_partial, lse_partial, out, lse, final_for_single_split_rows: bool) -> None:
+        batch, seqlen_q, num_heads, head_dim = q.shape
+        seqlen_k, num_heads_kv = k_cache.shape[1], k_cache.shape[2]
+        group = num_heads // num_heads_kv
+        tiles = choose_tiles(seqlen_q * group, head_dim)
+        row_blocks = cdiv(seqlen_q * group, tiles.block_m)
+        grid = (num_splits, batch, num_heads_kv * row_blocks)
+        split_kv_kernel[grid](
+            q, k_cache, v_cache, cache_seqlens,
+            out_partial, lse_partial, out, lse,
+            *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
+            *_strides(out_partial, 4), *_strides(lse_partial, 3),
+            *_strides(out, 3), *_strides(lse, 2),
+            seqlen_q, seqlen_k, num_splits, row_blocks, softmax_scale * LOG2E,
+            GROUP=group, HEAD_DIM=head_dim,
+            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d,
+            GRANULE=SPLIT_GRANULE,
+            HAS_SEQLENS=cache_seqlens is not None,
+            CAUSAL=causal and seqlen_q > 1,
+            FINAL_FOR_SINGLE_SPLIT_ROWS=final_for_single_split_rows,
+            WRITE_LSE=lse is not None,
+            RUNTIME_BOUND_WHILE=interpreter_active(),
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        )
+
+    def _launch_combine(self, out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows: bool) -> None:
+        num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
+        grid = (batch * seqlen_q * num_heads,)
+        combine_kernel[grid](
+            out_partial, lse_partial, cache_seqlens, out, lse,
+            *out_partial.stride()[:4], *lse_partial.stride()[:3],
+            *out.stride()[:3], *_strides(lse, 2),
+            seqlen_q, num_heads, num_splits,
+            HEAD_DIM=head_dim,
+            BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+            BLOCK_S=max(16, triton.next_power_of_2(num_splits)),
+            CHUNK_S=8,
+            GRANULE=SPLIT_GRANULE,
+            SKIP_SINGLE_SPLIT_ROWS=skip_single_split_rows,
+            WRITE_LSE=lse is not None,
+            num_warps=4 if head_dim >= 128 else 2,
+        )
+
+    @staticmethod
+    def _alloc_partials(q: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, seqlen_q, num_heads, head_dim = q.shape
+        out_partial = torch.empty((num_splits, batch, seqlen_q, num_heads, head_dim), dtype=torch.float32, device=q.device)
+        lse_partial = torch.empty((num_splits, batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
+        return out_partial, lse_partial
+
+    # -- Backend interface ---------------------------------------------------------------------
+
+    def decode(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out, lse) -> None:
+        if cache_seqlens is None and splits_used(k_cache.shape[1], num_splits) <= 1:
+            num_splits = 1  # every row is full and fits in one split: same result, no combine
+        if num_splits == 1:
+            self._launch_split(q, k_cache, v_cache, cache_seqlens, 1, softmax_scale, causal,
+                               None, None, out, lse, final_for_single_split_rows=True)
+            return
+        out_partial, lse_partial = self._alloc_partials(q, num_splits)
+        # Rows whose live keys fit in one split skip the partials, and the combine skips them.
+        shortcut = cache_seqlens is not None
+        self._launch_split(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
+                           out_partial, lse_partial, out, lse, final_for_single_split_rows=shortcut)
+        self._launch_combine(out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows=shortcut)
+
+    def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal):
+        out_partial, lse_partial = self._alloc_partials(q, num_splits)
+        self._launch_split(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
+                           out_partial, lse_partial, None, None, final_for_single_split_rows=False)
+        return out_partial, lse_partial
+
+    def combine(self, out_partial, lse_partial, out, lse) -> None:
+        self._launch_combine(out_partial, lse_partial, None, out, lse, skip_single_split_rows=False)

@@ -1,0 +1,70 @@
+"""Triton combine kernel: merge per-split partials by their log-sum-exp.
+
+Device code only. One program per (batch row, query position, q head)::
+
+    lse = log(sum_s exp(lse_s))            computed as max + log(sum exp(lse_s - max))
+    out = sum_s exp(lse_s - lse) * O_s     O_s of a split with lse_s = -inf is never read
+"""
+
+import triton
+import triton.language as tl
+
+from .split_rule import row_splits_used
+
+
+@triton.jit
+def combine_kernel(
+    OUT_PARTIAL, LSE_PARTIAL, SEQLENS, OUT, LSE,
+    stride_ops, stride_opb, stride_opm, stride_oph,
+    stride_lps, stride_lpb, stride_lph,
+    stride_ob, stride_om, stride_oh,
+    stride_lb, stride_lh,
+    seqlen_q, num_heads, num_splits,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    CHUNK_S: tl.constexpr,
+    GRANULE: tl.constexpr,
+    SKIP_SINGLE_SPLIT_ROWS: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
+    """Writes ``OUT[b, m, h, :]`` (OUT's dtype) and ``LSE[b, h, m]`` (fp32, natural log).
+
+    A row where every split is empty gets O = 0 and LSE = -inf. With SKIP_SINGLE_SPLIT_ROWS,
+    batch rows whose keys fit in one split were finished by the split kernel and are skipped.
+    """
+    pid = tl.program_id(0)
+    h = pid % num_heads
+    m = (pid // num_heads) % seqlen_q
+    b = (pid // (num_heads * seqlen_q)).to(tl.int64)
+    if SKIP_SINGLE_SPLIT_ROWS:
+        if row_splits_used(tl.load(SEQLENS + b), num_splits, GRANULE) <= 1:
+            return
+
+    lse_base = LSE_PARTIAL + b * stride_lpb + h * stride_lph + m
+    offs_s = tl.arange(0, BLOCK_S)
+    lse_s = tl.load(lse_base + offs_s.to(tl.int64) * stride_lps, mask=offs_s < num_splits, other=float("-inf"))
+    lse_max = tl.max(lse_s, axis=0)
+    shift = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    total = tl.sum(tl.exp(lse_s - shift), axis=0)
+    has_keys = total > 0.0
+    lse = tl.where(has_keys, shift + tl.log(tl.where(has_keys, total, 1.0)), float("-inf"))
+
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    o_base = OUT_PARTIAL + b * stride_opb + m * stride_opm + h * stride_oph
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for s0 in range(0, BLOCK_S, CHUNK_S):  # static bound: BLOCK_S >= num_splits
+        offs_c = s0 + tl.arange(0, CHUNK_S)
+        lse_c = tl.load(lse_base + offs_c.to(tl.int64) * stride_lps, mask=offs_c < num_splits, other=float("-inf"))
+        live = lse_c > float("-inf")
+        weight = tl.where(live, tl.exp(lse_c - lse), 0.0)
+        o = tl.load(
+            o_base + offs_c[:, None].to(tl.int64) * stride_ops + offs_d[None, :],
+            mask=live[:, None] & mask_d[None, :],
+            other=0.0,
+        )
+        acc += tl.sum(weight[:, None] * o, axis=0)
+    tl.store(OUT + b * stride_ob + m * stride_om + h * stride_oh + offs_d, acc.to(OUT.dtype.element_ty), mask=mask_d)
+    if WRITE_LSE:
+        tl.store(LSE + b * stride_lb + h * stride_lh + m, lse)

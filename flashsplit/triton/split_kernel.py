@@ -1,0 +1,146 @@
+"""Triton split-KV kernel: one program per (split, batch row, KV head x row block).
+
+Device code only; :mod:`flashsplit.triton.backend` validates, allocates and launches.
+
+GQA packing: the ``GROUP`` q heads of one KV head and the ``L_q`` query positions form the rows
+of one tile (packed row ``r = m * GROUP + h``, q head fastest), so each K/V tile is read once
+per KV head instead of once per q head.
+"""
+
+import triton
+import triton.language as tl
+
+from .split_rule import row_split_range, row_splits_used
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def attend_tile(q, k_base, v_base, stride_kn, stride_vn, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2,
+                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr):
+    """Online-softmax update of (max, sum, acc) with keys [n0, n0 + BLOCK_N) of a split ending at end."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_n = offs_n < end
+    mask_d = offs_d < HEAD_DIM
+    # Masked loads: cache slots past the row's end may hold NaN and are never read.
+    kt = tl.load(
+        k_base + offs_n[None, :].to(tl.int64) * stride_kn + offs_d[:, None],
+        mask=mask_n[None, :] & mask_d[:, None],
+        other=0.0,
+    )
+    s = tl.dot(q, kt) * qk_scale_log2
+    visible = mask_n[None, :]
+    if CAUSAL:
+        visible = visible & (offs_n[None, :] <= last_visible[:, None])
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    # A row that has seen no visible key yet keeps max -inf; shift by 0 so no -inf - -inf.
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_shift)
+    p = tl.exp2(s - m_shift[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(
+        v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :],
+        mask=mask_n[:, None] & mask_d[None, :],
+        other=0.0,
+    )
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def split_kv_kernel(
+    Q, K, V, SEQLENS,
+    OUT_PARTIAL, LSE_PARTIAL, OUT, LSE,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_ops, stride_opb, stride_opm, stride_oph,
+    stride_lps, stride_lpb, stride_lph,
+    stride_ob, stride_om, stride_oh,
+    stride_lb, stride_lh,
+    seqlen_q, seqlen_k, num_splits, row_blocks, qk_scale_log2,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    GRANULE: tl.constexpr,
+    HAS_SEQLENS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    FINAL_FOR_SINGLE_SPLIT_ROWS: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+    RUNTIME_BOUND_WHILE: tl.constexpr,
+):
+    """Attention of one split of one row's keys for one tile of packed (query, q head) rows.
+
+    Writes the fp32 partial ``OUT_PARTIAL[split, b, m, hq, :]``, ``LSE_PARTIAL[split, b, hq, m]``
+    (natural log, -inf when no key is visible). With FINAL_FOR_SINGLE_SPLIT_ROWS, a row whose
+    keys fit in one split instead gets its final ``OUT[b, m, hq, :]`` (q dtype) and
+    ``LSE[b, hq, m]`` from split 0, and the combine skips it.
+    """
+    split = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    kvh = (tl.program_id(2) // row_blocks).to(tl.int64)
+    row_block = tl.program_id(2) % row_blocks
+
+    if HAS_SEQLENS:
+        seqlen = tl.load(SEQLENS + b)
+    else:
+        seqlen = seqlen_k
+    start, end = row_split_range(seqlen, split, num_splits, GRANULE)
+    write_final = False
+    if FINAL_FOR_SINGLE_SPLIT_ROWS:
+        write_final = row_splits_used(seqlen, num_splits, GRANULE) <= 1
+        if write_final and split > 0:
+            return
+
+    offs_r = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = offs_r // GROUP
+    offs_hq = kvh * GROUP + offs_r % GROUP
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_r = offs_r < seqlen_q * GROUP
+    mask_d = offs_d < HEAD_DIM
+
+    q_ptrs = Q + b * stride_qb + offs_m[:, None] * stride_qm + offs_hq[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=mask_r[:, None] & mask_d[None, :], other=0.0)
+
+    # Causal, bottom-right aligned: query m is token (seqlen - L_q + m) and sees keys up to it.
+    last_visible = seqlen - seqlen_q + offs_m
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max, log2 domain
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    k_base = K + b * stride_kb + kvh * stride_kh
+    v_base = V + b * stride_vb + kvh * stride_vh
+    if RUNTIME_BOUND_WHILE:
+        # The CPU interpreter cannot take a loaded length as a range() bound (triton 3.6).
+        n0 = start
+        while n0 < end:
+            m_i, l_i, acc = attend_tile(q, k_base, v_base, stride_kn, stride_vn, n0, end, last_visible,
+                                        m_i, l_i, acc, qk_scale_log2, HEAD_DIM, BLOCK_N, BLOCK_D, CAUSAL)
+            n0 += BLOCK_N
+    else:
+        for n0 in range(start, end, BLOCK_N):
+            m_i, l_i, acc = attend_tile(q, k_base, v_base, stride_kn, stride_vn, n0, end, last_visible,
+                                        m_i, l_i, acc, qk_scale_log2, HEAD_DIM, BLOCK_N, BLOCK_D, CAUSAL)
+
+    has_keys = l_i > 0.0
+    lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    mask_out = mask_r[:, None] & mask_d[None, :]
+    if write_final:
+        out_ptrs = OUT + b * stride_ob + offs_m[:, None] * stride_om + offs_hq[:, None] * stride_oh + offs_d[None, :]
+        tl.store(out_ptrs, out.to(OUT.dtype.element_ty), mask=mask_out)
+        if WRITE_LSE:
+            tl.store(LSE + b * stride_lb + offs_hq * stride_lh + offs_m, lse, mask=mask_r)
+    else:
+        split64 = split.to(tl.int64)
+        op_ptrs = (
+            OUT_PARTIAL + split64 * stride_ops + b * stride_opb
+            + offs_m[:, None] * stride_opm + offs_hq[:, None] * stride_oph + offs_d[None, :]
+        )
+        tl.store(op_ptrs, out, mask=mask_out)
+        tl.store(LSE_PARTIAL + split64 * stride_lps + b * stride_lpb + offs_hq * stride_lph + offs_m, lse, mask=mask_r)
