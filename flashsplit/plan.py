@@ -88,13 +88,13 @@ def choose_num_splits(
       and the query positions share a CTA, so one KV head's keys are read once).
     - No split when the work already fills ``0.8 * slots`` or the cache holds <= 2 granules.
     - Otherwise the smallest ``s`` in ``1..min(max_splits, n_granules)`` whose wave efficiency is
-      at least 0.85 x the best, rounded to the count that the boundary rule really uses at full
+      at least 0.85 x the best, among the counts that the boundary rule really uses at full
       capacity (so no split is empty when every row is full).
 
     Worked example, 132 SMs, 2 units per SM (264 slots), batch 1, 32/8 heads, 32k keys:
     work_units = 8, n_granules = 256; s = 29 gives 8 * 29 / 264 = 0.88 of a wave, the first
-    within 0.85 of the best (s = 33, exactly one wave), so 29 splits of 9 granules; at capacity
-    the boundary rule uses ceil(256 / 9) = 29 of them.
+    within 0.85 of the best (s = 33, exactly one wave), so 29 splits of ceil(256 / 29) = 9
+    granules (the rule uses all 29: ceil(256 / 9) = 29).
     """
     n_granules = max(1, cdiv(seqlen_k, granule))
     slots = num_sms * units_per_sm
@@ -102,11 +102,14 @@ def choose_num_splits(
         return 1, f"{work_units} work units already fill {work_units / slots:.0%} of {slots} CTA slots"
     if n_granules <= 2:
         return 1, f"only {n_granules} granule(s) of {granule} keys: splitting cannot pay"
-    limit = min(max_splits, n_granules)
-    efficiencies = [wave_efficiency(work_units, s, slots) for s in range(1, limit + 1)]
-    best = max(efficiencies)
-    chosen = next(s for s, eff in enumerate(efficiencies, start=1) if eff >= _EFFICIENCY_SLACK * best)
-    used = cdiv(n_granules, cdiv(n_granules, chosen))
+    # Only counts that the boundary rule really uses at full capacity (FA2's rule): 7 splits of
+    # 8 granules would take 2 granules each and leave 3 splits empty, so 7 is not a candidate.
+    counts = range(1, min(max_splits, n_granules) + 1)
+    efficiencies = {s: wave_efficiency(work_units, s, slots) for s in counts}
+    best = max(efficiencies.values())
+    candidates = [s for s in counts if cdiv(n_granules, cdiv(n_granules, s)) == s]
+    good = [s for s in candidates if efficiencies[s] >= _EFFICIENCY_SLACK * best]
+    used = good[0] if good else max(candidates, key=efficiencies.__getitem__)
     return used, (
         f"{work_units} work units on {slots} CTA slots ({num_sms} SMs x {units_per_sm}): "
         f"{used} splits fill {wave_efficiency(work_units, used, slots):.0%} of the last wave"

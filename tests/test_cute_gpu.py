@@ -1,0 +1,186 @@
+"""CuTe backend on a Hopper GPU: parity with ``flashsplit.reference``, split by split.
+
+Skipped cleanly without CUDA, without compute capability 9.0 or without nvidia-cutlass-dsl.
+The cross-backend matrix lives elsewhere; these cases aim at what is specific to this kernel:
+GQA packing (groups 1/4/5/8 and several 64-row blocks), the last partial KV tile (lengths
+1/127/129), empty rows and splits (length 0, 17 splits of a short row), NaN in cache slots
+past the live length (TMA loads them), and the compile cache.
+
+Run as a script for a small device-time benchmark: ``python tests/test_cute_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from flashsplit.plan import split_bounds
+from flashsplit.reference import attention_ref, split_partials_ref
+from flashsplit.testing import DecodeCase, check_lse, check_output, make_inputs
+
+_HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+_HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not _HAS_SM90, reason="needs a CUDA device of compute capability 9.0"),
+    pytest.mark.skipif(not _HAS_CUTLASS, reason="nvidia-cutlass-dsl is not installed"),
+]
+
+# One batch row per regime: empty, one key, a tile minus one, a tile plus one, many tiles.
+LENGTHS = (0, 1, 127, 129, 1000)
+SEQLEN_K = 1024
+
+
+def _backend():
+    from flashsplit.cute.backend import CuteBackend
+
+    return CuteBackend()
+
+
+def _cases():
+    cases = []
+    for head_dim in (64, 128, 256):
+        for seqlen_q, group in ((1, 1), (1, 4), (1, 5), (4, 8), (4, 5), (16, 8)):
+            for num_splits in (1, 3, 17):
+                causal = seqlen_q > 1
+                cases.append(DecodeCase(len(LENGTHS), seqlen_q, SEQLEN_K, 2, group, head_dim, torch.bfloat16,
+                                        LENGTHS, num_splits, causal))
+    # fp16, a non-causal multi-query case and a full-length (cache_seqlens=None) case.
+    cases.append(DecodeCase(len(LENGTHS), 1, SEQLEN_K, 2, 4, 128, torch.float16, LENGTHS, 3))
+    cases.append(DecodeCase(len(LENGTHS), 4, SEQLEN_K, 2, 4, 128, torch.bfloat16, LENGTHS, 3, causal=False))
+    cases.append(DecodeCase(2, 1, 700, 2, 4, 128, torch.bfloat16, None, 5))
+    return cases
+
+
+@pytest.mark.parametrize("case", _cases(), ids=str)
+def test_decode_matches_reference(case):
+    torch.manual_seed(0)
+    q, k, v, seqlens = make_inputs(case, "cuda")
+    scale = 1.0 / math.sqrt(case.head_dim)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((case.batch, case.num_heads, case.seqlen_q), float("nan"), device="cuda")
+    _backend().decode(q, k, v, seqlens, case.num_splits, scale, case.causal, out, lse)
+    torch.cuda.synchronize()
+    ref, ref_lse = attention_ref(q, k, v, seqlens, case.causal, scale)
+    ref_lowp, _ = attention_ref(q, k, v, seqlens, case.causal, scale, upcast=False)
+    check_output(out, ref, ref_lowp, case.dtype)
+    check_lse(lse, ref_lse)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("seqlen_q,group,causal", [(1, 4, False), (4, 5, True)])
+def test_partials_match_reference_split_by_split(head_dim, seqlen_q, group, causal):
+    case = DecodeCase(len(LENGTHS), seqlen_q, SEQLEN_K, 2, group, head_dim, torch.bfloat16, LENGTHS, 17, causal)
+    torch.manual_seed(1)
+    q, k, v, seqlens = make_inputs(case, "cuda")
+    scale = 1.0 / math.sqrt(head_dim)
+    out_p, lse_p = _backend().forward_partials(q, k, v, seqlens, case.num_splits, scale, causal)
+    torch.cuda.synchronize()
+    ref_p, ref_lse_p = split_partials_ref(q, k, v, seqlens, case.num_splits, causal, scale)
+    for s in range(case.num_splits):
+        check_lse(lse_p[s], ref_lse_p[s])
+        live = ~torch.isneginf(ref_lse_p[s]).permute(0, 2, 1)  # [B, L_q, H]
+        got, want = out_p[s][live], ref_p[s].to(out_p.device)[live]
+        assert not torch.isnan(got).any(), f"split {s}: NaN in a live partial"
+        err = (got - want).abs().max().item() if got.numel() else 0.0
+        assert err < 3e-2, f"split {s}: max error {err:.3g}"
+    # Splits past the end of a short row are empty: LSE -inf, exactly as the plan says.
+    for b, n in enumerate(LENGTHS):
+        for s, (start, end) in enumerate(split_bounds(n, case.num_splits)):
+            if start >= end:
+                assert torch.isneginf(lse_p[s, b]).all(), (b, s)
+
+
+def test_combine_all_empty_and_mixed():
+    """All splits -inf gives O = 0, LSE = -inf; NaN in an empty split's O is never read."""
+    from flashsplit.reference import combine_ref
+
+    S, B, L, H, D = 5, 2, 1, 4, 128
+    out_p = torch.randn(S, B, L, H, D, device="cuda")
+    lse_p = torch.randn(S, B, H, L, device="cuda")
+    lse_p[:, 0] = float("-inf")
+    lse_p[2:, 1] = float("-inf")
+    out_p[2:, 1] = float("nan")
+    out = torch.empty(B, L, H, D, device="cuda", dtype=torch.bfloat16)
+    lse = torch.empty(B, H, L, device="cuda")
+    _backend().combine(out_p, lse_p, out, lse)
+    torch.cuda.synchronize()
+    ref, ref_lse = combine_ref(out_p, lse_p)
+    assert torch.equal(out[0].float(), torch.zeros_like(out[0].float()))
+    torch.testing.assert_close(out.double(), ref.to(out.device), atol=2e-2, rtol=2e-2)
+    check_lse(lse, ref_lse)
+
+
+def test_compile_cache_reused_across_runtime_shapes():
+    from flashsplit.cute import compile_cache_size
+
+    backend = _backend()
+    sizes = []
+    for batch, seqlen_k, lengths, num_splits in ((1, 512, (300,), 3), (3, 2048, (5, 2000, 0), 7), (2, 256, None, 2)):
+        case = DecodeCase(batch, 1, seqlen_k, 2, 4, 128, torch.bfloat16, lengths, num_splits)
+        q, k, v, seqlens = make_inputs(case, "cuda")
+        out = torch.empty_like(q)
+        backend.decode(q, k, v, seqlens, num_splits, 0.1, False, out, None)
+        sizes.append(compile_cache_size())
+    assert sizes[0] == sizes[1] == sizes[2], sizes
+
+
+def test_cuda_graph_capture():
+    case = DecodeCase(2, 1, 4096, 2, 4, 128, torch.bfloat16, (4000, 100), 9)
+    q, k, v, seqlens = make_inputs(case, "cuda")
+    out = torch.empty_like(q)
+    backend = _backend()
+    backend.decode(q, k, v, seqlens, 9, 0.1, False, out, None)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        backend.decode(q, k, v, seqlens, 9, 0.1, False, out, None)
+    seqlens.copy_(torch.tensor([50, 3000], dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref, _ = attention_ref(q, k, v, seqlens, False, 0.1)
+    ref_lowp, _ = attention_ref(q, k, v, seqlens, False, 0.1, upcast=False)
+    check_output(out, ref, ref_lowp, case.dtype)
+
+
+def bench(batch=1, seqlen_k=131072, heads=32, heads_kv=8, head_dim=128, splits=(0,), reps=20):
+    """Device microseconds per decode call from CUDA-graph replay (KV far larger than L2)."""
+    from flashsplit.plan import choose_num_splits
+
+    backend = _backend()
+    q = torch.randn(batch, 1, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    seqlens = torch.full((batch,), seqlen_k, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    rows = []
+    for s in splits:
+        if s == 0:
+            s, _ = choose_num_splits(batch * heads_kv, seqlen_k, 132, 2)
+        backend.decode(q, k, v, seqlens, s, 0.1, False, out, None)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                backend.decode(q, k, v, seqlens, s, 0.1, False, out, None)
+        times = []
+        for _ in range(10):
+            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0.record()
+            graph.replay()
+            t1.record()
+            torch.cuda.synchronize()
+            times.append(t0.elapsed_time(t1) * 1e3 / reps)
+        us = sorted(times)[len(times) // 2]
+        tbps = 2 * k.numel() * 2 / (us * 1e-6) / 1e12
+        rows.append((batch, seqlen_k, heads, heads_kv, head_dim, s, us, tbps))
+    return rows
+
+
+if __name__ == "__main__":
+    for args in (dict(seqlen_k=131072, splits=(0, 16, 32, 48, 66, 99)), dict(seqlen_k=16384, splits=(0, 16, 33)),
+                 dict(seqlen_k=4096), dict(batch=4, seqlen_k=131072), dict(batch=16, seqlen_k=16384),
+                 dict(batch=64, seqlen_k=1024), dict(seqlen_k=131072, head_dim=64), dict(seqlen_k=65536, head_dim=256)):
+        for row in bench(**args):
+            print("B=%d Lk=%d H=%d/%d d=%d splits=%d: %.1f us, %.2f TB/s" % row, flush=True)

@@ -1,0 +1,139 @@
+"""The Triton backend against the reference, on whatever machine runs the tests.
+
+Without CUDA this runs the kernels through the Triton interpreter in fp16 (the interpreter's
+bf16 ``tl.dot`` is wrong, REFERENCE.md section 5; bf16 is covered on the GPU). The matrix is a
+covering design over the issue's axes rather than their full product (864 cells x lengths
+would take hours in the interpreter): every (L_q, group, D, num_splits) combination once, with
+batch, causal, KV heads and row lengths rotating through their values.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+import flashsplit
+from flashsplit.testing import DecodeCase, POISON, check_lse, check_output, make_inputs, run_and_check
+from flashsplit.reference import attention_ref
+
+from conftest import DEVICE
+
+BLOCK_N = 64  # the Triton kernel's key tile
+LENGTHS = [0, 1, BLOCK_N - 1, BLOCK_N + 1, 127, 129, 300, 517]
+SPLITS = [1, 3, 17, 0]
+
+
+def _matrix():
+    cases = []
+    lengths = itertools.cycle(LENGTHS)
+    axes = itertools.product([1, 2, 5], [1, 4, 5], [64, 96, 128], SPLITS)
+    for i, (seqlen_q, group, head_dim, num_splits) in enumerate(axes):
+        batch = (1, 3)[i % 2]
+        rows = tuple(next(lengths) for _ in range(batch))
+        cases.append(DecodeCase(
+            batch=batch, seqlen_q=seqlen_q, seqlen_k=max(rows) + 3, num_heads_kv=1 + i % 2, group=group,
+            head_dim=head_dim, dtype=torch.float16, lengths=rows, num_splits=num_splits, causal=i % 3 != 0,
+        ))
+    return cases
+
+
+MATRIX = _matrix()
+
+
+def triton_decode(*args, **kwargs):
+    return flashsplit.decode(*args, backend="triton", **kwargs)
+
+
+@pytest.mark.parametrize("case", MATRIX, ids=str)
+def test_matrix(case, generator):
+    run_and_check(case, triton_decode, DEVICE, generator)
+
+
+def test_matrix_covers_every_axis_value():
+    assert {c.batch for c in MATRIX} == {1, 3}
+    assert {c.seqlen_q for c in MATRIX} == {1, 2, 5}
+    assert {c.group for c in MATRIX} == {1, 4, 5}
+    assert {c.head_dim for c in MATRIX} == {64, 96, 128}
+    assert {c.num_splits for c in MATRIX} == set(SPLITS)
+    assert {c.causal for c in MATRIX} == {False, True}
+    assert {n for c in MATRIX for n in c.lengths} == set(LENGTHS)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_full_cache_without_seqlens(num_splits, generator):
+    case = DecodeCase(batch=2, seqlen_q=1, seqlen_k=700, num_heads_kv=2, group=4, head_dim=64,
+                      dtype=torch.float16, num_splits=num_splits)
+    run_and_check(case, triton_decode, DEVICE, generator)
+
+
+def test_many_rows_take_several_row_blocks(generator):
+    # 16 queries x 8 q heads per KV head = 128 packed rows: two 64-row tiles.
+    case = DecodeCase(batch=1, seqlen_q=16, seqlen_k=200, num_heads_kv=1, group=8, head_dim=64,
+                      dtype=torch.float16, lengths=(190,), num_splits=2, causal=True)
+    run_and_check(case, triton_decode, DEVICE, generator)
+
+
+def test_return_lse_false_and_fresh_out(generator):
+    case = DecodeCase(batch=2, seqlen_q=1, seqlen_k=300, num_heads_kv=2, group=4, head_dim=64,
+                      dtype=torch.float16, lengths=(300, 41), num_splits=3)
+    q, k, v, seqlens = make_inputs(case, DEVICE, generator)
+    out = flashsplit.decode(q, k, v, cache_seqlens=seqlens, num_splits=3, backend="triton")
+    assert isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype
+    ref, _ = attention_ref(q, k, v, seqlens)
+    ref_lowp, _ = attention_ref(q, k, v, seqlens, upcast=False)
+    check_output(out, ref, ref_lowp, torch.float16)
+
+
+def test_strided_inputs_and_output(generator):
+    """Only the last dim must be contiguous: caches carved out of a larger buffer, q and out
+    transposed views."""
+    g = generator
+    big = torch.randn(2, 400, 3, 2, 64, generator=g).half()  # [B, L, H_kv, (k|v), D]
+    k, v = big[:, :, :, 0], big[:, :, :, 1]
+    q = torch.randn(2, 6, 2, 64, generator=g).half().transpose(1, 2)  # [B, L_q=2, H=6, D], heads outer
+    assert not q.is_contiguous() and not k.is_contiguous()
+    seqlens = torch.tensor([400, 130], dtype=torch.int32)
+    out_buf = torch.full((2, 6, 2, 64), POISON, dtype=torch.float16)
+    out = out_buf.transpose(1, 2)
+    result, lse = flashsplit.decode(q, k, v, cache_seqlens=seqlens, num_splits=3, out=out, return_lse=True,
+                                    backend="triton")
+    ref, ref_lse = attention_ref(q, k, v, seqlens)
+    ref_lowp, _ = attention_ref(q, k, v, seqlens, upcast=False)
+    check_output(result, ref, ref_lowp, torch.float16)
+    check_lse(lse, ref_lse)
+
+
+def test_softmax_scale(generator):
+    case = DecodeCase(batch=1, seqlen_q=1, seqlen_k=200, num_heads_kv=1, group=4, head_dim=64, dtype=torch.float16)
+    q, k, v, _ = make_inputs(case, DEVICE, generator)
+    out, lse = flashsplit.decode(q, k, v, softmax_scale=0.3, num_splits=2, return_lse=True, backend="triton")
+    ref, ref_lse = attention_ref(q, k, v, softmax_scale=0.3)
+    ref_lowp, _ = attention_ref(q, k, v, softmax_scale=0.3, upcast=False)
+    check_output(out, ref, ref_lowp, torch.float16)
+    check_lse(lse, ref_lse)
+
+
+@pytest.mark.parametrize("num_splits", [3, 17])
+def test_partials_match_reference_split_by_split(num_splits, generator):
+    from flashsplit.reference import split_partials_ref
+    from flashsplit.registry import get
+
+    case = DecodeCase(batch=3, seqlen_q=2, seqlen_k=600, num_heads_kv=2, group=4, head_dim=64,
+                      dtype=torch.float16, lengths=(600, 129, 0), causal=True)
+    q, k, v, seqlens = make_inputs(case, DEVICE, generator)
+    out_p, lse_p = get("triton").forward_partials(q, k, v, seqlens, num_splits, 0.125, True)
+    ref_p, ref_lse_p = split_partials_ref(q, k, v, seqlens, num_splits, causal=True, softmax_scale=0.125)
+    check_lse(lse_p, ref_lse_p)
+    live = ~torch.isneginf(ref_lse_p).permute(0, 1, 3, 2)[..., None].expand_as(ref_p)
+    torch.testing.assert_close(out_p[live], ref_p[live], atol=2e-3, rtol=2e-3)
+
+
+def test_empty_cache_and_empty_batch():
+    q = torch.randn(2, 1, 4, 64).half()
+    k = torch.empty(2, 0, 2, 64, dtype=torch.float16)
+    out, lse = flashsplit.decode(q, k, k, return_lse=True, backend="triton")
+    assert (out == 0).all() and torch.isneginf(lse).all()
+    q0 = torch.randn(0, 1, 4, 64).half()
+    k0 = torch.randn(0, 10, 2, 64).half()
+    out0, lse0 = flashsplit.decode(q0, k0, k0, return_lse=True)
+    assert out0.shape == (0, 1, 4, 64) and lse0.shape == (0, 4, 1)
