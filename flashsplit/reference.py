@@ -54,23 +54,24 @@ def attention_ref(
     group = num_heads // num_heads_kv
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
     compute = torch.float64 if upcast else q.dtype
-    qc, kc, vc = (t.to(compute) for t in (q, k, v))
-    kc = kc.repeat_interleave(group, dim=2)
-    vc = vc.repeat_interleave(group, dim=2)
+    # GQA without copying K/V per q head: q heads as [H_kv, group] (q head = kv head * group + g).
+    qc = q.to(compute).reshape(batch, seqlen_q, num_heads_kv, group, head_dim)
+    kc, vc = k.to(compute), v.to(compute)
     visible = _visible_mask(batch, seqlen_q, seqlen_k, cache_seqlens, causal, q.device)
     if key_range is not None:
         keys = torch.arange(seqlen_k, device=q.device)
         start, end = (t.to(q.device, torch.long) for t in key_range)
         visible = visible & ((keys >= start[:, None]) & (keys < end[:, None]))[:, None, :]
+    hidden = ~visible[:, None, None, :, :]  # [B, 1, 1, L_q, L_k]
     # Scores in the compute dtype (as a low-precision kernel would get them), softmax in >= fp32.
-    scores = (torch.einsum("bmhd,bjhd->bhmj", qc, kc) * scale).to(torch.float64 if upcast else torch.float32)
-    scores = scores.masked_fill(~visible[:, None, :, :], float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # [B, H, L_q]
-    empty = torch.isneginf(lse)
-    probs = torch.exp(scores - torch.where(empty, 0.0, lse)[..., None])
-    probs = probs.masked_fill(~visible[:, None, :, :], 0.0)
+    scores = (torch.einsum("bmkgd,bjkd->bkgmj", qc, kc) * scale).to(torch.float64 if upcast else torch.float32)
+    scores = scores.masked_fill(hidden, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # [B, H_kv, group, L_q]
+    probs = torch.exp(scores - torch.where(torch.isneginf(lse), 0.0, lse)[..., None]).masked_fill(hidden, 0.0)
+    # Keys no query may see are zeroed by selection, so NaN in unused slots never reaches out.
     vc = torch.where(visible.any(dim=1)[:, :, None, None], vc, torch.zeros((), dtype=vc.dtype, device=vc.device))
-    out = torch.einsum("bhmj,bjhd->bmhd", probs.to(compute), vc)
+    out = torch.einsum("bkgmj,bjkd->bmkgd", probs.to(compute), vc).reshape(batch, seqlen_q, num_heads, head_dim)
+    lse = lse.reshape(batch, num_heads, seqlen_q)
     return out, lse.float()
 
 

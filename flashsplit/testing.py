@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .problem import DecodeProblem
 from .reference import attention_ref
 
 ERR_FACTOR = 2.0
@@ -39,6 +40,14 @@ class DecodeCase:
     @property
     def num_heads(self) -> int:
         return self.num_heads_kv * self.group
+
+    def problem(self, device_type: str = "cuda") -> DecodeProblem:
+        """The static problem this case poses (what backends' ``supports`` judge)."""
+        return DecodeProblem(
+            batch=self.batch, seqlen_q=self.seqlen_q, seqlen_k=self.seqlen_k, num_heads=self.num_heads,
+            num_heads_kv=self.num_heads_kv, head_dim=self.head_dim, dtype=self.dtype, causal=self.causal,
+            has_cache_seqlens=self.lengths is not None, device_type=device_type,
+        )
 
     def __str__(self) -> str:
         dt = str(self.dtype).replace("torch.", "")

@@ -1,0 +1,164 @@
+"""GPU parity matrix for every registered backend, at real sizes (skipped without CUDA).
+
+Every backend that supports a case runs the same inputs and is judged against the float64
+reference by the same rule (flashsplit.testing); a backend that does not support a case is
+skipped with its reason, never counted as a pass. Also: NaN in unused cache slots, a cache of
+more than 2^31 elements, CUDA-graph capture and replay with new ``cache_seqlens``, and
+mix-and-match combines (each backend's combine over another backend's partials).
+"""
+
+import itertools
+
+import pytest
+import torch
+
+import flashsplit
+from flashsplit.problem import check_decode_inputs
+from flashsplit.reference import attention_ref, split_partials_ref
+from flashsplit.registry import get, names
+from flashsplit.testing import DecodeCase, check_lse, check_output, make_inputs, run_and_check
+
+pytestmark = pytest.mark.gpu
+
+BACKENDS = names()
+
+
+def _seqlen_for(batch: int, i: int) -> int:
+    # Long caches only at small batch: the float64 reference holds the whole cache.
+    choices = {1: [1000, 4096, 16384, 131072], 3: [777, 4096, 32768, 131072], 16: [1000, 4096, 16384], 64: [513, 2048, 4096]}
+    return choices[batch][i % len(choices[batch])]
+
+
+def _lengths_for(batch: int, seqlen_k: int, i: int) -> tuple[int, ...]:
+    # Row lengths on regime boundaries: empty, one key, tile +/- 1, granule +/- 1, full.
+    special = [0, 1, 63, 65, 127, 129, seqlen_k - 1, seqlen_k]
+    return tuple(special[(i + r) % len(special)] if r < len(special) else seqlen_k - 7 * r for r in range(batch))
+
+
+def _matrix():
+    cases = []
+    axes = itertools.product([torch.bfloat16, torch.float16], [1, 4, 5, 8], [64, 96, 128, 256], [1, 3, 17, 0])
+    for i, (dtype, group, head_dim, num_splits) in enumerate(axes):
+        batch = [1, 3, 16, 64][i % 4]
+        seqlen_k = _seqlen_for(batch, i // 4)
+        seqlen_q = [1, 1, 4, 2, 5][i % 5]
+        cases.append(DecodeCase(
+            batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_heads_kv=[8, 2, 1][i % 3], group=group,
+            head_dim=head_dim, dtype=dtype, lengths=None if i % 7 == 0 else _lengths_for(batch, seqlen_k, i),
+            num_splits=num_splits, causal=seqlen_q > 1 and i % 2 == 0,
+        ))
+    return cases
+
+
+MATRIX = _matrix()
+
+
+def _decoder(backend):
+    def call(*args, **kwargs):
+        return flashsplit.decode(*args, backend=backend, **kwargs)
+    return call
+
+
+def _skip_unless_supported(backend, q, k, v, seqlens, causal=False):
+    _skip_unless(backend, check_decode_inputs(q, k, v, seqlens, causal, 0, None))
+
+
+def _skip_unless(backend, problem):
+    reason = get(backend).supports(problem)
+    if reason is not None:
+        pytest.skip(f"{backend}: {reason}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", MATRIX, ids=str)
+def test_matrix(backend, case, generator):
+    _skip_unless(backend, case.problem("cuda"))
+    run_and_check(case, _decoder(backend), "cuda", generator)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cache_over_2_31_elements(backend, generator):
+    """5 x 2^19 keys x 8 heads x 128 = 2.7e9 elements per cache: row offsets overflow int32."""
+    batch, seqlen_k, heads_kv, dim = 5, 1 << 19, 8, 128
+    k = torch.empty(batch, seqlen_k, heads_kv, dim, dtype=torch.bfloat16, device="cuda").normal_()
+    v = torch.empty_like(k).normal_()
+    q = torch.randn(batch, 1, 32, dim, dtype=torch.bfloat16, device="cuda")
+    assert k.numel() > 2**31
+    lengths = torch.tensor([3000, 5, 1, 4000, seqlen_k], dtype=torch.int32, device="cuda")
+    _skip_unless_supported(backend, q, k, v, lengths)
+    out, lse = flashsplit.decode(q, k, v, cache_seqlens=lengths, num_splits=7, return_lse=True, backend=backend)
+    # Check the short rows against the reference on the live prefix, the full row on its tail.
+    short = slice(0, 4)
+    ref, ref_lse = attention_ref(q[short], k[short, :4000], v[short, :4000], lengths[short])
+    ref_lowp, _ = attention_ref(q[short], k[short, :4000], v[short, :4000], lengths[short], upcast=False)
+    check_output(out[short], ref, ref_lowp, torch.bfloat16, "out[rows 0-3]")
+    check_lse(lse[short], ref_lse)
+    full_ref, full_lse = attention_ref(q[4:], k[4:], v[4:])
+    torch.testing.assert_close(out[4:].double(), full_ref, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(lse[4:], full_lse, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_in_unused_slots_never_reaches_output(backend, generator):
+    case = DecodeCase(batch=4, seqlen_q=1, seqlen_k=4096, num_heads_kv=8, group=4, head_dim=128,
+                      dtype=torch.bfloat16, lengths=(4095, 129, 1, 0), num_splits=0)
+    q, k, v, seqlens = make_inputs(case, "cuda", generator)
+    _skip_unless_supported(backend, q, k, v, seqlens)
+    assert torch.isnan(k[1, 129:]).all()
+    out = flashsplit.decode(q, k, v, cache_seqlens=seqlens, backend=backend)
+    assert not torch.isnan(out).any()
+    assert (out[3] == 0).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cuda_graph_replay_with_new_seqlens(backend, generator):
+    case = DecodeCase(batch=3, seqlen_q=1, seqlen_k=16384, num_heads_kv=8, group=4, head_dim=128,
+                      dtype=torch.bfloat16, lengths=(16384, 5000, 1), nan_tail=False)
+    q, k, v, seqlens = make_inputs(case, "cuda", generator)
+    _skip_unless_supported(backend, q, k, v, seqlens)
+    out = torch.empty_like(q)
+    lse = None
+
+    def step():
+        return flashsplit.decode(q, k, v, cache_seqlens=seqlens, out=out, return_lse=True, backend=backend)[1]
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm-up: compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        lse = step()
+    for new_lengths in ([100, 16384, 0], [8191, 129, 12000], [1, 1, 16384]):
+        seqlens.copy_(torch.tensor(new_lengths, dtype=torch.int32))
+        q.normal_()
+        graph.replay()
+        torch.cuda.synchronize()
+        eager, eager_lse = flashsplit.decode(q, k, v, cache_seqlens=seqlens, return_lse=True, backend=backend)
+        assert torch.equal(out, eager), f"graph replay differs from eager for lengths {new_lengths}"
+        torch.testing.assert_close(lse, eager_lse, atol=0, rtol=0)
+        ref, _ = attention_ref(q, k, v, seqlens)
+        ref_lowp, _ = attention_ref(q, k, v, seqlens, upcast=False)
+        check_output(out, ref, ref_lowp, torch.bfloat16, f"graph out {new_lengths}")
+
+
+@pytest.mark.parametrize("producer, merger", list(itertools.product(BACKENDS, BACKENDS)))
+def test_mix_and_match_combines(producer, merger, generator):
+    """One backend's combine over another's partials equals the producer's own result."""
+    case = DecodeCase(batch=3, seqlen_q=2, seqlen_k=9000, num_heads_kv=2, group=4, head_dim=128,
+                      dtype=torch.bfloat16, lengths=(9000, 130, 0), causal=True)
+    q, k, v, seqlens = make_inputs(case, "cuda", generator)
+    for name in {producer, merger}:
+        _skip_unless_supported(name, q, k, v, seqlens, causal=True)
+    out_p, lse_p = get(producer).forward_partials(q, k, v, seqlens, 17, 128 ** -0.5, True)
+    ref_p, ref_lse_p = split_partials_ref(q, k, v, seqlens, 17, causal=True)
+    check_lse(lse_p, ref_lse_p)
+    live = ~torch.isneginf(ref_lse_p).permute(0, 1, 3, 2)[..., None].expand_as(ref_p)
+    torch.testing.assert_close(out_p[live], ref_p[live].cuda(), atol=2e-2, rtol=2e-2)
+    own = torch.empty(q.shape, dtype=torch.float32, device="cuda")
+    get(producer).combine(out_p, lse_p, own, None)
+    mixed = torch.empty_like(own)
+    mixed_lse = torch.empty((3, 8, 2), dtype=torch.float32, device="cuda")
+    get(merger).combine(out_p, lse_p, mixed, mixed_lse)
+    torch.testing.assert_close(mixed, own, atol=1e-5, rtol=1e-5)
