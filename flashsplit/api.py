@@ -18,7 +18,7 @@ DEFAULT_NUM_SMS = 132
 
 @functools.lru_cache(maxsize=None)
 def _num_sms(device_type: str, index: int | None) -> int:
-    if device_type != "cuda":
+    if device_type != "cuda" or not torch.cuda.is_available():
         return DEFAULT_NUM_SMS
     return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()).multi_processor_count
 

@@ -178,7 +178,99 @@ def bench(batch=1, seqlen_k=131072, heads=32, heads_kv=8, head_dim=128, splits=(
     return rows
 
 
+def smoke():
+    """Print errors (no asserts) for a few cases: the first thing to run on a new machine."""
+    import sys
+    import traceback
+
+    from flashsplit.testing import max_abs_err
+
+    for case in (DecodeCase(1, 1, 1024, 1, 4, 128, torch.bfloat16, (1000,), 1, nan_tail=False),
+                 DecodeCase(5, 1, 1024, 2, 4, 128, torch.bfloat16, LENGTHS, 3),
+                 DecodeCase(5, 4, 1024, 2, 5, 64, torch.bfloat16, LENGTHS, 17, True),
+                 DecodeCase(5, 1, 1024, 2, 8, 256, torch.float16, LENGTHS, 3)):
+        try:
+            q, k, v, seqlens = make_inputs(case, "cuda")
+            out = torch.full_like(q, float("nan"))
+            lse = torch.full((case.batch, case.num_heads, case.seqlen_q), float("nan"), device="cuda")
+            _backend().decode(q, k, v, seqlens, case.num_splits, 0.1, case.causal, out, lse)
+            torch.cuda.synchronize()
+            ref, ref_lse = attention_ref(q, k, v, seqlens, case.causal, 0.1)
+            err = (out.double() - ref).abs().nan_to_num(99).amax(dim=(1, 2, 3))
+            print(case, "out err per row", err.tolist(), "lse err", max_abs_err(lse, ref_lse), flush=True)
+            if case.num_splits > 1:
+                op, lp = _backend().forward_partials(q, k, v, seqlens, case.num_splits, 0.1, case.causal)
+                rp, rl = split_partials_ref(q, k, v, seqlens, case.num_splits, case.causal, 0.1)
+                print("  partial lse err", max_abs_err(lp, rl.cuda()), flush=True)
+        except Exception:
+            traceback.print_exc(file=sys.stdout)
+
+
+def bench_variants():
+    """Check, then time, alternative tile configs for d = 128 and d = 64 (B = 1, 32/8 heads)."""
+    import flashsplit.cute.backend as backend_mod
+    from flashsplit.cute.configs import SplitConfig, split_config
+
+    variants = [(128, 64, 2, 2), (128, 64, 3, 2), (128, 64, 6, 1), (128, 128, 3, 1),
+                (64, 128, 3, 2), (64, 64, 6, 2), (64, 128, 6, 1)]
+    original = backend_mod.configs.split_config
+    for head_dim, tile_n, stages, units in variants:
+        def pick(dtype, hd, causal, write_partials, _v=(tile_n, stages, units)):
+            if hd != head_dim:
+                return split_config(dtype, hd, causal, write_partials)
+            return SplitConfig(dtype, hd, *_v[:2], causal, write_partials, _v[2])
+        backend_mod.configs.split_config = pick
+        try:
+            for case in (DecodeCase(5, 1, 1024, 2, 4, head_dim, torch.bfloat16, LENGTHS, 3),
+                         DecodeCase(5, 4, 1024, 2, 5, head_dim, torch.bfloat16, LENGTHS, 17, True)):
+                q, k, v, seqlens = make_inputs(case, "cuda")
+                out = torch.full_like(q, float("nan"))
+                _backend().decode(q, k, v, seqlens, case.num_splits, 0.1, case.causal, out, None)
+                ref, _ = attention_ref(q, k, v, seqlens, case.causal, 0.1)
+                ref_lowp, _ = attention_ref(q, k, v, seqlens, case.causal, 0.1, upcast=False)
+                check_output(out, ref, ref_lowp, case.dtype)
+            splits = (29, 32, 33) if units == 2 else (15, 16, 17, 32)
+            for row in bench(seqlen_k=131072, head_dim=head_dim, splits=splits):
+                print((tile_n, stages, units), "B=%d Lk=%d H=%d/%d d=%d splits=%d: %.1f us, %.2f TB/s" % row, flush=True)
+            for row in bench(seqlen_k=16384, head_dim=head_dim, splits=(0,)):
+                print((tile_n, stages, units), "B=%d Lk=%d H=%d/%d d=%d splits=%d: %.1f us, %.2f TB/s" % row, flush=True)
+        except Exception as exc:  # keep going: report every variant
+            print((head_dim, tile_n, stages, units), "FAILED", repr(exc)[:300], flush=True)
+        finally:
+            backend_mod.configs.split_config = original
+
+
+def bench_split_only(seqlen_k=131072, num_splits=32, reps=20):
+    """Device microseconds of the split kernel alone (forward_partials) vs decode (with combine)."""
+    backend = _backend()
+    q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, seqlen_k, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    seqlens = torch.full((1,), seqlen_k, dtype=torch.int32, device="cuda")
+    backend.forward_partials(q, k, v, seqlens, num_splits, 0.1, False)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            backend.forward_partials(q, k, v, seqlens, num_splits, 0.1, False)
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    t0.record()
+    graph.replay()
+    t1.record()
+    torch.cuda.synchronize()
+    print("split kernel alone, 128k, %d splits: %.1f us" % (num_splits, t0.elapsed_time(t1) * 1e3 / reps), flush=True)
+
+
 if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] == ["smoke"]:
+        smoke()
+        raise SystemExit
+    if sys.argv[1:] == ["variants"]:
+        bench_split_only()
+        bench_variants()
+        raise SystemExit
     for args in (dict(seqlen_k=131072, splits=(0, 16, 32, 48, 66, 99)), dict(seqlen_k=16384, splits=(0, 16, 33)),
                  dict(seqlen_k=4096), dict(batch=4, seqlen_k=131072), dict(batch=16, seqlen_k=16384),
                  dict(batch=64, seqlen_k=1024), dict(seqlen_k=131072, head_dim=64), dict(seqlen_k=65536, head_dim=256)):

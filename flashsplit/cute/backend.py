@@ -1,0 +1,191 @@
+"""``backend="cute"``: the CuTeDSL split kernel and combine on Hopper (sm_90a).
+
+This module imports neither cutlass nor the kernels at import time; the first call that needs
+them compiles (once per :class:`~flashsplit.cute.configs.SplitConfig` /
+:class:`~flashsplit.cute.configs.CombineConfig`) and caches. Launches take raw pointers and
+Int32/Int64 sizes and strides, read no tensor values on the host and run on the current torch
+stream, so ``decode`` is CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from ..problem import DecodeProblem
+from ..registry import Backend
+from . import configs
+
+_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def cutlass_available() -> bool:
+    return importlib.util.find_spec("cutlass") is not None
+
+
+class CuteBackend(Backend):
+    name = "cute"
+    priority = 10
+
+    def __init__(self) -> None:
+        self._full_seqlens: dict[tuple, torch.Tensor] = {}
+
+    # ------------------------------------------------------------------ capability
+    def supports(self, problem: DecodeProblem) -> str | None:
+        if problem.head_dim not in configs.HEAD_DIMS:
+            return f"head_dim {problem.head_dim} is not one of {configs.HEAD_DIMS}"
+        if problem.dtype not in _DTYPE_NAMES:
+            return f"dtype {problem.dtype} is not float16 or bfloat16"
+        if not problem.aligned_16b:
+            return "q/k_cache/v_cache need 16-byte aligned pointers and strides (TMA)"
+        if not cutlass_available():
+            return "nvidia-cutlass-dsl is not installed"
+        if problem.device_type != "cuda":
+            return f"needs a CUDA device, got {problem.device_type}"
+        if not torch.cuda.is_available():
+            return "CUDA is not available"
+        major, minor = torch.cuda.get_device_capability()
+        if (major, minor) != (9, 0):
+            return f"needs compute capability 9.0 (Hopper, sm_90a), got {major}.{minor}"
+        return None
+
+    def block_m(self, problem: DecodeProblem) -> int:
+        return 64
+
+    def units_per_sm(self, problem: DecodeProblem) -> int:
+        return configs.split_tile(problem.head_dim)[2] if problem.head_dim in configs.HEAD_DIMS else 1
+
+    # ------------------------------------------------------------------ launches
+    def decode(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out, lse) -> None:
+        lse_buf = lse if lse is not None else self._lse_scratch(q)
+        if num_splits == 1:
+            self._launch_split(q, k_cache, v_cache, cache_seqlens, 1, softmax_scale, causal, out, lse_buf, False)
+            return
+        out_partial, lse_partial = self._alloc_partials(q, num_splits)
+        self._launch_split(
+            q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out_partial, lse_partial, True
+        )
+        self.combine(out_partial, lse_partial, out, lse_buf)
+
+    def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal):
+        out_partial, lse_partial = self._alloc_partials(q, num_splits)
+        self._launch_split(
+            q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out_partial, lse_partial, True
+        )
+        return out_partial, lse_partial
+
+    def combine(self, out_partial, lse_partial, out, lse) -> None:
+        import cutlass
+
+        from .compile import compile_combine
+
+        num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
+        config = configs.CombineConfig(_DTYPE_NAMES[out.dtype], head_dim)
+        kernel = compile_combine(config)
+        lse_buf = lse if lse is not None else self._lse_scratch(out)
+        if lse_buf.stride() != _compact_strides(lse_buf.shape):
+            raise ValueError(f"lse: expected a contiguous [B, H, L_q] tensor, got strides {lse_buf.stride()}")
+        I32, I64 = cutlass.Int32, cutlass.Int64
+        kernel(
+            _ptr(out_partial, cutlass.Float32, 4), _ptr(lse_partial, cutlass.Float32, 4),
+            _ptr(out, _cutlass_dtype(out.dtype), out.element_size()), _ptr(lse_buf, cutlass.Float32, 4),
+            I32(num_splits), I32(batch), I32(seqlen_q), I32(num_heads),
+            *(I64(s) for s in out_partial.stride()[:4]),
+            *(I64(s) for s in lse_partial.stride()),
+            *(I64(s) for s in out.stride()[:3]),
+            _stream(),
+        )
+
+    # ------------------------------------------------------------------ helpers
+    def _launch_split(self, q, k, v, cache_seqlens, num_splits, scale, causal, o, lse, write_partials) -> None:
+        import math
+
+        import cutlass
+
+        from .compile import compile_split
+
+        batch, seqlen_q, num_heads, head_dim = q.shape
+        seqlen_k, num_heads_kv = k.shape[1], k.shape[2]
+        config = configs.split_config(_DTYPE_NAMES[q.dtype], head_dim, causal, write_partials)
+        kernel = compile_split(config)
+        if cache_seqlens is None:
+            cache_seqlens = self._full_length(q.device, batch, seqlen_k)
+        if lse.stride() != _compact_strides(lse.shape):
+            raise ValueError(f"lse: expected a contiguous tensor, got strides {lse.stride()}")
+        if write_partials:
+            o_strides = o.stride()[:4]
+        else:
+            o_strides = (0, *o.stride()[:3])
+        dt = _cutlass_dtype(q.dtype)
+        I32, I64 = cutlass.Int32, cutlass.Int64
+        kernel(
+            _ptr(q, dt), _ptr(k, dt), _ptr(v, dt),
+            _ptr(o, cutlass.Float32, 16) if write_partials else _ptr(o, dt, o.element_size()),
+            _ptr(lse, cutlass.Float32, 4), _ptr(cache_seqlens, cutlass.Int32, 4),
+            I32(batch), I32(seqlen_q), I32(seqlen_k), I32(num_heads), I32(num_heads_kv), I32(num_splits),
+            *(I64(q.stride(i)) for i in (0, 1, 2)),
+            *(I64(k.stride(i)) for i in (0, 1, 2)),
+            *(I64(v.stride(i)) for i in (0, 1, 2)),
+            *(I64(s) for s in o_strides),
+            cutlass.Float32(scale * math.log2(math.e)),
+            _stream(),
+        )
+
+    def _full_length(self, device, batch: int, seqlen_k: int) -> torch.Tensor:
+        """A cached ``[batch]`` tensor of ``seqlen_k`` (cache_seqlens=None: every slot is live)."""
+        key = (device, batch, seqlen_k)
+        t = self._full_seqlens.get(key)
+        if t is None:
+            t = torch.full((batch,), seqlen_k, dtype=torch.int32, device=device)
+            self._full_seqlens[key] = t
+        return t
+
+    @staticmethod
+    def _lse_scratch(q: torch.Tensor) -> torch.Tensor:
+        batch, seqlen_q, num_heads, _ = q.shape
+        return torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
+
+    @staticmethod
+    def _alloc_partials(q: torch.Tensor, num_splits: int):
+        batch, seqlen_q, num_heads, head_dim = q.shape
+        out_partial = torch.empty(
+            (num_splits, batch, seqlen_q, num_heads, head_dim), dtype=torch.float32, device=q.device
+        )
+        lse_partial = torch.empty((num_splits, batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
+        return out_partial, lse_partial
+
+
+def compile_cache_size() -> int:
+    """Number of compiled CuTe kernels in this process (0 before any cute launch)."""
+    import sys
+
+    mod = sys.modules.get("flashsplit.cute.compile")
+    return 0 if mod is None else mod.cache_size()
+
+
+def _compact_strides(shape) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for extent in reversed(shape):
+        strides.append(acc)
+        acc *= extent
+    return tuple(reversed(strides))
+
+
+def _cutlass_dtype(dtype: torch.dtype):
+    import cutlass
+
+    return {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}[dtype]
+
+
+def _ptr(t: torch.Tensor, dtype, align: int = 16):
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_ptr
+
+    return make_ptr(dtype, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=align)
+
+
+def _stream():
+    from cuda.bindings import driver
+
+    return driver.CUstream(torch.cuda.current_stream().cuda_stream)

@@ -1,0 +1,466 @@
+"""Split-KV decode forward for Hopper (sm_90a), written in CuTeDSL.
+
+One CTA per (split ``s``, batch row ``b``, KV head ``kvh`` x row block). The CTA owns the keys
+``[start, end)`` of its split, computed on the device from ``cache_seqlens[b]`` with the shared
+rule of :mod:`flashsplit.plan`, and the GQA-packed query rows of one KV head:
+packed row ``r = m * group + h`` (q-head fastest) is ``q[b, m, kvh * group + h, :]``.
+
+Warp roles (160 threads):
+
+- warps 0-3, the consumer warpgroup: load Q into shared memory (plain global loads; the packed
+  rows are tiny and not one TMA box), then per KV tile ``S = Q K^T`` (wgmma, both operands in
+  shared memory), mask, online softmax in fp32 registers (exp2 with a log2(e)-scaled scale),
+  ``O += P V`` (wgmma, P from registers), and the epilogue straight from registers.
+- warp 4, the producer: TMA (``cp.async.bulk.tensor``) loads of one K tile and one V tile per
+  pipeline stage, completed on the stage's mbarrier (``PipelineTmaAsync``).
+
+No ``setmaxnreg``: with one producer warp (not a warpgroup) the CTA holds only 160 threads, so
+two CTAs per SM already leave the consumer ~200 registers, more than it needs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass.memory import SmemAllocator
+from cutlass.tensor_utils import LayoutEnum
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, Int64
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from .configs import SplitConfig
+
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+
+
+class SplitKVDecodeKernel:
+    """Static configuration of one compiled split kernel (see :class:`SplitConfig`)."""
+
+    block_m = 64
+    num_consumer_threads = 128
+    num_threads = 160  # one consumer warpgroup + one producer warp
+    producer_warp = 4
+    q_barrier_id = 1  # named barrier of the consumer warpgroup (0 is __syncthreads)
+
+    def __init__(self, config: SplitConfig):
+        self.config = config
+        self.dtype = cutlass.Float16 if config.dtype == "float16" else cutlass.BFloat16
+        self.head_dim = config.head_dim
+        self.tile_n = config.tile_n
+        self.stages = config.stages
+        self.causal = config.causal
+        self.write_partials = config.write_partials
+        self.units_per_sm = config.units_per_sm
+
+    @staticmethod
+    def can_implement(head_dim: int, tile_n: int) -> str | None:
+        if head_dim not in (64, 128, 256):
+            return f"head_dim {head_dim} is not one of 64, 128, 256"
+        if 128 % tile_n != 0 or tile_n % 64 != 0:
+            return f"tile_n {tile_n} must be 64 or 128 (a divisor of the 128-key split granule)"
+        return None
+
+    # ------------------------------------------------------------------------------------------
+    # Host side: tensors, TMA atoms, shared storage, grid.
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def __call__(
+        self,
+        q_ptr: cute.Pointer,
+        k_ptr: cute.Pointer,
+        v_ptr: cute.Pointer,
+        o_ptr: cute.Pointer,
+        lse_ptr: cute.Pointer,
+        seqlens_ptr: cute.Pointer,
+        batch: Int32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        num_heads: Int32,
+        num_heads_kv: Int32,
+        num_splits: Int32,
+        q_stride_b: Int64,
+        q_stride_l: Int64,
+        q_stride_h: Int64,
+        k_stride_b: Int64,
+        k_stride_l: Int64,
+        k_stride_h: Int64,
+        v_stride_b: Int64,
+        v_stride_l: Int64,
+        v_stride_h: Int64,
+        o_stride_s: Int64,
+        o_stride_b: Int64,
+        o_stride_l: Int64,
+        o_stride_h: Int64,
+        softmax_scale_log2: Float32,
+        stream,
+    ):
+        D, N, M = self.head_dim, self.tile_n, self.block_m
+        group = num_heads // num_heads_kv
+        row_blocks = (seqlen_q * group + M - 1) // M
+
+        # q viewed as (seqlen_q, heads, d, batch); o the same plus a leading split mode.
+        mQ = cute.make_tensor(
+            q_ptr, cute.make_layout((seqlen_q, num_heads, D, batch), stride=(q_stride_l, q_stride_h, 1, q_stride_b))
+        )
+        # K as the B operand of S = Q K^T: (keys, d, kv_heads, batch), d contiguous (K-major).
+        mK = cute.make_tensor(
+            k_ptr,
+            cute.make_layout((seqlen_k, D, num_heads_kv, batch), stride=(k_stride_l, 1, k_stride_h, k_stride_b)),
+        )
+        # V as the B operand of O = P V: (d, keys, kv_heads, batch), d contiguous (N-major).
+        mV = cute.make_tensor(
+            v_ptr,
+            cute.make_layout((D, seqlen_k, num_heads_kv, batch), stride=(1, v_stride_l, v_stride_h, v_stride_b)),
+        )
+        mO = cute.make_tensor(
+            o_ptr,
+            cute.make_layout(
+                (num_splits, batch, seqlen_q, num_heads, D),
+                stride=(o_stride_s, o_stride_b, o_stride_l, o_stride_h, 1),
+            ),
+        )
+        # lse (partials: [splits, batch, heads, seqlen_q]; final: the same with one split), compact.
+        mLSE = cute.make_tensor(
+            lse_ptr,
+            cute.make_layout(
+                (num_splits, batch, num_heads, seqlen_q),
+                stride=(batch * num_heads * seqlen_q, num_heads * seqlen_q, seqlen_q, 1),
+            ),
+        )
+        mSeqlens = cute.make_tensor(seqlens_ptr, cute.make_layout((batch,)))
+
+        k_major = LayoutEnum.ROW_MAJOR
+        v_major = LayoutEnum.COL_MAJOR
+        qk_tiler = (M, N, D)
+        pv_tiler = (M, D, N)
+        qk_mma = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, k_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(),
+            Float32, (1, 1, 1), qk_tiler[:2],
+        )
+        pv_mma = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, v_major.sm90_mma_major_mode(),
+            Float32, (1, 1, 1), pv_tiler[:2], warpgroup.OperandSource.RMEM,
+        )
+        q_layout = sm90_utils.make_smem_layout_a(k_major, qk_tiler, self.dtype, 1)
+        k_layout = sm90_utils.make_smem_layout_b(k_major, qk_tiler, self.dtype, self.stages)
+        v_layout = sm90_utils.make_smem_layout_b(v_major, pv_tiler, self.dtype, self.stages)
+
+        tma_k, mK_tma = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), mK, cute.slice_(k_layout, (None, None, 0)), (N, D)
+        )
+        tma_v, mV_tma = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), mV, cute.slice_(v_layout, (None, None, 0)), (D, N)
+        )
+        self.tx_bytes = cute.size_in_bytes(self.dtype, cute.slice_(k_layout, (None, None, 0))) + cute.size_in_bytes(
+            self.dtype, cute.slice_(v_layout, (None, None, 0))
+        )
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(k_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(v_layout)], 1024]
+            kv_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+
+        self.shared_storage = SharedStorage
+
+        self.kernel(
+            qk_mma, pv_mma, tma_k, mK_tma, tma_v, mV_tma, mQ, mO, mLSE, mSeqlens,
+            q_layout, k_layout, v_layout, seqlen_q, seqlen_k, group, row_blocks, num_splits,
+            softmax_scale_log2,
+        ).launch(
+            grid=[num_splits, batch, num_heads_kv * row_blocks],
+            block=[self.num_threads, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=self.units_per_sm,
+            # The whole unified L1/smem as shared memory (percent); given explicitly, it also
+            # spares the compiler a device query, so the kernel compiles on a machine without a GPU.
+            preferred_smem_carveout=100,
+        )
+
+    # ------------------------------------------------------------------------------------------
+    # Device side.
+    # ------------------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self,
+        qk_mma: cute.TiledMma,
+        pv_mma: cute.TiledMma,
+        tma_k: cute.CopyAtom,
+        mK_tma: cute.Tensor,
+        tma_v: cute.CopyAtom,
+        mV_tma: cute.Tensor,
+        mQ: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mSeqlens: cute.Tensor,
+        q_layout: cute.ComposedLayout,
+        k_layout: cute.ComposedLayout,
+        v_layout: cute.ComposedLayout,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        group: Int32,
+        row_blocks: Int32,
+        num_splits: Int32,
+        softmax_scale_log2: Float32,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        split_idx, batch_idx, z_idx = cute.arch.block_idx()
+        kvh = z_idx // row_blocks
+        row_block = z_idx % row_blocks
+
+        smem = SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        kv_pipeline = self.make_kv_pipeline(storage.kv_mbar.data_ptr())
+
+        sQ = storage.sQ.get_tensor(q_layout.outer, swizzle=q_layout.inner)
+        sK = storage.sK.get_tensor(k_layout.outer, swizzle=k_layout.inner)
+        sV = storage.sV.get_tensor(v_layout.outer, swizzle=v_layout.inner)
+
+        # This CTA's keys, with exactly the rule of flashsplit.plan (granule 128).
+        n_keys = cutlass.min(mSeqlens[batch_idx], seqlen_k)
+        tokens_per_split = ((n_keys + 127) // 128 + num_splits - 1) // num_splits * 128
+        start = split_idx * tokens_per_split
+        end = cutlass.min(start + tokens_per_split, n_keys)
+        num_tiles = Int32(0)
+        if start < end:
+            num_tiles = (end - start + self.tile_n - 1) // self.tile_n
+        first_tile = start // self.tile_n
+
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        if warp_idx == self.producer_warp:
+            self.load(tma_k, mK_tma, tma_v, mV_tma, sK, sV, kv_pipeline, batch_idx, kvh, first_tile, num_tiles)
+        if warp_idx < self.producer_warp:
+            self.mma_softmax_epilogue(
+                qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, tidx, split_idx, batch_idx, kvh,
+                row_block, seqlen_q, group, n_keys, start, end, num_tiles, first_tile, softmax_scale_log2,
+            )
+
+    def make_kv_pipeline(self, mbar_ptr):
+        """Full/empty mbarriers of the K+V stages: one TMA thread produces, 4 consumer warps release."""
+        return pipeline.PipelineTmaAsync.create(
+            barrier_storage=mbar_ptr,
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads // 32),
+            tx_count=self.tx_bytes,
+            defer_sync=True,
+        )
+
+    @cute.jit
+    def load(self, tma_k, mK_tma, tma_v, mV_tma, sK, sV, kv_pipeline, batch_idx, kvh, first_tile, num_tiles):
+        """Producer warp: one K tile and one V tile per stage, by TMA."""
+        cpasync.prefetch_descriptor(tma_k)
+        cpasync.prefetch_descriptor(tma_v)
+        # (N, D, tiles) and (D, N, tiles) views of this (batch row, kv head).
+        gK = cute.local_tile(mK_tma[None, None, kvh, batch_idx], (self.tile_n, self.head_dim), (None, 0))
+        gV = cute.local_tile(mV_tma[None, None, kvh, batch_idx], (self.head_dim, self.tile_n), (0, None))
+        tKsK, tKgK = cpasync.tma_partition(
+            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
+        )
+        tVsV, tVgV = cpasync.tma_partition(
+            tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
+        )
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        for i in cutlass.range(num_tiles, unroll=1):
+            kv_pipeline.producer_acquire(state)
+            bar = kv_pipeline.producer_get_barrier(state)
+            cute.copy(tma_k, tKgK[(None, first_tile + i)], tKsK[(None, state.index)], tma_bar_ptr=bar)
+            cute.copy(tma_v, tVgV[(None, first_tile + i)], tVsV[(None, state.index)], tma_bar_ptr=bar)
+            kv_pipeline.producer_commit(state)
+            state.advance()
+
+    @cute.jit
+    def load_q(self, mQ, sQ, tidx, batch_idx, kvh, row_block, seqlen_q, group):
+        """Consumer warpgroup: gather the packed Q rows into the swizzled A-operand tile."""
+        D, M = self.head_dim, self.block_m
+        chunks_per_row = D // 8
+        num_rows = seqlen_q * group
+        for i in cutlass.range_constexpr(M * chunks_per_row // self.num_consumer_threads):
+            chunk = tidx + i * self.num_consumer_threads
+            row = chunk // chunks_per_row
+            col = (chunk % chunks_per_row) * 8
+            r = row_block * M + row
+            frag = cute.make_rmem_tensor((8,), self.dtype)
+            frag.fill(0.0)
+            if r < num_rows:
+                m = r // group
+                hq = kvh * group + r % group
+                gsrc = cute.local_tile(mQ[m, hq, None, batch_idx], (8,), (col // 8,))
+                cute.autovec_copy(gsrc, frag)
+            for j in cutlass.range_constexpr(8):
+                sQ[row, col + j, 0] = frag[j]
+        # Generic-proxy smem writes must be visible to wgmma (async proxy) before it reads sQ.
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=self.q_barrier_id, number_of_threads=self.num_consumer_threads)
+
+    @cute.jit
+    def zero_tail_v(self, sV, stage, valid, tidx):
+        """Zero V rows ``>= valid`` of one stage: cache slots past the live length may hold NaN,
+        and 0 * NaN would poison O even though P is 0 there."""
+        D, N = self.head_dim, self.tile_n
+        for idx in cutlass.range(tidx, (N - valid) * D, self.num_consumer_threads, unroll=1):
+            sV[idx % D, valid + idx // D, stage] = self.dtype(0.0)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=self.q_barrier_id, number_of_threads=self.num_consumer_threads)
+
+    @cute.jit
+    def mma_softmax_epilogue(
+        self, qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, tidx, split_idx, batch_idx, kvh,
+        row_block, seqlen_q, group, n_keys, start, end, num_tiles, first_tile, softmax_scale_log2,
+    ):
+        D, N, M = self.head_dim, self.tile_n, self.block_m
+        self.load_q(mQ, sQ, tidx, batch_idx, kvh, row_block, seqlen_q, group)
+
+        qk_thr = qk_mma.get_slice(tidx)
+        pv_thr = pv_mma.get_slice(tidx)
+        tSrQ = qk_mma.make_fragment_A(qk_thr.partition_A(sQ))
+        tSrK = qk_mma.make_fragment_B(qk_thr.partition_B(sK))
+        tOrV = pv_mma.make_fragment_B(pv_thr.partition_B(sV))
+        acc_s_shape = qk_thr.partition_shape_C((M, N))
+        acc_o = pv_thr.make_fragment_C(pv_thr.partition_shape_C((M, D)))
+        acc_o.fill(0.0)
+
+        # Accumulator element (c, r, v) of a thread sits at row warp*16 + lane/4 + 8r and
+        # column (lane%4)*2 + c + 8v of the 64 x n tile (the wgmma C layout).
+        lane = tidx % 32
+        warp = tidx // 32
+        row_max = cute.make_rmem_tensor((2,), Float32)
+        row_sum = cute.make_rmem_tensor((2,), Float32)
+        key_limit = cute.make_rmem_tensor((2,), Int32)  # first key a row may not see
+        for r in cutlass.range_constexpr(2):
+            row_max[r] = -Float32.inf
+            row_sum[r] = 0.0
+            key_limit[r] = end
+            if cutlass.const_expr(self.causal):
+                packed = row_block * M + warp * 16 + lane // 4 + 8 * r
+                m = packed // group
+                key_limit[r] = cutlass.min(end, n_keys - seqlen_q + m + 1)
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        for i in cutlass.range(num_tiles, unroll=1):
+            tile_start = (first_tile + i) * N
+            kv_pipeline.consumer_wait(state)
+            if tile_start + N > end:
+                self.zero_tail_v(sV, state.index, end - tile_start, tidx)
+
+            acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, 0], tSrK[None, None, kb, state.index], acc_s)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+
+            # Mask by selection (garbage keys may be NaN: never multiply them by 0), then the
+            # online-softmax update in log2 units.
+            for r in cutlass.range_constexpr(2):
+                limit = key_limit[r] - tile_start
+                tile_max = -Float32.inf
+                for v in cutlass.range_constexpr(N // 8):
+                    for c in cutlass.range_constexpr(2):
+                        idx = c + 2 * r + 4 * v
+                        col = (lane % 4) * 2 + c + 8 * v
+                        s = acc_s[idx] * softmax_scale_log2
+                        if col >= limit:
+                            s = -Float32.inf
+                        acc_s[idx] = s
+                        tile_max = cute.arch.fmax(tile_max, s)
+                tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=1))
+                tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
+                new_max = cute.arch.fmax(row_max[r], tile_max)
+                # A row that has seen no key yet keeps max -inf: subtract 0 instead (no -inf - -inf).
+                safe_max = new_max
+                if new_max == -Float32.inf:
+                    safe_max = 0.0
+                rescale = cute.math.exp2(row_max[r] - safe_max, fastmath=True)
+                row_max[r] = new_max
+                tile_sum = Float32(0.0)
+                for v in cutlass.range_constexpr(N // 8):
+                    for c in cutlass.range_constexpr(2):
+                        idx = c + 2 * r + 4 * v
+                        p = cute.math.exp2(acc_s[idx] - safe_max, fastmath=True)
+                        acc_s[idx] = p
+                        tile_sum += p
+                row_sum[r] = row_sum[r] * rescale + tile_sum
+                for v in cutlass.range_constexpr(D // 8):
+                    for c in cutlass.range_constexpr(2):
+                        acc_o[c + 2 * r + 4 * v] = acc_o[c + 2 * r + 4 * v] * rescale
+
+            # P (fp32 C layout) -> 16-bit A-operand registers; same element order per thread.
+            tOrP = cute.make_rmem_tensor(self.p_layout(acc_s.layout), self.dtype)
+            tOrP_as_acc = cute.make_tensor(tOrP.iterator, acc_s.layout)
+            tOrP_as_acc.store(acc_s.load().to(self.dtype))
+
+            warpgroup.fence()
+            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+            for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, state.index], acc_o)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            kv_pipeline.consumer_release(state)
+            state.advance()
+
+        self.epilogue(acc_o, row_max, row_sum, mO, mLSE, tidx, split_idx, batch_idx, kvh, row_block,
+                      seqlen_q, group, num_tiles)
+
+    @staticmethod
+    def p_layout(acc_layout):
+        """Register layout of P as the A operand of m64nXk16 wgmma, from the S accumulator layout.
+
+        The accumulator of one thread is ((2 cols, 2 rows, n/8 col-groups), 1, 1); a k16 A block
+        holds (2, 2, 2) of those values, so P is ((2, 2, 2), 1, n/16) with the same strides.
+        """
+        return cute.make_layout(
+            ((2, 2, 2), 1, cute.size(acc_layout.shape[0][2]) // 2),
+            stride=((1, 2, 4), 0, 8),
+        )
+
+    @cute.jit
+    def epilogue(self, acc_o, row_max, row_sum, mO, mLSE, tidx, split_idx, batch_idx, kvh, row_block,
+                 seqlen_q, group, num_tiles):
+        """Normalize and write O and the natural-log LSE straight from registers."""
+        D, M = self.head_dim, self.block_m
+        lane = tidx % 32
+        warp = tidx // 32
+        num_rows = seqlen_q * group
+        for r in cutlass.range_constexpr(2):
+            total = row_sum[r]
+            total += cute.arch.shuffle_sync_bfly(total, offset=1)
+            total += cute.arch.shuffle_sync_bfly(total, offset=2)
+            lse = -Float32.inf
+            inv = Float32(0.0)
+            if total > 0.0:
+                lse = (row_max[r] + cute.math.log2(total, fastmath=False)) * LN_2
+                inv = 1.0 / total
+            packed = row_block * M + warp * 16 + lane // 4 + 8 * r
+            if packed < num_rows:
+                m = packed // group
+                hq = kvh * group + packed % group
+                out_split = split_idx
+                if cutlass.const_expr(not self.write_partials):
+                    out_split = 0
+                if lane % 4 == 0:
+                    mLSE[out_split, batch_idx, hq, m] = lse
+                # Partials of an empty split are never read: write only their LSE.
+                if cutlass.const_expr(self.write_partials):
+                    if num_tiles > 0:
+                        for v in cutlass.range_constexpr(D // 8):
+                            for c in cutlass.range_constexpr(2):
+                                col = (lane % 4) * 2 + c + 8 * v
+                                mO[out_split, batch_idx, m, hq, col] = acc_o[c + 2 * r + 4 * v] * inv
+                else:
+                    for v in cutlass.range_constexpr(D // 8):
+                        for c in cutlass.range_constexpr(2):
+                            col = (lane % 4) * 2 + c + 8 * v
+                            mO[out_split, batch_idx, m, hq, col] = (acc_o[c + 2 * r + 4 * v] * inv).to(
+                                mO.element_type
+                            )
