@@ -1,0 +1,20 @@
+"""``flashsplit bench``: decode-attention benchmarks of flashsplit against its peers.
+
+Modules, one job each:
+
+- :mod:`.cases`: model-shape presets, option parsers, the (batch x seqlen_k) grid and its
+  memory cap, the L2-rotation count.
+- :mod:`.device`: what GPU this is (SMs, L2, datasheet bandwidth).
+- :mod:`.inputs`: random input sets (rotated so the KV never sits in L2).
+- :mod:`.contenders`: flashsplit backends, torch SDPA / FlexAttention, FlashInfer, FlashAttention,
+  each behind ``name`` / ``available()`` / ``prepare(case, inputs)``.
+- :mod:`.check`: compare a contender's output with :func:`flashsplit.reference.attention_ref`.
+- :mod:`.timing`: CUDA-graph replay, CUDA-event and eager wall-clock timers.
+- :mod:`.ceiling`: the measured HBM read ceiling.
+- :mod:`.rows`: result dataclasses and their JSON / CSV forms.
+- :mod:`.runner`, :mod:`.sweep`: run the grid (or a num_splits sweep) and return rows.
+- :mod:`.render`: rich tables, dry-run listing, the optional matplotlib plot.
+- :mod:`.cli`: the ``bench`` sub-command (``add_bench_parser``, ``run_bench_command``).
+
+Benchmarks return data; rendering is separate. Nothing here is imported by ``import flashsplit``.
+"""

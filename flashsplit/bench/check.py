@@ -1,0 +1,64 @@
+"""Correctness gate: a contender's output against :func:`flashsplit.reference.attention_ref`.
+
+The reference runs in float64 on a few batch rows only (the first and the last): a float64
+copy of a whole 34 GB cache would not fit, and a wrong kernel is wrong on every row anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..reference import attention_ref
+from .inputs import InputSets
+
+#: Largest relative Frobenius error accepted. With N(0, 1) inputs the output is an average of
+#: many values and close to 0, so an absolute tolerance would pass a kernel returning zeros;
+#: a relative one does not (zeros give 1.0). bf16 rounding of O alone is ~2e-3.
+REL_TOLERANCE = {"bf16": 2e-2, "fp16": 1e-2}
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    ok: bool
+    rel_err: float
+    detail: str
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||out - ref|| / ||ref||`` in float64 (inf when ``out`` holds NaN/inf)."""
+    out64, ref64 = out.double(), ref.double()
+    if not torch.isfinite(out64).all():
+        return float("inf")
+    denom = torch.linalg.vector_norm(ref64).item()
+    num = torch.linalg.vector_norm(out64 - ref64).item()
+    return num / denom if denom > 0 else num
+
+
+def reference_row(inputs: InputSets, b: int) -> torch.Tensor:
+    """float64 ``[1, 1, H, D]`` reference output of batch row ``b`` of input set 0 (memoized)."""
+    if b not in inputs.ref_cache:
+        sl = slice(b, b + 1)
+        ref, _ = attention_ref(inputs.q[0][sl], inputs.k[0][sl], inputs.v[0][sl], inputs.cache_seqlens[sl], upcast=True)
+        inputs.ref_cache[b] = ref
+    return inputs.ref_cache[b]
+
+
+def check_output(out_bshd: torch.Tensor, inputs: InputSets, rows: list[int] | None = None) -> CheckResult:
+    """Compare ``out_bshd`` ``[B, 1, H, D]`` (computed on input set 0) with the float64 reference."""
+    case = inputs.case
+    expected_shape = (case.batch, 1, case.num_heads, case.head_dim)
+    if tuple(out_bshd.shape) != expected_shape:
+        return CheckResult(False, float("inf"), f"output shape {list(out_bshd.shape)}, expected {list(expected_shape)}")
+    if rows is None:
+        rows = sorted({0, case.batch - 1})
+    tol = REL_TOLERANCE[case.dtype]
+    worst, worst_row = 0.0, rows[0]
+    for b in rows:
+        err = relative_error(out_bshd[b:b + 1], reference_row(inputs, b))
+        if err > worst:
+            worst, worst_row = err, b
+    ok = worst <= tol
+    detail = f"rel err {worst:.2e} (batch row {worst_row}, tolerance {tol:.0e})"
+    return CheckResult(ok, worst, detail)

@@ -1,0 +1,306 @@
+"""The ``bench`` sub-command: parse options, run (or dry-run) the grid, render and write results.
+
+Wiring: ``add_bench_parser(subparsers)`` adds ``bench`` to a top-level argparse parser and sets
+``func=run_bench_command``; standalone, ``python -m flashsplit.bench.cli [options]``.
+
+Exit codes: 0 on success (also without a CUDA GPU, which only prints a one-line message),
+1 when a contender failed the reference check ("wrong") or an output file could not be written,
+2 for unusable options (argparse's own errors, or ``--plot`` without matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .cases import (DEFAULT_BATCHES, DEFAULT_MEM_CAP_GB, DEFAULT_PRESET, DEFAULT_SEQLENS, L2_FACTOR, PRESETS,
+                    Shape, build_grid, flatten, format_seqlen, parse_head_dim, parse_heads, parse_int_list,
+                    parse_positive_int, parse_seqlen, parse_seqlen_list, parse_splits)
+from .contenders import contender_names
+
+NO_GPU_MESSAGE = "flashsplit bench needs a CUDA GPU; none found"
+
+_EPILOG = """\
+examples:
+  flashsplit bench                                  # llama-3-8b shapes, B {1,4,16,64} x L_k {1k..128k}
+  flashsplit bench --preset group5 --batch 1 --seqlen 4k 16k 128k --json out.json --plot out.png
+  flashsplit bench --heads 32/8 --head-dim 128 --contenders triton,sdpa-cudnn --no-flex
+  flashsplit bench --sweep-splits 1-64 --batch 1 16 --seqlen 16k 128k
+  flashsplit bench --dry-run                        # no GPU needed: cells, contenders, planned splits
+"""
+
+
+def _parse_contenders(text: str) -> list[str]:
+    names = [n for n in text.replace(" ", ",").split(",") if n]
+    known = contender_names()
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown contender(s) {unknown or [text]}; choose from {', '.join(known)}")
+    return names
+
+
+def _parse_mem_cap(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of GB, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of GB, got {text!r}")
+    return value
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add every ``bench`` option to ``parser``."""
+    shape = parser.add_argument_group("shape (a preset, optionally overridden)")
+    shape.add_argument("--preset", choices=sorted(PRESETS), default=DEFAULT_PRESET,
+                       help="model shape: " + "; ".join(f"{k}: {v.heads} heads d={v.head_dim} ({v.model})"
+                                                         for k, v in PRESETS.items()) + f" (default {DEFAULT_PRESET})")
+    shape.add_argument("--heads", type=parse_heads, metavar="Q/KV", help="q and KV heads, e.g. 32/8 (overrides the preset)")
+    shape.add_argument("--head-dim", type=parse_head_dim, metavar="D", help="head dim (overrides the preset)")
+    shape.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16", help="q / KV dtype (default bf16)")
+
+    grid = parser.add_argument_group("grid")
+    grid.add_argument("--batch", type=parse_int_list, nargs="+", metavar="B",
+                      help=f"batch sizes, space or comma separated (default {' '.join(map(str, DEFAULT_BATCHES))})")
+    grid.add_argument("--seqlen", type=parse_seqlen_list, nargs="+", metavar="L",
+                      help="KV lengths, with k/m suffixes (default "
+                           + " ".join(format_seqlen(n) for n in DEFAULT_SEQLENS) + ")")
+    grid.add_argument("--mem-cap-gb", type=_parse_mem_cap, default=DEFAULT_MEM_CAP_GB, metavar="GB",
+                      help=f"skip cells whose KV x rotation sets exceed this (default {DEFAULT_MEM_CAP_GB:g})")
+
+    who = parser.add_argument_group("contenders")
+    who.add_argument("--contenders", type=_parse_contenders, metavar="LIST",
+                     help="comma-separated subset of: " + ", ".join(contender_names()) + " (default: all available)")
+    who.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention (slow to compile)")
+
+    timing = parser.add_argument_group("timing")
+    timing.add_argument("--replays", type=parse_positive_int, default=50, metavar="N", help="timed graph replays, median taken (default 50)")
+    timing.add_argument("--calls-per-graph", type=parse_positive_int, default=20, metavar="N",
+                        help="calls captured per graph (at least the rotation count; default 20)")
+    timing.add_argument("--warmup", type=parse_positive_int, default=5, metavar="N", help="warm-up replays (default 5)")
+    timing.add_argument("--eager-calls", type=parse_positive_int, default=50, metavar="N", help="calls per eager wall-clock sample (default 50)")
+    timing.add_argument("--no-ceiling", action="store_true", help="skip the bandwidth-ceiling probe")
+    timing.add_argument("--seed", type=int, default=0, metavar="N", help="input RNG seed (default 0)")
+
+    mode = parser.add_argument_group("modes")
+    mode.add_argument("--sweep-splits", type=parse_splits, nargs="?", const="1-64", metavar="LIST",
+                      help="time flashsplit at each num_splits (default 1-64; or e.g. 1,2,4,8,30) and compare the "
+                           "heuristic's choice with the fastest")
+    mode.add_argument("--dry-run", action="store_true",
+                      help="list cells, contenders and planned num_splits without running anything (works without a GPU)")
+
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", metavar="FILE", help="write the report (header, rows, sweep) as JSON")
+    out.add_argument("--csv", metavar="FILE", help="write the rows as CSV (with --sweep-splits also FILE.sweep.csv)")
+    out.add_argument("--plot", metavar="FILE.png", help="latency plots (needs matplotlib: pip install 'flashsplit[plot]')")
+    out.add_argument("--plot-seqlen", type=parse_seqlen, metavar="L", help="L_k of the latency-vs-batch panel")
+    return parser
+
+
+def add_bench_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``bench`` sub-command to an argparse ``subparsers`` object; sets ``func``."""
+    parser = subparsers.add_parser(
+        "bench", help="benchmark decode attention against torch SDPA, FlashInfer, FlashAttention",
+        description="Benchmark flashsplit decode attention against torch SDPA (flash, cuDNN), FlexAttention, "
+                    "FlashInfer and FlashAttention: device us per call (CUDA-graph replay), eager us, GB/s.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    configure_parser(parser)
+    parser.set_defaults(func=run_bench_command)
+    return parser
+
+
+def build_parser(prog: str = "flashsplit bench") -> argparse.ArgumentParser:
+    """A standalone parser with the same options (``python -m flashsplit.bench.cli``)."""
+    parser = argparse.ArgumentParser(prog=prog, description="Benchmark flashsplit decode attention against its peers.",
+                                     epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    configure_parser(parser)
+    parser.set_defaults(func=run_bench_command)
+    return parser
+
+
+# -- running ---------------------------------------------------------------------------------
+
+def resolve_shape(args: argparse.Namespace) -> Shape:
+    """The preset's shape with ``--heads`` / ``--head-dim`` applied."""
+    base = PRESETS[args.preset]
+    num_heads, num_heads_kv = args.heads if args.heads else (base.num_heads, base.num_heads_kv)
+    head_dim = args.head_dim or base.head_dim
+    custom = args.heads is not None or args.head_dim is not None
+    return Shape(num_heads, num_heads_kv, head_dim, "custom" if custom else base.model)
+
+
+def resolve_grid(args: argparse.Namespace, l2_bytes: int):
+    batches = flatten(args.batch) if args.batch else list(DEFAULT_BATCHES)
+    seqlens = flatten(args.seqlen) if args.seqlen else list(DEFAULT_SEQLENS)
+    return build_grid(batches, seqlens, resolve_shape(args), args.dtype, args.mem_cap_gb * 1e9, l2_bytes)
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    # Piped or captured output gets a wide fixed width, so tables do not fold at 80 columns.
+    return Console(stderr=stderr, width=None if stream.isatty() else 200)
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    """Run ``flashsplit bench`` with parsed ``args``; returns the exit code."""
+    from .contenders import select_contenders
+    from .device import cuda_available, device_info
+    from .render import render_dry_run
+
+    if args.dry_run:
+        from .dryrun import build_dry_run
+
+        device = device_info()
+        cases, skipped = resolve_grid(args, device.l2_bytes)
+        contenders = select_contenders(args.contenders, flex=not args.no_flex)
+        console = _console()
+        render_dry_run(console, build_dry_run(cases, skipped, contenders, device, args.mem_cap_gb * 1e9))
+        if args.sweep_splits:
+            from .sweep import sweep_backends
+
+            names = [c.name for c in sweep_backends(contenders) if c.static_reason() is None]
+            console.print(f"  --sweep-splits would time {names or 'no flashsplit backend'} at num_splits "
+                          f"{args.sweep_splits[0]}..{args.sweep_splits[-1]} ({len(args.sweep_splits)} counts) "
+                          "plus each cell's heuristic choice")
+        return 0
+    if not cuda_available():
+        print(NO_GPU_MESSAGE)
+        return 0
+    return _run_on_gpu(args)
+
+
+class _RichProgress:
+    """Adapts the runner's :class:`~.runner.Progress` callbacks to a rich progress bar."""
+
+    def __init__(self, progress, task):
+        self.progress, self.task = progress, task
+
+    def start(self, description: str) -> None:
+        self.progress.update(self.task, description=description)
+
+    def advance(self, row) -> None:
+        self.progress.advance(self.task)
+
+
+def _sweep_total(cases, backends, splits, num_sms) -> int:
+    from .contenders import Unsupported
+
+    total = 0
+    for case in cases:
+        for b in backends:
+            try:
+                total += len(set(splits) | {b.plan(case, num_sms).num_splits})
+            except Unsupported:
+                pass
+    return total
+
+
+def _run_on_gpu(args: argparse.Namespace) -> int:
+    import torch
+    import triton
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    import flashsplit
+
+    from .contenders import select_contenders
+    from .device import device_info
+    from .render import MATPLOTLIB_MISSING, matplotlib_available, render_report
+    from .rows import WRONG, Report, RunHeader
+    from .runner import RunOptions, run_grid
+    from .sweep import sweep_backends, sweep_grid
+    from .timing import TimingConfig
+
+    if args.plot and not matplotlib_available():  # fail before spending GPU time
+        print(MATPLOTLIB_MISSING, file=sys.stderr)
+        return 2
+    console = _console()
+    device = device_info()
+    cases, skipped = resolve_grid(args, device.l2_bytes)
+    contenders = select_contenders(args.contenders, flex=not args.no_flex)
+    timing = TimingConfig(calls_per_graph=args.calls_per_graph, warmup=args.warmup, replays=args.replays,
+                          eager_calls=args.eager_calls)
+    options = RunOptions(timing=timing, mem_cap_bytes=args.mem_cap_gb * 1e9, seed=args.seed)
+    header = RunHeader(
+        device=device.name, num_sms=device.num_sms, l2_bytes=device.l2_bytes, datasheet_bw=device.datasheet_bw,
+        datasheet_note=device.datasheet_note, torch_version=torch.__version__, triton_version=triton.__version__,
+        flashsplit_version=flashsplit.__version__,
+        timing=(f"device us: CUDA-graph replay of max({timing.calls_per_graph}, sets) calls (fewer for calls "
+                f"over {timing.budget_ms / timing.calls_per_graph:g} ms), median of {timing.replays} replays after "
+                f"{timing.warmup} warm-up (CUDA events where capture fails); eager us: wall clock over "
+                f"{timing.eager_calls} calls + sync, median of {timing.eager_repeats}; input sets rotated so their "
+                f"KV exceeds {L2_FACTOR:g}x L2"),
+    )
+    runnable = []
+    for c in contenders:
+        reason = c.available()
+        if reason is None:
+            runnable.append(c)
+        else:
+            header.notes.append(f"{c.name} skipped: {reason}")
+    if not args.no_ceiling:
+        from .ceiling import measure_ceiling
+
+        try:
+            with console.status("measuring the bandwidth ceiling (>= 4 GB read and copy probes)"):
+                ceiling = measure_ceiling()
+            header.ceiling_bw, header.ceiling_note = ceiling.best, ceiling.describe()
+        except Exception as e:  # the ceiling is a reference point; the run goes on without it
+            header.ceiling_note = f"ceiling probe failed ({type(e).__name__}: {str(e)[:120]})"
+            torch.cuda.empty_cache()
+    else:
+        header.ceiling_note = "ceiling probe skipped (--no-ceiling)"
+
+    report = Report(header)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=_console(stderr=True), transient=True) as bar:
+        if args.sweep_splits:
+            backends = sweep_backends(runnable)
+            if not backends:
+                print("--sweep-splits needs a runnable flashsplit backend (triton or cute); none is", file=sys.stderr)
+                return 2
+            task = bar.add_task("sweep", total=_sweep_total(cases, backends, args.sweep_splits, device.num_sms))
+            report.rows, report.sweep = sweep_grid(cases, backends, args.sweep_splits, device, header.ceiling_bw,
+                                                   options, _RichProgress(bar, task))
+        else:
+            task = bar.add_task("bench", total=len(cases) * len(runnable))
+            report.rows = run_grid(cases, runnable, device, header.ceiling_bw, options, _RichProgress(bar, task))
+    render_report(console, report, skipped)
+    code = _write_outputs(args, report)
+    return 1 if code or any(r.status == WRONG for r in report.rows) else 0
+
+
+def _write_outputs(args: argparse.Namespace, report) -> int:
+    from .render import write_plot
+    from .rows import SweepSummary, report_to_json, rows_to_csv, to_csv
+
+    code = 0
+    try:
+        if args.json:
+            Path(args.json).write_text(report_to_json(report))
+        if args.csv:
+            Path(args.csv).write_text(rows_to_csv(report.rows))
+            if report.sweep:
+                Path(args.csv).with_suffix(".sweep.csv").write_text(to_csv(report.sweep, SweepSummary))
+    except OSError as e:
+        print(f"could not write output: {e}", file=sys.stderr)
+        code = 1
+    if args.plot:
+        try:
+            write_plot(report, args.plot, args.plot_seqlen)
+        except Exception as e:  # a plot is a convenience; the data files are already written
+            print(f"could not write the plot: {e}", file=sys.stderr)
+            code = 1
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry point: ``python -m flashsplit.bench.cli [options]``."""
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,361 @@
+"""The contenders: everything the bench times, behind one small interface.
+
+Each contender has a ``name``, ``available() -> reason or None`` (static facts: package
+importable, backend registered, a CUDA GPU present) and ``prepare(case, inputs) -> Prepared``,
+which does all setup outside the timed region (layout views or copies, planning, compiling)
+and returns a callable that runs one call on input set ``i``. ``prepare`` raises
+:class:`Unsupported` when a contender cannot run a case (a skip, not a failure).
+
+Optional packages (FlashInfer, FlashAttention) are imported lazily, only when asked about.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import functools
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .cases import Case
+from .device import cuda_available, synchronize
+from .inputs import InputSets
+
+NO_GPU_REASON = "needs a CUDA GPU; none found"
+
+
+class Unsupported(Exception):
+    """A contender cannot run a case; its message says why (the row is skipped, not failed)."""
+
+
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _noop() -> None:
+    return None
+
+
+@dataclass
+class Prepared:
+    """A contender ready to run one case.
+
+    ``run(i)`` runs one call on input set ``i`` and returns its raw output; ``to_bshd`` turns
+    that output into ``[B, 1, H, D]`` for the correctness check (outside timing); ``close``
+    undoes setup (e.g. leaves an ``sdpa_kernel`` context).
+    """
+
+    run: Callable[[int], object]
+    to_bshd: Callable[[object], torch.Tensor] = _identity
+    num_splits: int | None = None
+    note: str = ""
+    close: Callable[[], None] = field(default=_noop)
+
+    def __call__(self, i: int):
+        return self.run(i)
+
+
+class Contender(abc.ABC):
+    """One thing to time. Subclasses set ``name`` and ``family`` and implement the hooks."""
+
+    name: str = ""
+    #: "flashsplit", "torch" or "external": how the renderer groups and colours rows.
+    family: str = ""
+
+    def static_reason(self) -> str | None:
+        """Why this contender cannot run here regardless of the GPU (None: it can)."""
+        return None
+
+    def available(self) -> str | None:
+        """``None`` when this contender can run on this machine, else a sentence saying why not."""
+        return self.static_reason() or (None if cuda_available() else NO_GPU_REASON)
+
+    def plan(self, case: Case, num_sms: int):
+        """The flashsplit :class:`~flashsplit.SplitPlan` for ``case`` (None for other libraries)."""
+        return None
+
+    @abc.abstractmethod
+    def prepare(self, case: Case, inputs: InputSets) -> Prepared:
+        """Set up ``case`` on ``inputs`` (outside timing); raise :class:`Unsupported` to skip."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+
+# -- flashsplit ------------------------------------------------------------------------------
+
+class FlashsplitContender(Contender):
+    """``flashsplit.decode(..., backend=backend, num_splits=num_splits)`` (0: the heuristic)."""
+
+    family = "flashsplit"
+
+    def __init__(self, name: str, backend: str, num_splits: int = 0):
+        self.name = name
+        self.backend = backend
+        self.num_splits = num_splits
+
+    def static_reason(self) -> str | None:
+        from ..registry import names
+
+        if self.backend != "auto" and self.backend not in names():
+            return f"flashsplit backend {self.backend!r} is not registered in this build (registered: {names()})"
+        return None
+
+    def plan(self, case: Case, num_sms: int):
+        import flashsplit
+
+        try:
+            return flashsplit.plan(case.batch, case.seqlen_k, case.num_heads, case.num_heads_kv, case.head_dim,
+                                   dtype=case.torch_dtype, has_cache_seqlens=True, num_splits=self.num_splits,
+                                   num_sms=num_sms, device="cuda", backend=self.backend)
+        except ValueError as e:  # the registry's refusal carries the backend's reason
+            raise Unsupported(str(e)) from None
+
+    def prepare(self, case: Case, inputs: InputSets) -> Prepared:
+        import flashsplit
+
+        device = inputs.q[0].device
+        num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+        the_plan = self.plan(case, num_sms)
+        q, k, v, lens = inputs.q, inputs.k, inputs.v, inputs.cache_seqlens
+        backend, num_splits = self.backend, self.num_splits
+
+        def run(i: int):
+            return flashsplit.decode(q[i], k[i], v[i], cache_seqlens=lens, num_splits=num_splits, backend=backend)
+
+        return Prepared(run, num_splits=the_plan.num_splits, note=f"backend {the_plan.backend}")
+
+
+# -- torch -----------------------------------------------------------------------------------
+
+def _bhld_views(inputs: InputSets, contiguous: bool):
+    """SDPA's layout: q ``[B, H, 1, D]``, k/v ``[B, H_kv, L, D]``; views of the cache (flash
+    SDPA's native layout is ours, so no copy) or contiguous copies when a kernel needs them."""
+    def conv(t: torch.Tensor) -> torch.Tensor:
+        t = t.transpose(1, 2)
+        return t.contiguous() if contiguous else t
+
+    return [conv(t) for t in inputs.q], [conv(t) for t in inputs.k], [conv(t) for t in inputs.v]
+
+
+def _with_layout_fallback(make_run: Callable[[bool], Callable[[int], object]]) -> tuple[Callable[[int], object], str]:
+    """Try a contender on zero-copy views; if a kernel rejects the strides, on contiguous copies."""
+    run = make_run(False)
+    try:
+        run(0)
+        synchronize()
+        return run, "strided views"
+    except RuntimeError as first:
+        try:
+            run = make_run(True)
+            run(0)
+            synchronize()
+        except Exception:
+            raise first from None
+        return run, f"contiguous [B,H,L,D] copies (views failed: {str(first).splitlines()[0][:80]})"
+
+
+class SdpaContender(Contender):
+    """``torch.nn.functional.scaled_dot_product_attention`` pinned to one backend."""
+
+    family = "torch"
+
+    def __init__(self, name: str, backend_attr: str):
+        self.name = name
+        self.backend_attr = backend_attr  # an SDPBackend member name
+
+    def static_reason(self) -> str | None:
+        try:
+            from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: F401
+        except ImportError as e:
+            return f"torch {torch.__version__} has no torch.nn.attention.sdpa_kernel ({e})"
+        if not hasattr(SDPBackend, self.backend_attr):
+            return f"torch {torch.__version__} has no SDPBackend.{self.backend_attr}"
+        return None
+
+    def available(self) -> str | None:
+        reason = super().available()
+        if reason is None and self.backend_attr == "CUDNN_ATTENTION" and not torch.backends.cudnn.is_available():
+            return "cuDNN is not available in this torch build"
+        return reason
+
+    def prepare(self, case: Case, inputs: InputSets) -> Prepared:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+        # The backend flags are process-global: enter the context once here (not per call, which
+        # would add host time to every eager call) and leave it in close().
+        stack = contextlib.ExitStack()
+        stack.enter_context(sdpa_kernel(getattr(SDPBackend, self.backend_attr)))
+
+        def make_run(contiguous: bool):
+            qs, ks, vs = _bhld_views(inputs, contiguous)
+            return lambda i: sdpa(qs[i], ks[i], vs[i], enable_gqa=True)
+
+        try:
+            run, note = _with_layout_fallback(make_run)
+        except BaseException:
+            stack.close()
+            raise
+        return Prepared(run, to_bshd=lambda o: o.transpose(1, 2), note=note, close=stack.close)
+
+
+class FlexContender(Contender):
+    """``torch.compile(flex_attention)`` (FlexDecoding at L_q = 1); compiled at prepare time."""
+
+    family = "torch"
+    name = "flex"
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self._compiled = None
+
+    def static_reason(self) -> str | None:
+        if not self.enabled:
+            return "disabled (--no-flex)"
+        try:
+            from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
+        except ImportError as e:
+            return f"torch {torch.__version__} has no flex_attention ({e})"
+        return None
+
+    def _compile(self):
+        if self._compiled is None:
+            import torch._dynamo
+            from torch.nn.attention.flex_attention import flex_attention
+
+            # Every grid cell is a new static shape, hence a recompile; the default limit (8)
+            # would silently fall back to eager flex, which materialises the scores.
+            for knob in ("recompile_limit", "cache_size_limit"):
+                if hasattr(torch._dynamo.config, knob):
+                    setattr(torch._dynamo.config, knob, max(256, getattr(torch._dynamo.config, knob)))
+            self._compiled = torch.compile(flex_attention, dynamic=False)
+        return self._compiled
+
+    def prepare(self, case: Case, inputs: InputSets) -> Prepared:
+        flex = self._compile()
+
+        def make_run(contiguous: bool):
+            qs, ks, vs = _bhld_views(inputs, contiguous)
+            return lambda i: flex(qs[i], ks[i], vs[i], enable_gqa=True)
+
+        run, note = _with_layout_fallback(make_run)  # the first call compiles (outside timing)
+        return Prepared(run, to_bshd=lambda o: o.transpose(1, 2), note=note)
+
+
+# -- other libraries -------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _import_reason(module: str) -> str | None:
+    """None if ``module`` imports, else why not (cached: importing some libraries is slow)."""
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # ImportError, or a broken install raising anything else
+        return f"{module} is not importable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    return None
+
+
+class FlashAttnContender(Contender):
+    """FlashAttention's ``flash_attn_with_kvcache`` (``flash_attn`` = FA2, ``flash_attn_interface`` = FA3)."""
+
+    family = "external"
+
+    def __init__(self, name: str, module: str):
+        self.name = name
+        self.module = module
+
+    def static_reason(self) -> str | None:
+        return _import_reason(self.module)
+
+    def prepare(self, case: Case, inputs: InputSets) -> Prepared:
+        fn = importlib.import_module(self.module).flash_attn_with_kvcache
+        q, k, v, lens = inputs.q, inputs.k, inputs.v, inputs.cache_seqlens
+
+        def run(i: int):
+            return fn(q[i], k[i], v[i], cache_seqlens=lens)
+
+        # Some versions return (out, lse); the check wants the output only.
+        return Prepared(run, to_bshd=lambda o: o[0] if isinstance(o, (tuple, list)) else o,
+                        note="num_splits chosen by the library")
+
+
+class FlashInferContender(Contender):
+    """FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper`` (tensor-core decode, NHD pages of 16).
+
+    Our ``[B, L, H_kv, D]`` cache is already ``B * L / 16`` contiguous pages of
+    ``[16, H_kv, D]``, so the paged cache is a view; row b owns pages ``[b * L/16, (b+1) * L/16)``.
+    """
+
+    family = "external"
+    name = "flashinfer"
+    PAGE_SIZE = 16
+    WORKSPACE_BYTES = 128 * 1024 * 1024
+
+    def static_reason(self) -> str | None:
+        return _import_reason("flashinfer")
+
+    def prepare(self, case: Case, inputs: InputSets) -> Prepared:
+        import flashinfer
+
+        page = self.PAGE_SIZE
+        if case.seqlen_k % page:
+            raise Unsupported(f"seqlen_k {case.seqlen_k} is not a multiple of the page size {page}")
+        device = inputs.q[0].device
+        batch, pages_per_row = case.batch, case.seqlen_k // page
+        workspace = torch.empty(self.WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
+        indptr = torch.arange(batch + 1, dtype=torch.int32, device=device) * pages_per_row
+        indices = torch.arange(batch * pages_per_row, dtype=torch.int32, device=device)
+        last_page_len = torch.full((batch,), page, dtype=torch.int32, device=device)
+        args = (indptr, indices, last_page_len, case.num_heads, case.num_heads_kv, case.head_dim, page)
+        try:
+            wrapper.plan(*args, pos_encoding_mode="NONE", q_data_type=case.torch_dtype, kv_data_type=case.torch_dtype)
+        except TypeError:  # older releases name the dtype argument data_type
+            wrapper.plan(*args, pos_encoding_mode="NONE", data_type=case.torch_dtype)
+        paged_shape = (batch * pages_per_row, page, case.num_heads_kv, case.head_dim)
+        kv = [(k.view(paged_shape), v.view(paged_shape)) for k, v in zip(inputs.k, inputs.v)]
+        qs = [q[:, 0] for q in inputs.q]  # [B, H, D]
+        call = wrapper.run if hasattr(wrapper, "run") else wrapper.forward
+
+        def run(i: int):
+            return call(qs[i], kv[i])
+
+        run.keepalive = (workspace, wrapper, indptr, indices, last_page_len)  # buffers the plan points at
+        return Prepared(run, to_bshd=lambda o: o.unsqueeze(1), note=f"page size {page}, tensor cores")
+
+
+# -- the roster ------------------------------------------------------------------------------
+
+def all_contenders(flex: bool = True) -> list[Contender]:
+    """Every contender, in display order: flashsplit first, then torch, then other libraries."""
+    return [
+        FlashsplitContender("triton", "triton"),
+        FlashsplitContender("cute", "cute"),
+        FlashsplitContender("triton-nosplit", "triton", num_splits=1),
+        FlashsplitContender("auto", "auto"),
+        SdpaContender("sdpa-flash", "FLASH_ATTENTION"),
+        SdpaContender("sdpa-cudnn", "CUDNN_ATTENTION"),
+        FlexContender(enabled=flex),
+        FlashInferContender(),
+        FlashAttnContender("flash-attn", "flash_attn"),
+        FlashAttnContender("flash-attn3", "flash_attn_interface"),
+    ]
+
+
+def contender_names() -> list[str]:
+    return [c.name for c in all_contenders()]
+
+
+def select_contenders(names: list[str] | None = None, flex: bool = True) -> list[Contender]:
+    """The contenders named (all when ``names`` is None), in roster order; unknown names raise ValueError."""
+    roster = all_contenders(flex=flex)
+    if names is None:
+        return roster
+    known = {c.name for c in roster}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown contender(s) {unknown}; choose from {sorted(known)}")
+    return [c for c in roster if c.name in names]

@@ -1,0 +1,51 @@
+"""``--dry-run``: what a run would do, computed without a GPU (no inputs, no timing)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .cases import Case, SkippedCell, rotation_count, set_bytes
+from .contenders import Contender, Unsupported
+from .device import DeviceInfo
+
+
+@dataclass(frozen=True)
+class ContenderStatus:
+    name: str
+    family: str
+    reason: str | None  # None: would run (static checks only; the GPU check is the header's)
+
+
+@dataclass
+class PlannedCell:
+    """One cell: its rotation count and, per flashsplit contender, the planned split count
+    (an int) or why the backend cannot run it (a str)."""
+
+    case: Case
+    sets: int
+    plans: dict[str, int | str] = field(default_factory=dict)
+
+
+@dataclass
+class DryRun:
+    device: DeviceInfo
+    contenders: list[ContenderStatus]
+    cells: list[PlannedCell]
+    skipped: list[SkippedCell]
+
+
+def build_dry_run(cases: list[Case], skipped: list[SkippedCell], contenders: list[Contender],
+                  device: DeviceInfo, mem_cap_bytes: float) -> DryRun:
+    statuses = [ContenderStatus(c.name, c.family, c.static_reason()) for c in contenders]
+    runnable = {s.name for s in statuses if s.reason is None}
+    planners = [c for c in contenders if c.family == "flashsplit" and c.name in runnable]
+    cells = []
+    for case in cases:
+        cell = PlannedCell(case, rotation_count(set_bytes(case), device.l2_bytes, mem_cap_bytes))
+        for c in planners:
+            try:
+                cell.plans[c.name] = c.plan(case, device.num_sms).num_splits
+            except Unsupported as e:
+                cell.plans[c.name] = str(e)
+        cells.append(cell)
+    return DryRun(device, statuses, cells, skipped)

@@ -1,0 +1,211 @@
+"""Rendering of bench data: rich tables for the terminal, and the optional matplotlib plot.
+
+Nothing here measures anything; every function takes the dataclasses of :mod:`.rows` or
+:mod:`.dryrun`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rich.console import Console
+from rich.table import Table
+
+from .cases import SkippedCell, format_seqlen
+from .dryrun import DryRun
+from .rows import ERROR, OK, SKIPPED, WRONG, BenchRow, Report, RunHeader, SweepSummary
+
+_STATUS_STYLE = {OK: "", SKIPPED: "dim", WRONG: "bold red", ERROR: "red"}
+
+
+def _f(value: float | None, fmt: str = "{:.1f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def render_header(console: Console, header: RunHeader) -> None:
+    console.print(f"[bold]flashsplit bench[/bold] on {header.device} ({header.num_sms} SMs, "
+                  f"L2 {header.l2_bytes / 2**20:.0f} MiB); torch {header.torch_version}, "
+                  f"triton {header.triton_version}, flashsplit {header.flashsplit_version}")
+    console.print(f"  bandwidth: {header.datasheet_note}; "
+                  + (header.ceiling_note or "no measured ceiling"))
+    if header.timing:
+        console.print(f"  timing: {header.timing}")
+    for note in header.notes:
+        console.print(f"  note: {note}")
+
+
+def rows_table(rows: list[BenchRow], title: str = "decode attention, per call") -> Table:
+    table = Table(title=title, header_style="bold")
+    for name, justify in (("contender", "left"), ("B", "right"), ("L_k", "right"), ("heads", "right"),
+                          ("d", "right"), ("dtype", "left"), ("splits", "right"), ("device us", "right"),
+                          ("eager us", "right"), ("method", "left"), ("GB/s", "right"), ("% sheet", "right"),
+                          ("% ceil", "right"), ("rel err", "right"), ("note", "left")):
+        table.add_column(name, justify=justify, overflow="fold")
+    previous = None
+    for r in rows:
+        cell = (r.batch, r.seqlen_k, r.heads, r.head_dim, r.dtype)
+        if previous is not None and cell != previous:
+            table.add_section()
+        previous = cell
+        table.add_row(r.contender, str(r.batch), format_seqlen(r.seqlen_k), r.heads, str(r.head_dim), r.dtype,
+                      _f(r.num_splits, "{}"), _f(r.device_us), _f(r.eager_us), r.method, _f(r.gbps, "{:.0f}"),
+                      _f(r.pct_datasheet, "{:.0f}%"), _f(r.pct_ceiling, "{:.0f}%"), _f(r.rel_err, "{:.1e}"),
+                      r.note if r.status == OK else f"{r.status}: {r.note}", style=_STATUS_STYLE.get(r.status, ""))
+    return table
+
+
+def sweep_table(summaries: list[SweepSummary]) -> Table:
+    table = Table(title="num_splits heuristic vs best measured", header_style="bold")
+    for name in ("contender", "B", "L_k", "heads", "d", "heuristic", "heuristic us", "best", "best us", "gap", "note"):
+        table.add_column(name, justify="left" if name in ("contender", "note") else "right")
+    for s in summaries:
+        gap_style = "" if s.gap_pct is None or s.gap_pct < 5 else "yellow" if s.gap_pct < 15 else "red"
+        table.add_row(s.contender, str(s.batch), format_seqlen(s.seqlen_k), f"{s.num_heads}/{s.num_heads_kv}",
+                      str(s.head_dim), _f(s.heuristic_splits, "{}"), _f(s.heuristic_us), _f(s.best_splits, "{}"),
+                      _f(s.best_us), _f(s.gap_pct, "{:.1f}%"), s.note, style=gap_style)
+    return table
+
+
+def render_skipped_cells(console: Console, skipped: list[SkippedCell]) -> None:
+    for cell in skipped:
+        console.print(f"  skipped cell {cell.case.label()}: {cell.reason}", style="dim")
+
+
+def render_report(console: Console, report: Report, skipped: list[SkippedCell] = ()) -> None:
+    render_header(console, report.header)
+    if report.rows:
+        console.print(rows_table(report.rows))
+    if report.sweep:
+        console.print(sweep_table(report.sweep))
+    render_skipped_cells(console, list(skipped))
+    counts = Counter(r.status for r in report.rows)
+    console.print("  rows: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) if counts else "  no rows")
+
+
+def render_dry_run(console: Console, dry: DryRun) -> None:
+    dev = dry.device
+    where = dev.name if dev.is_cuda else f"{dev.name}: plans use {dev.num_sms} SMs, L2 {dev.l2_bytes / 2**20:.0f} MiB"
+    console.print(f"[bold]flashsplit bench --dry-run[/bold] ({where})")
+    contenders = Table(title="contenders", header_style="bold")
+    contenders.add_column("contender")
+    contenders.add_column("family")
+    contenders.add_column("status", overflow="fold")
+    for c in dry.contenders:
+        contenders.add_row(c.name, c.family, "would run" if c.reason is None else f"skipped: {c.reason}",
+                           style="" if c.reason is None else "dim")
+    console.print(contenders)
+    planners = [c.name for c in dry.contenders if c.family == "flashsplit" and c.reason is None]
+    cells = Table(title="cells (flashsplit columns: planned num_splits)", header_style="bold")
+    for name in ("B", "L_k", "heads", "d", "dtype", "KV MB", "sets", *planners):
+        cells.add_column(name, justify="right", overflow="fold")
+    for cell in dry.cells:
+        case = cell.case
+        plans = [str(cell.plans[p]) if isinstance(cell.plans[p], int) else f"no: {cell.plans[p]}" for p in planners]
+        cells.add_row(str(case.batch), format_seqlen(case.seqlen_k), case.heads, str(case.head_dim), case.dtype,
+                      f"{case.kv_bytes / 1e6:.1f}", str(cell.sets), *plans)
+    console.print(cells)
+    render_skipped_cells(console, dry.skipped)
+    console.print(f"  {len(dry.cells)} cell(s) x {sum(c.reason is None for c in dry.contenders)} contender(s) "
+                  f"would run; {len(dry.skipped)} cell(s) skipped by the memory cap")
+
+
+# -- plot ------------------------------------------------------------------------------------
+
+MATPLOTLIB_MISSING = ("--plot needs matplotlib, which is not installed: "
+                      "pip install 'flashsplit[plot]' (or pip install matplotlib)")
+
+
+def matplotlib_available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def plot_choices(rows: list[BenchRow], fixed_seqlen: int | None = None) -> tuple[int | None, int | None]:
+    """The batch of panel 1 (the smallest measured) and the L_k of panel 2 (``fixed_seqlen``, else
+    the L_k measured at the most batch sizes, the larger on ties)."""
+    ok = [r for r in rows if r.status == OK and r.device_us is not None]
+    if not ok:
+        return None, None
+    batch = min(r.batch for r in ok)
+    if fixed_seqlen is None:
+        batches_per_len = Counter((r.seqlen_k, r.batch) for r in ok)
+        per_len = Counter(l for l, _ in batches_per_len)
+        fixed_seqlen = max(per_len, key=lambda l: (per_len[l], l))
+    return batch, fixed_seqlen
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only; never needs a display
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError(MATPLOTLIB_MISSING) from None
+    return plt
+
+
+def write_plot(report: Report, path: str, fixed_seqlen: int | None = None) -> None:
+    """Two panels: latency vs L_k at the smallest batch, latency vs batch at a fixed L_k, one
+    line per contender (for a ``--sweep-splits`` report: latency vs num_splits, see
+    :func:`write_sweep_plot`).
+
+    Raises ``ImportError`` with :data:`MATPLOTLIB_MISSING` when matplotlib is absent.
+    """
+    if report.sweep:
+        write_sweep_plot(report, path)
+        return
+    plt = _pyplot()
+    rows = [r for r in report.rows if r.status == OK and r.device_us is not None]
+    batch, seqlen = plot_choices(rows, fixed_seqlen)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    contenders = list(dict.fromkeys(r.contender for r in rows))
+    for name in contenders:
+        mine = [r for r in rows if r.contender == name]
+        by_len = sorted((r.seqlen_k, r.device_us) for r in mine if r.batch == batch)
+        if by_len:
+            ax1.plot(*zip(*by_len), marker="o", label=name)
+        by_batch = sorted((r.batch, r.device_us) for r in mine if r.seqlen_k == seqlen)
+        if by_batch:
+            ax2.plot(*zip(*by_batch), marker="o", label=name)
+    for ax, xlabel, title in ((ax1, "L_k (keys)", f"batch {batch}"), (ax2, "batch", f"L_k {format_seqlen(seqlen or 0)}")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("device time per call (us)")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    fig.suptitle(f"decode attention on {report.header.device}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_sweep_plot(report: Report, path: str) -> None:
+    """Latency vs num_splits, one line per (contender, cell), the heuristic's choice circled."""
+    plt = _pyplot()
+    rows = [r for r in report.rows if r.status == OK and r.device_us is not None and r.num_splits]
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    heuristics = {(s.contender, s.batch, s.seqlen_k): s.heuristic_splits for s in report.sweep}
+    keys = list(dict.fromkeys((r.contender, r.batch, r.seqlen_k) for r in rows))
+    for key in keys:
+        points = sorted((r.num_splits, r.device_us) for r in rows if (r.contender, r.batch, r.seqlen_k) == key)
+        (line,) = ax.plot(*zip(*points), marker=".", label=f"{key[0]} B={key[1]} L_k={format_seqlen(key[2])}")
+        chosen = [p for p in points if p[0] == heuristics.get(key)]
+        if chosen:
+            ax.plot(*chosen[0], marker="o", markersize=10, fillstyle="none", color=line.get_color())
+    ax.set_xlabel("num_splits")
+    ax.set_ylabel("device time per call (us)")
+    ax.set_yscale("log")
+    ax.set_title(f"num_splits sweep on {report.header.device} (circle: the heuristic's choice)")
+    ax.grid(True, which="both", alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

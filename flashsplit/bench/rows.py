@@ -1,0 +1,166 @@
+"""Bench results as plain dataclasses, and their JSON / CSV forms (renderer-independent).
+
+A :class:`Report` is a :class:`RunHeader` (the machine and the ceilings), the
+:class:`BenchRow` list, and for ``--sweep-splits`` the :class:`SweepSummary` list.
+``report_from_json(report_to_json(r)) == r`` and ``rows_from_csv(rows_to_csv(rows)) == rows``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import typing
+from dataclasses import dataclass, field
+
+#: Row statuses. "wrong": ran but failed the reference check (not timed).
+OK, SKIPPED, WRONG, ERROR = "ok", "skipped", "wrong", "error"
+
+
+@dataclass
+class BenchRow:
+    """One contender on one case. Times in microseconds per call; None where not measured."""
+
+    contender: str
+    batch: int
+    seqlen_k: int
+    num_heads: int
+    num_heads_kv: int
+    head_dim: int
+    dtype: str
+    status: str = OK
+    num_splits: int | None = None     # flashsplit contenders: from flashsplit.plan
+    device_us: float | None = None
+    eager_us: float | None = None
+    method: str = ""                  # "graph" or "events": how device_us was measured
+    gbps: float | None = None         # (KV + q + out) bytes / device time, in GB/s
+    pct_datasheet: float | None = None
+    pct_ceiling: float | None = None
+    rel_err: float | None = None      # vs the float64 reference
+    sets: int | None = None           # input sets rotated through (L2 defeat)
+    note: str = ""
+
+    @property
+    def heads(self) -> str:
+        return f"{self.num_heads}/{self.num_heads_kv}"
+
+
+@dataclass
+class SweepSummary:
+    """``--sweep-splits`` for one flashsplit backend on one case: heuristic vs best measured."""
+
+    contender: str
+    batch: int
+    seqlen_k: int
+    num_heads: int
+    num_heads_kv: int
+    head_dim: int
+    dtype: str
+    heuristic_splits: int | None = None
+    heuristic_us: float | None = None
+    best_splits: int | None = None
+    best_us: float | None = None
+    gap_pct: float | None = None      # (heuristic - best) / best * 100; 0 when the heuristic is best
+    note: str = ""
+
+
+@dataclass
+class RunHeader:
+    """The run's machine and reference bandwidths."""
+
+    device: str = ""
+    num_sms: int = 0
+    l2_bytes: int = 0
+    datasheet_bw: float = 0.0         # bytes/s
+    datasheet_note: str = ""
+    ceiling_bw: float | None = None   # bytes/s, measured (None: probe skipped or failed)
+    ceiling_note: str = ""
+    torch_version: str = ""
+    triton_version: str = ""
+    flashsplit_version: str = ""
+    timing: str = ""                  # the timing settings, in words
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    header: RunHeader
+    rows: list[BenchRow] = field(default_factory=list)
+    sweep: list[SweepSummary] = field(default_factory=list)
+
+
+# -- conversions -----------------------------------------------------------------------------
+
+def _coerce(value, annotation):
+    """Turn a JSON/CSV value back into ``annotation``'s type (CSV gives strings; "" is None)."""
+    args = typing.get_args(annotation)
+    optional = type(None) in args
+    if optional:
+        annotation = next(a for a in args if a is not type(None))
+        if value is None or value == "":
+            return None
+    if annotation is int:
+        return int(value)
+    if annotation is float:
+        return float(value)
+    if annotation is str:
+        return "" if value is None else str(value)
+    return value
+
+
+def from_dict(cls, data: dict):
+    """Build dataclass ``cls`` from a dict, coercing each field to its annotated type."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            kwargs[f.name] = _coerce(data[f.name], hints[f.name])
+    return cls(**kwargs)
+
+
+def _json_safe(value):
+    # JSON has no inf/NaN: write them as strings, read back by float().
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return str(value)
+    return value
+
+
+def report_to_json(report: Report) -> str:
+    payload = {
+        "header": dataclasses.asdict(report.header),
+        "rows": [{k: _json_safe(v) for k, v in dataclasses.asdict(r).items()} for r in report.rows],
+        "sweep": [{k: _json_safe(v) for k, v in dataclasses.asdict(s).items()} for s in report.sweep],
+    }
+    return json.dumps(payload, indent=2)
+
+
+def report_from_json(text: str) -> Report:
+    payload = json.loads(text)
+    header = from_dict(RunHeader, payload.get("header", {}))
+    return Report(header, [from_dict(BenchRow, r) for r in payload.get("rows", [])],
+                  [from_dict(SweepSummary, s) for s in payload.get("sweep", [])])
+
+
+def to_csv(items: list, cls) -> str:
+    """CSV with one column per field of dataclass ``cls``; None is written as an empty cell."""
+    buf = io.StringIO()
+    names = [f.name for f in dataclasses.fields(cls)]
+    writer = csv.DictWriter(buf, fieldnames=names, lineterminator="\n")
+    writer.writeheader()
+    for item in items:
+        writer.writerow({k: ("" if v is None else repr(v) if isinstance(v, float) else v)
+                         for k, v in dataclasses.asdict(item).items()})
+    return buf.getvalue()
+
+
+def from_csv(text: str, cls) -> list:
+    return [from_dict(cls, row) for row in csv.DictReader(io.StringIO(text))]
+
+
+def rows_to_csv(rows: list[BenchRow]) -> str:
+    return to_csv(rows, BenchRow)
+
+
+def rows_from_csv(text: str) -> list[BenchRow]:
+    return from_csv(text, BenchRow)

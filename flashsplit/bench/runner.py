@@ -1,0 +1,145 @@
+"""Run contenders over the grid and return :class:`~.rows.BenchRow` s (no rendering here).
+
+One failing contender never stops the run: its exception becomes the row's ``error`` status
+and note. Inputs are made once per case and shared by every contender.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .cases import Case, rotation_count, set_bytes
+from .check import check_output
+from .contenders import Contender, Unsupported
+from .device import DeviceInfo, synchronize
+from .inputs import InputSets, make_inputs
+from .rows import ERROR, OK, SKIPPED, WRONG, BenchRow
+from .timing import Timing, TimingConfig, measure
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run: timing settings, memory cap, input seed, and the timer itself
+    (``timer(run, num_sets, timing) -> Timing``; tests substitute a fake one to run on CPU)."""
+
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    mem_cap_bytes: float = 80e9
+    seed: int = 0
+    timer: Callable[[Callable[[int], object], int, TimingConfig], Timing] = measure
+
+
+class Progress:
+    """Callbacks the runner reports to (the CLI drives a rich progress bar with them)."""
+
+    def start(self, description: str) -> None:
+        pass
+
+    def advance(self, row: BenchRow) -> None:
+        pass
+
+
+def _free() -> None:
+    # Return freed cache blocks so the next case (maybe 34 GB of KV) finds the memory.
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _short(e: BaseException, limit: int = 160) -> str:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {text[:limit]}"
+
+
+def empty_row(contender: str, case: Case, **kw) -> BenchRow:
+    return BenchRow(contender, case.batch, case.seqlen_k, case.num_heads, case.num_heads_kv, case.head_dim,
+                    case.dtype, **kw)
+
+
+def fill_bandwidth(row: BenchRow, case: Case, device: DeviceInfo, ceiling_bw: float | None) -> None:
+    """GB/s of (KV + q + out) bytes at ``row.device_us``, and its share of datasheet and ceiling."""
+    if not row.device_us:
+        return
+    bw = case.moved_bytes / (row.device_us * 1e-6)
+    row.gbps = bw / 1e9
+    row.pct_datasheet = 100.0 * bw / device.datasheet_bw
+    row.pct_ceiling = 100.0 * bw / ceiling_bw if ceiling_bw else None
+
+
+def _join(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
+
+
+def bench_one(contender: Contender, case: Case, inputs: InputSets, device: DeviceInfo,
+              ceiling_bw: float | None, options: RunOptions) -> BenchRow:
+    """Prepare, check against the reference (set 0), then time one contender on one case."""
+    row = empty_row(contender.name, case, sets=len(inputs))
+    prepared = None
+    try:
+        prepared = contender.prepare(case, inputs)
+        row.num_splits, row.note = prepared.num_splits, prepared.note
+        out = prepared(0)
+        synchronize()
+        result = check_output(prepared.to_bshd(out), inputs)
+        del out
+        row.rel_err = result.rel_err
+        if not result.ok:
+            row.status, row.note = WRONG, _join(f"wrong: {result.detail}", row.note)
+            return row
+        t = options.timer(prepared, len(inputs), options.timing)
+        row.device_us, row.eager_us, row.method = t.device_us, t.eager_us, t.method
+        row.note = _join(row.note, t.note)
+        fill_bandwidth(row, case, device, ceiling_bw)
+        row.status = OK
+    except Unsupported as e:
+        row.status, row.note = SKIPPED, str(e)
+    except Exception as e:  # any failure is this contender's row, never the run's
+        row.status, row.note = ERROR, _short(e)
+    finally:
+        if prepared is not None:
+            try:
+                prepared.close()
+            except Exception as e:
+                row.note = _join(row.note, f"close failed: {_short(e)}")
+        del prepared
+    return row
+
+
+def run_case(case: Case, contenders: list[Contender], device: DeviceInfo, ceiling_bw: float | None,
+             options: RunOptions, progress: Progress | None = None,
+             body: Callable[[InputSets], list[BenchRow]] | None = None) -> list[BenchRow]:
+    """Make the case's input sets, run ``body`` (default: every contender) on them, free them."""
+    progress = progress or Progress()
+    sets = rotation_count(set_bytes(case), device.l2_bytes, options.mem_cap_bytes)
+    try:
+        inputs = make_inputs(case, sets, device="cuda" if device.is_cuda else "cpu", seed=options.seed)
+    except Exception as e:  # typically out of memory: every contender of this case fails alike
+        _free()
+        rows = [empty_row(c.name, case, status=ERROR, sets=sets, note=f"making inputs failed: {_short(e)}")
+                for c in contenders]
+        for r in rows:
+            progress.advance(r)
+        return rows
+    try:
+        if body is not None:
+            return body(inputs)
+        rows = []
+        for contender in contenders:
+            progress.start(f"{contender.name} {case.label()}")
+            row = bench_one(contender, case, inputs, device, ceiling_bw, options)
+            rows.append(row)
+            progress.advance(row)
+        return rows
+    finally:
+        del inputs
+        _free()
+
+
+def run_grid(cases: list[Case], contenders: list[Contender], device: DeviceInfo, ceiling_bw: float | None,
+             options: RunOptions, progress: Progress | None = None) -> list[BenchRow]:
+    """Every contender on every case, case by case."""
+    rows: list[BenchRow] = []
+    for case in cases:
+        rows.extend(run_case(case, contenders, device, ceiling_bw, options, progress))
+    return rows

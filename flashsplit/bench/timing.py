@@ -1,0 +1,159 @@
+"""Timers: device time by CUDA-graph replay (or CUDA events), and eager host + device time.
+
+All timers take ``run(i)``, one call on input set ``i``, and cycle ``i`` through the
+``num_sets`` input sets so consecutive calls read different KV (see
+:func:`flashsplit.bench.cases.rotation_count`: the sets together exceed 3x the L2).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """How hard to time. Defaults: 20 calls per graph, 50 timed replays (median), 5 warm-up.
+
+    ``budget_ms`` bounds one graph replay and one eager sample: a slow contender (compiled
+    FlexAttention took 4.4 ms per call at B = 1, 128k keys on the H200) gets fewer calls per
+    graph / per eager sample, never fewer replays, so one row stays within seconds.
+    """
+
+    calls_per_graph: int = 20
+    warmup: int = 5
+    replays: int = 50
+    eager_calls: int = 50
+    eager_repeats: int = 5
+    budget_ms: float = 25.0
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Per-call times in microseconds; ``method`` is "graph" or "events" (how device_us was taken)."""
+
+    device_us: float
+    eager_us: float
+    method: str
+    note: str = ""
+
+
+def calls_per_graph(config: TimingConfig, num_sets: int, per_call_us: float | None = None) -> int:
+    """Calls captured in one graph: ``config.calls_per_graph``, fewer when ``per_call_us`` says a
+    replay would exceed ``config.budget_ms``, but always enough to touch every input set once.
+
+    >>> calls_per_graph(TimingConfig(), 45), calls_per_graph(TimingConfig(), 1, per_call_us=4400.0)
+    (45, 6)
+    """
+    calls = config.calls_per_graph
+    if per_call_us:
+        calls = min(calls, max(1, math.ceil(config.budget_ms * 1e3 / per_call_us)))
+    return max(calls, num_sets)
+
+
+def eager_calls(config: TimingConfig, per_call_us: float | None = None) -> int:
+    """Calls per eager sample: ``config.eager_calls``, fewer (at least 3) for slow calls."""
+    if not per_call_us:
+        return config.eager_calls
+    return min(config.eager_calls, max(3, math.ceil(config.budget_ms * 1e3 / per_call_us)))
+
+
+def estimate_us(run: Callable[[int], object], num_sets: int, calls: int = 3) -> float:
+    """Rough microseconds per call (events around a few eager calls), to size the timed loops."""
+    run(0)
+    torch.cuda.synchronize()
+    return statistics.median(_event_times_ms(lambda: [run(i % num_sets) for i in range(calls)], 1)) * 1e3 / calls
+
+
+def _event_times_ms(launch: Callable[[], None], reps: int) -> list[float]:
+    """Milliseconds of ``launch()`` per repetition, from CUDA events; synchronizes once at the end."""
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
+        start.record()
+        launch()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in events]
+
+
+def time_graph(run: Callable[[int], object], num_sets: int, config: TimingConfig, calls: int) -> float:
+    """Median device microseconds per call, from replays of a graph of ``calls`` captured calls.
+
+    A graph removes launch overhead, so this is the kernels' own time even for 5 us calls.
+    Raises whatever capture raises (the caller falls back to :func:`time_events`).
+    """
+    # Warm up on a side stream before capture: lazy init (cuBLAS handles, autotuning, JIT) must
+    # not happen inside the capture.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(min(calls, max(3, num_sets))):
+            run(i % num_sets)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for i in range(calls):
+                run(i % num_sets)
+        for _ in range(config.warmup):
+            graph.replay()
+        torch.cuda.synchronize()
+        times_ms = _event_times_ms(graph.replay, config.replays)
+    finally:
+        del graph
+    return statistics.median(times_ms) * 1e3 / calls
+
+
+def time_events(run: Callable[[int], object], num_sets: int, config: TimingConfig, calls: int) -> float:
+    """Median microseconds per call of back-to-back eager launches, from CUDA events.
+
+    The fallback when a contender cannot be captured; for short kernels it includes launch
+    gaps whenever the host is slower than the device.
+    """
+
+    def burst():
+        for i in range(calls):
+            run(i % num_sets)
+
+    for _ in range(config.warmup):
+        burst()
+    torch.cuda.synchronize()
+    return statistics.median(_event_times_ms(burst, config.replays)) * 1e3 / calls
+
+
+def time_eager(run: Callable[[int], object], num_sets: int, config: TimingConfig, calls: int) -> float:
+    """Host + device microseconds per call without a graph: wall clock around ``calls``
+    back-to-back calls and one final synchronize, divided by the call count (median of repeats)."""
+    for i in range(min(calls, max(3, num_sets))):
+        run(i % num_sets)
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(config.eager_repeats):
+        t0 = time.perf_counter()
+        for i in range(calls):
+            run(i % num_sets)
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - t0) * 1e6 / calls)
+    return statistics.median(samples)
+
+
+def measure(run: Callable[[int], object], num_sets: int, config: TimingConfig) -> Timing:
+    """Device time (graph replay, else CUDA events) and eager time of one prepared contender."""
+    rough = estimate_us(run, num_sets)
+    calls = calls_per_graph(config, num_sets, rough)
+    reduced = calls < max(config.calls_per_graph, num_sets)  # the budget cut it
+    notes = [f"{calls} calls per graph (slow call)"] if reduced else []
+    try:
+        device_us, method = time_graph(run, num_sets, config, calls), "graph"
+    except Exception as e:  # not capturable: host syncs, allocator calls outside the pool, ...
+        torch.cuda.synchronize()  # surface (and fail on) sticky errors before going on
+        notes.append(f"graph capture failed ({type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''})")
+        device_us, method = time_events(run, num_sets, config, calls), "events"
+    eager_us = time_eager(run, num_sets, config, eager_calls(config, rough))
+    return Timing(device_us, eager_us, method, "; ".join(notes))

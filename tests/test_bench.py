@@ -1,0 +1,448 @@
+"""flashsplit bench on CPU: options, grid, rotation count, rows I/O, dry run, no-GPU exit,
+contender availability, and the runner's check / error handling with a fake timer."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from rich.console import Console
+
+import flashsplit
+from flashsplit.bench import cases, cli, contenders, device, render, rows, runner, sweep
+from flashsplit.bench.cases import Case, Shape, build_grid, parse_heads, parse_seqlen, rotation_count
+from flashsplit.bench.check import check_output, relative_error
+from flashsplit.bench.inputs import make_inputs
+from flashsplit.bench.timing import Timing, TimingConfig, calls_per_graph
+
+HAS_CUDA = torch.cuda.is_available()
+DEV = "cuda" if HAS_CUDA else "cpu"
+H200_L2 = 60 * 2**20
+
+
+def parse(*argv):
+    return cli.build_parser().parse_args(list(argv))
+
+
+# -- options ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, expected", [
+    ("4096", 4096), ("1k", 1024), ("16K", 16384), ("128k", 131072), ("1m", 1 << 20), ("1.5k", 1536), (" 64k ", 65536),
+])
+def test_parse_seqlen_suffixes(text, expected):
+    assert parse_seqlen(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "k", "abc", "0", "-4", "1.3k", "16kb", "4g"])
+def test_parse_seqlen_rejects(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_seqlen(text)
+
+
+def test_format_seqlen_inverts_parse():
+    for n in (1000, 1024, 16384, 131072, 1 << 20):
+        assert parse_seqlen(cases.format_seqlen(n)) == n
+
+
+def test_parse_heads():
+    assert parse_heads("32/8") == (32, 8)
+    assert parse_heads(" 40 / 8 ") == (40, 8)
+    for bad in ("32", "32/7", "0/8", "32:8", "a/b"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_heads(bad)
+
+
+def test_lists_accept_spaces_and_commas():
+    args = parse("--batch", "1,4", "16", "4", "--seqlen", "1k,16k", "128k")
+    grid, skipped = cli.resolve_grid(args, H200_L2)
+    assert skipped == []
+    assert sorted({c.batch for c in grid}) == [1, 4, 16]
+    assert sorted({c.seqlen_k for c in grid}) == [1024, 16384, 131072]
+    assert len(grid) == 9, "repeated values are dropped"
+    assert cases.parse_splits("1-4,8,3") == [1, 2, 3, 4, 8]
+    assert cases.parse_splits("2..5") == [2, 3, 4, 5]
+
+
+def test_default_grid_and_preset():
+    args = parse()
+    grid, skipped = cli.resolve_grid(args, H200_L2)
+    assert [(c.batch, c.seqlen_k) for c in grid[:2]] == [(1, 1024), (1, 4096)]
+    assert len(grid) + len(skipped) == 20
+    assert all((c.num_heads, c.num_heads_kv, c.head_dim, c.dtype) == (32, 8, 128, "bf16") for c in grid)
+    assert skipped == [], "llama-3-8b's largest cell (B=64, 128k: 34 GB) fits the default cap"
+
+
+@pytest.mark.parametrize("preset, expected", [
+    ("llama-3-8b", (32, 8, 128)), ("llama-2-7b", (32, 32, 128)), ("group5", (40, 8, 128)),
+    ("d64", (32, 8, 64)), ("d256", (16, 8, 256)),
+])
+def test_presets(preset, expected):
+    shape = cli.resolve_shape(parse("--preset", preset))
+    assert (shape.num_heads, shape.num_heads_kv, shape.head_dim) == expected
+    assert shape.num_heads % shape.num_heads_kv == 0
+
+
+def test_heads_and_head_dim_override_the_preset():
+    shape = cli.resolve_shape(parse("--preset", "d256", "--heads", "8/1"))
+    assert (shape.num_heads, shape.num_heads_kv, shape.head_dim) == (8, 1, 256)
+    shape = cli.resolve_shape(parse("--head-dim", "64", "--dtype", "fp16"))
+    assert (shape.num_heads, shape.num_heads_kv, shape.head_dim) == (32, 8, 64)
+
+
+@pytest.mark.parametrize("argv", [
+    ["--seqlen", "12q"], ["--batch", "0"], ["--batch", "x"], ["--heads", "32/7"], ["--preset", "gpt-5"],
+    ["--dtype", "fp32"], ["--head-dim", "100"], ["--head-dim", "512"], ["--mem-cap-gb", "-1"],
+    ["--contenders", "triton,nope"], ["--sweep-splits", "0-4"], ["--sweep-splits", "1-999"], ["--replays", "0"],
+])
+def test_bad_options_are_argparse_errors(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse(*argv)
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_add_bench_parser_sets_func():
+    top = argparse.ArgumentParser(prog="flashsplit")
+    sub = top.add_subparsers(dest="command")
+    cli.add_bench_parser(sub)
+    args = top.parse_args(["bench", "--dry-run", "--preset", "group5", "--sweep-splits"])
+    assert args.func is cli.run_bench_command
+    assert args.sweep_splits == list(range(1, 65)), "a bare --sweep-splits sweeps 1..64"
+    assert args.preset == "group5" and args.dry_run
+
+
+# -- grid, memory cap, rotation --------------------------------------------------------------
+
+def test_rotation_count_worked_examples():
+    def case(L):
+        return Case(1, L, 32, 8, 128)
+    assert rotation_count(cases.set_bytes(case(1024)), H200_L2) == 45
+    assert rotation_count(cases.set_bytes(case(16384)), H200_L2) == 3
+    assert rotation_count(cases.set_bytes(case(131072)), H200_L2) == 1
+
+
+@pytest.mark.parametrize("set_bytes", [1, 4096, 4_202_496, 10**7, 62_914_560, 188_743_680, 188_743_681, 10**9])
+def test_rotation_count_is_the_smallest_that_defeats_l2(set_bytes):
+    r = rotation_count(set_bytes, H200_L2)
+    assert r * set_bytes > 3 * H200_L2 or (r == 1 and set_bytes > 3 * H200_L2)
+    assert r == 1 or (r - 1) * set_bytes <= 3 * H200_L2, "one set fewer must not be enough"
+
+
+def test_rotation_count_is_capped_by_memory():
+    assert rotation_count(10**8, l2_bytes=10**9, mem_cap_bytes=2.5e8) == 2
+    assert rotation_count(10**9, l2_bytes=10**9, mem_cap_bytes=1e8) == 1, "never below one set"
+    with pytest.raises(ValueError):
+        rotation_count(0)
+
+
+def test_memory_cap_skips_cells():
+    llama2 = cases.PRESETS["llama-2-7b"]
+    grid, skipped = build_grid([1, 64], [1024, 131072], llama2, mem_cap_bytes=80e9)
+    assert [(c.batch, c.seqlen_k) for c in grid] == [(1, 1024), (1, 131072), (64, 1024)]
+    assert [(s.case.batch, s.case.seqlen_k) for s in skipped] == [(64, 131072)]
+    assert skipped[0].case.kv_bytes == 2 * 64 * 131072 * 32 * 128 * 2  # 137 GB
+    assert "memory cap" in skipped[0].reason
+    grid, skipped = build_grid([1], [1024, 16384], Shape(32, 8, 128), mem_cap_bytes=0.05e9)
+    assert [c.seqlen_k for c in grid] == [1024] and [s.case.seqlen_k for s in skipped] == [16384]
+    # The cap covers every rotation set: 45 sets of the 4.2 MB 1k cell would be 189 MB.
+    assert rotation_count(cases.set_bytes(grid[0]), H200_L2, 0.05e9) * cases.set_bytes(grid[0]) <= 0.05e9
+
+
+def test_case_bytes():
+    c = Case(4, 4096, 32, 8, 128, "fp16")
+    assert c.kv_bytes == 2 * 4 * 4096 * 8 * 128 * 2
+    assert c.moved_bytes == c.kv_bytes + 2 * 4 * 32 * 128 * 2
+    assert c.torch_dtype == torch.float16
+    assert calls_per_graph(TimingConfig(calls_per_graph=20), 45) == 45
+    assert calls_per_graph(TimingConfig(calls_per_graph=20), 3) == 20
+
+
+# -- rows: json / csv ------------------------------------------------------------------------
+
+def _sample_report() -> rows.Report:
+    header = rows.RunHeader(device="NVIDIA H200", num_sms=132, l2_bytes=H200_L2, datasheet_bw=4.8e12,
+                            datasheet_note="datasheet 4.80 TB/s (H200)", ceiling_bw=4.27e12, ceiling_note="probe",
+                            notes=["flashinfer skipped: not importable"])
+    r1 = rows.BenchRow("triton", 1, 131072, 32, 8, 128, "bf16", num_splits=29, device_us=118.25, eager_us=131.0,
+                       method="graph", gbps=4540.1, pct_datasheet=94.6, pct_ceiling=106.3, rel_err=3.1e-3, sets=1,
+                       note="backend triton, a note with, commas")
+    r2 = rows.BenchRow("sdpa-flash", 1, 131072, 32, 8, 128, "bf16", status=rows.WRONG, rel_err=float("inf"),
+                       note='wrong: "quoted"')
+    r3 = rows.BenchRow("flex", 64, 1024, 40, 8, 128, "fp16", status=rows.ERROR, note="RuntimeError: boom\nline2")
+    summary = rows.SweepSummary("triton", 1, 131072, 32, 8, 128, "bf16", heuristic_splits=29, heuristic_us=118.25,
+                                best_splits=30, best_us=110.0, gap_pct=7.5)
+    return rows.Report(header, [r1, r2, r3], [summary])
+
+
+def test_report_json_round_trip():
+    report = _sample_report()
+    back = rows.report_from_json(rows.report_to_json(report))
+    assert back == report
+    assert math.isinf(back.rows[1].rel_err) and back.rows[1].device_us is None
+
+
+def test_rows_csv_round_trip():
+    report = _sample_report()
+    text = rows.rows_to_csv(report.rows)
+    assert text.splitlines()[0].startswith("contender,batch,seqlen_k,")
+    assert rows.rows_from_csv(text) == report.rows
+    assert rows.from_csv(rows.to_csv(report.sweep, rows.SweepSummary), rows.SweepSummary) == report.sweep
+
+
+# -- no GPU, dry run, help -------------------------------------------------------------------
+
+def test_no_gpu_exits_cleanly(monkeypatch, capsys):
+    monkeypatch.setattr(device, "cuda_available", lambda: False)
+    assert cli.main(["--batch", "1", "--json", "/nonexistent/dir/x.json"]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip() == "flashsplit bench needs a CUDA GPU; none found"
+    assert out.err == ""
+
+
+def test_dry_run_lists_cells_contenders_and_plans(monkeypatch, capsys):
+    monkeypatch.setattr(device, "cuda_available", lambda: False)
+    assert cli.main(["--dry-run", "--batch", "1", "16", "--seqlen", "4k", "128k", "--no-flex"]) == 0
+    out = capsys.readouterr().out
+    assert "--dry-run" in out and "132 SMs" in out
+    for name in ("triton", "triton-nosplit", "auto", "sdpa-flash", "sdpa-cudnn"):
+        assert name in out
+    assert "skipped: disabled (--no-flex)" in out
+    assert "4 cell(s)" in out
+    # The planned split counts are flashsplit.plan's, for an H200 stand-in.
+    dry = _dry_run(["--batch", "1", "16", "--seqlen", "4k", "128k", "--no-flex"])
+    assert [(c.case.batch, c.case.seqlen_k) for c in dry.cells] == [(1, 4096), (1, 131072), (16, 4096), (16, 131072)]
+    for cell in dry.cells:
+        expected = flashsplit.plan(cell.case.batch, cell.case.seqlen_k, 32, 8, 128, num_sms=132, device="cuda",
+                                   backend="triton").num_splits
+        assert cell.plans["triton"] == expected
+        assert cell.plans["triton-nosplit"] == 1
+        assert f" {expected} " in out
+    assert dry.cells[1].plans["triton"] == 29, "REFERENCE: B=1, 32/8 heads, 128k keys -> 29 splits on 132 SMs"
+
+
+def _dry_run(argv):
+    from flashsplit.bench.dryrun import build_dry_run
+
+    args = parse(*argv)
+    info = device.device_info()
+    grid, skipped = cli.resolve_grid(args, info.l2_bytes)
+    return build_dry_run(grid, skipped, contenders.select_contenders(args.contenders, flex=not args.no_flex), info,
+                         args.mem_cap_gb * 1e9)
+
+
+def test_dry_run_reports_capped_cells_and_unsupported_backends(monkeypatch, capsys):
+    monkeypatch.setattr(device, "cuda_available", lambda: False)
+    assert cli.main(["--dry-run", "--preset", "llama-2-7b", "--batch", "64", "--seqlen", "1k", "128k"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped cell B=64 L_k=128k" in out and "memory cap" in out
+    assert "1 cell(s)" in out
+
+
+def test_dry_run_sweep_line(monkeypatch, capsys):
+    monkeypatch.setattr(device, "cuda_available", lambda: False)
+    assert cli.main(["--dry-run", "--batch", "1", "--seqlen", "16k", "--sweep-splits", "1-8,30"]) == 0
+    assert "num_splits 1..30 (9 counts)" in capsys.readouterr().out
+
+
+def test_help_runs_standalone():
+    proc = subprocess.run([sys.executable, "-m", "flashsplit.bench.cli", "--help"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "usage: flashsplit bench" in proc.stdout and "--sweep-splits" in proc.stdout
+
+
+# -- contenders ------------------------------------------------------------------------------
+
+def test_contenders_give_reasons_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(device, "cuda_available", lambda: False)
+    monkeypatch.setattr(contenders, "cuda_available", lambda: False)
+    roster = contenders.all_contenders(flex=False)
+    assert [c.name for c in roster][:4] == ["triton", "cute", "triton-nosplit", "auto"]
+    for c in roster:
+        reason = c.available()
+        assert isinstance(reason, str) and reason, c.name
+    by_name = {c.name: c for c in roster}
+    assert by_name["triton"].available() == contenders.NO_GPU_REASON
+    assert by_name["sdpa-cudnn"].available() in (contenders.NO_GPU_REASON, "cuDNN is not available in this torch build")
+    assert by_name["flex"].available() == "disabled (--no-flex)"
+    if "cute" not in flashsplit.backends():
+        assert "not registered" in by_name["cute"].available()
+    for name, module in (("flashinfer", "flashinfer"), ("flash-attn", "flash_attn")):
+        reason = by_name[name].available()
+        assert reason == contenders.NO_GPU_REASON or f"{module} is not importable" in reason
+
+
+def test_select_contenders():
+    assert [c.name for c in contenders.select_contenders(["sdpa-cudnn", "triton"])] == ["triton", "sdpa-cudnn"]
+    with pytest.raises(ValueError, match="unknown contender"):
+        contenders.select_contenders(["nope"])
+
+
+def test_datasheet_table():
+    assert device.datasheet_bandwidth("NVIDIA H200")[0] == 4.8e12
+    assert device.datasheet_bandwidth("NVIDIA GH200 480GB")[0] == 4.9e12
+    assert device.datasheet_bandwidth("NVIDIA H100 80GB HBM3")[0] == 3.35e12
+    assert device.datasheet_bandwidth("NVIDIA H100 PCIe")[0] == 2.0e12
+    bw, note = device.datasheet_bandwidth("Mystery GPU 9000")
+    assert bw == 4.8e12 and "unknown" in note
+
+
+# -- runner: check, errors, bandwidth (fake timer, runs on CPU through the Triton interpreter) --
+
+def _fake_timer(calls):
+    def timer(run, num_sets, config):
+        calls.append(num_sets)
+        run(num_sets - 1)  # the prepared callable takes any set index
+        return Timing(device_us=10.0, eager_us=25.0, method="graph")
+    return timer
+
+
+class _Fake(contenders.Contender):
+    family = "torch"
+
+    def __init__(self, name, make):
+        self.name, self.make = name, make
+
+    def prepare(self, case, inputs):
+        return self.make(case, inputs)
+
+
+def _info():
+    return device.DeviceInfo("test", 132, H200_L2, 0, 4.8e12, "datasheet", HAS_CUDA)
+
+
+def test_runner_checks_times_and_survives_failures():
+    from flashsplit.reference import attention_ref
+
+    # fp16: the interpreter's bf16 dot is wrong (REFERENCE.md section 5). 512 keys: 4 granules, so it splits.
+    case = Case(2, 512, 4, 2, 64, "fp16")
+
+    def good(case, inputs):
+        return contenders.Prepared(lambda i: attention_ref(inputs.q[i], inputs.k[i], inputs.v[i])[0].half())
+
+    def zeros(case, inputs):
+        return contenders.Prepared(lambda i: torch.zeros_like(inputs.q[i]))
+
+    def boom(case, inputs):
+        raise RuntimeError("kernel exploded\nsecond line")
+
+    def unsupported(case, inputs):
+        raise contenders.Unsupported("head_dim 64 is not supported")
+
+    roster = [contenders.FlashsplitContender("triton", "triton"), _Fake("ref", good), _Fake("zeros", zeros),
+              _Fake("boom", boom), _Fake("nope", unsupported), contenders.FlashsplitContender("cute", "cute")]
+    calls = []
+    options = runner.RunOptions(mem_cap_bytes=1e9, timer=_fake_timer(calls))
+    out = runner.run_grid([case], roster, _info(), ceiling_bw=4.0e12, options=options)
+    by = {r.contender: r for r in out}
+    assert [r.contender for r in out] == ["triton", "ref", "zeros", "boom", "nope", "cute"]
+
+    tri = by["triton"]
+    assert tri.status == rows.OK, tri.note
+    assert tri.num_splits == flashsplit.plan(2, 512, 4, 2, 64, dtype=torch.float16, num_sms=132 if not HAS_CUDA else
+                                             torch.cuda.get_device_properties(0).multi_processor_count,
+                                             device="cuda", backend="triton").num_splits
+    assert tri.rel_err < 1e-2
+    assert tri.sets == rotation_count(cases.set_bytes(case), H200_L2, 1e9)
+    assert tri.device_us == 10.0 and tri.eager_us == 25.0 and tri.method == "graph"
+    assert tri.gbps == pytest.approx(case.moved_bytes / 10e-6 / 1e9)
+    assert tri.pct_datasheet == pytest.approx(100 * case.moved_bytes / 10e-6 / 4.8e12)
+    assert tri.pct_ceiling == pytest.approx(100 * case.moved_bytes / 10e-6 / 4.0e12)
+
+    assert by["ref"].status == rows.OK and by["ref"].num_splits is None
+    assert by["zeros"].status == rows.WRONG and by["zeros"].rel_err == pytest.approx(1.0)
+    assert by["zeros"].device_us is None, "a wrong contender is not timed"
+    assert by["boom"].status == rows.ERROR and by["boom"].note == "RuntimeError: kernel exploded"
+    assert by["nope"].status == rows.SKIPPED and "head_dim 64" in by["nope"].note
+    if "cute" not in flashsplit.backends():
+        assert by["cute"].status == rows.SKIPPED
+    assert len(calls) == sum(r.status == rows.OK for r in out), "only passing contenders are timed"
+
+
+def test_check_output_and_relative_error():
+    inputs = make_inputs(Case(3, 256, 4, 1, 32, "fp16"), 1, device=DEV)
+    from flashsplit.reference import attention_ref
+
+    ref = attention_ref(inputs.q[0], inputs.k[0], inputs.v[0])[0]
+    assert check_output(ref.half(), inputs).ok
+    assert set(inputs.ref_cache) == {0, 2}, "first and last batch rows are checked"
+    bad = ref.half().clone()
+    bad[2] *= 1.5  # wrong only in the last row
+    result = check_output(bad, inputs)
+    assert not result.ok and "batch row 2" in result.detail
+    assert not check_output(ref.half()[:, :, :2], inputs).ok
+    nan = ref.clone()
+    nan[0, 0, 0, 0] = float("nan")
+    assert relative_error(nan, ref) == float("inf")
+
+
+def test_sweep_summary_gap():
+    case = Case(1, 16384, 32, 8, 128)
+
+    def row(s, us, status=rows.OK):
+        return runner.empty_row("triton", case, num_splits=s, device_us=us, status=status)
+
+    summary = sweep.summarize("triton", case, 8, [row(4, 15.0), row(8, 12.0), row(16, 10.0), row(32, None, rows.ERROR)])
+    assert (summary.heuristic_splits, summary.heuristic_us, summary.best_splits, summary.best_us) == (8, 12.0, 16, 10.0)
+    assert summary.gap_pct == pytest.approx(20.0)
+    assert "32" in summary.note
+    assert sweep.summarize("triton", case, 16, [row(8, 12.0), row(16, 10.0)]).gap_pct == 0.0
+    assert sweep.summarize("triton", case, 8, []).best_splits is None
+    roster = contenders.all_contenders()
+    assert [c.name for c in sweep.sweep_backends(roster)] == ["triton", "cute"]
+
+
+def test_ceiling_probe_kernel_reads_every_element():
+    from flashsplit.bench.ceiling import _read_sum_kernel
+
+    block, tiles, programs = 16, 4, 3
+    x = torch.arange(block * tiles * programs, dtype=torch.float32, device=DEV)
+    partial = torch.empty(programs, dtype=torch.float32, device=DEV)
+    _read_sum_kernel[(programs,)](x, partial, BLOCK=block, TILES=tiles)
+    assert partial.cpu().tolist() == x.view(programs, -1).sum(1).cpu().tolist()
+
+
+# -- rendering -------------------------------------------------------------------------------
+
+def test_render_report_table():
+    buf = io.StringIO()
+    render.render_report(Console(file=buf, width=250), _sample_report())
+    text = buf.getvalue()
+    assert "NVIDIA H200" in text and "118.2" in text and "wrong:" in text and "error: RuntimeError" in text
+    assert "heuristic vs best" in text and "7.5%" in text
+
+
+def test_plot_choices():
+    case_rows = [rows.BenchRow("t", b, l, 32, 8, 128, "bf16", device_us=1.0) for b in (4, 16) for l in (1024, 16384)]
+    case_rows.append(rows.BenchRow("t", 64, 16384, 32, 8, 128, "bf16", device_us=1.0))
+    assert render.plot_choices(case_rows) == (4, 16384)
+    assert render.plot_choices(case_rows, fixed_seqlen=1024) == (4, 1024)
+    assert render.plot_choices([]) == (None, None)
+
+
+def test_plot_writes_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    report = _sample_report()
+    report.sweep = []
+    report.rows = [rows.BenchRow(c, b, l, 32, 8, 128, "bf16", device_us=float(b * l) / 1e3)
+                   for c in ("triton", "sdpa-cudnn") for b in (1, 4) for l in (1024, 4096, 16384)]
+    path = tmp_path / "bench.png"
+    render.write_plot(report, str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    sweep_report = _sample_report()
+    sweep_report.rows = [rows.BenchRow("triton", 1, 131072, 32, 8, 128, "bf16", num_splits=s, device_us=100.0 + s)
+                         for s in (1, 2, 29, 30)]
+    render.write_plot(sweep_report, str(tmp_path / "sweep.png"))
+    assert (tmp_path / "sweep.png").stat().st_size > 0
+
+
+def test_plot_without_matplotlib_says_so(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` raise ImportError
+    assert not render.matplotlib_available()
+    with pytest.raises(ImportError, match="pip install"):
+        render.write_plot(_sample_report(), str(tmp_path / "x.png"))
