@@ -132,6 +132,10 @@ def decode(
     problem = check_decode_inputs(q, k_cache, v_cache, cache_seqlens, causal, num_splits, out)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
+    if softmax_scale is not None and (
+        isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale)
+    ):
+        raise TypeError(f"softmax_scale: expected a finite float, got {softmax_scale!r}")
     chosen, reason = select(problem, backend)
     if out is None:
         out = torch.empty_like(q)
@@ -139,8 +143,6 @@ def decode(
     lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
-    elif not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool) or not math.isfinite(softmax_scale):
-        raise TypeError(f"softmax_scale: expected a finite float, got {softmax_scale!r}")
     if batch > 0 and num_heads > 0:
         if k_cache.shape[1] == 0:
             out.zero_()  # no keys at all: every row is empty

@@ -88,12 +88,12 @@ def test_strided_inputs_and_output(generator):
     """Only the last dim must be contiguous: caches carved out of a larger buffer, q and out
     transposed views."""
     g = generator
-    big = torch.randn(2, 400, 3, 2, 64, generator=g).half()  # [B, L, H_kv, (k|v), D]
+    big = torch.randn(2, 400, 3, 2, 64, generator=g).half().to(DEVICE)  # [B, L, H_kv, (k|v), D]
     k, v = big[:, :, :, 0], big[:, :, :, 1]
-    q = torch.randn(2, 6, 2, 64, generator=g).half().transpose(1, 2)  # [B, L_q=2, H=6, D], heads outer
+    q = torch.randn(2, 6, 2, 64, generator=g).half().to(DEVICE).transpose(1, 2)  # [B, L_q=2, H=6, D], heads outer
     assert not q.is_contiguous() and not k.is_contiguous()
-    seqlens = torch.tensor([400, 130], dtype=torch.int32)
-    out_buf = torch.full((2, 6, 2, 64), POISON, dtype=torch.float16)
+    seqlens = torch.tensor([400, 130], dtype=torch.int32, device=DEVICE)
+    out_buf = torch.full((2, 6, 2, 64), POISON, dtype=torch.float16, device=DEVICE)
     out = out_buf.transpose(1, 2)
     result, lse = flashsplit.decode(q, k, v, cache_seqlens=seqlens, num_splits=3, out=out, return_lse=True,
                                     backend="triton")
@@ -129,11 +129,11 @@ def test_partials_match_reference_split_by_split(num_splits, generator):
 
 
 def test_empty_cache_and_empty_batch():
-    q = torch.randn(2, 1, 4, 64).half()
-    k = torch.empty(2, 0, 2, 64, dtype=torch.float16)
+    q = torch.randn(2, 1, 4, 64, device=DEVICE).half()
+    k = torch.empty(2, 0, 2, 64, dtype=torch.float16, device=DEVICE)
     out, lse = flashsplit.decode(q, k, k, return_lse=True, backend="triton")
     assert (out == 0).all() and torch.isneginf(lse).all()
-    q0 = torch.randn(0, 1, 4, 64).half()
-    k0 = torch.randn(0, 10, 2, 64).half()
+    q0 = torch.randn(0, 1, 4, 64, device=DEVICE).half()
+    k0 = torch.randn(0, 10, 2, 64, device=DEVICE).half()
     out0, lse0 = flashsplit.decode(q0, k0, k0, return_lse=True)
     assert out0.shape == (0, 1, 4, 64) and lse0.shape == (0, 4, 1)

@@ -18,6 +18,7 @@ from ..registry import Backend
 from . import configs
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_OUT_DTYPE_NAMES = {**_DTYPE_NAMES, torch.float32: "float32"}  # the combine may write fp32
 
 
 def cutlass_available() -> bool:
@@ -81,7 +82,7 @@ class CuteBackend(Backend):
         from .compile import compile_combine
 
         num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
-        config = configs.CombineConfig(_DTYPE_NAMES[out.dtype], head_dim)
+        config = configs.CombineConfig(_OUT_DTYPE_NAMES[out.dtype], head_dim)
         kernel = compile_combine(config)
         lse_buf = lse if lse is not None else self._lse_scratch(out)
         if lse_buf.stride() != _compact_strides(lse_buf.shape):
@@ -175,7 +176,7 @@ def _compact_strides(shape) -> tuple[int, ...]:
 def _cutlass_dtype(dtype: torch.dtype):
     import cutlass
 
-    return {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}[dtype]
+    return {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16, torch.float32: cutlass.Float32}[dtype]
 
 
 def _ptr(t: torch.Tensor, dtype, align: int = 16):

@@ -22,7 +22,7 @@ class CombineKernel:
 
     def __init__(self, config: CombineConfig):
         self.config = config
-        self.dtype = cutlass.Float16 if config.dtype == "float16" else cutlass.BFloat16
+        self.dtype = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}[config.dtype]
         self.head_dim = config.head_dim
         self.cols_per_lane = config.head_dim // 32
 

@@ -16,6 +16,8 @@ SMEM_PER_CTA_MAX = 227 * 1024
 SMEM_RESERVED_PER_CTA = 1024
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("float16", "bfloat16")
+#: The combine also writes fp32 (flashsplit.combine's default, and mix-and-match checks).
+COMBINE_OUT_DTYPES = DTYPES + ("float32",)
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ def all_split_configs() -> list[SplitConfig]:
 
 
 def all_combine_configs() -> list[CombineConfig]:
-    return [CombineConfig(dtype, head_dim) for dtype in DTYPES for head_dim in HEAD_DIMS]
+    return [CombineConfig(dtype, head_dim) for dtype in COMBINE_OUT_DTYPES for head_dim in HEAD_DIMS]
 
 
 def check_smem(config: SplitConfig) -> None:

@@ -83,8 +83,8 @@ class TritonBackend(Backend):
             *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
             *_strides(out_partial, 4), *_strides(lse_partial, 3),
             *_strides(out, 3), *_strides(lse, 2),
-            seqlen_q, seqlen_k, num_splits, row_blocks, softmax_scale * LOG2E,
-            GROUP=group, HEAD_DIM=head_dim,
+            # group and head_dim are runtime values (masks, index math): fewer compiled variants.
+            seqlen_q, seqlen_k, num_splits, row_blocks, group, head_dim, softmax_scale * LOG2E,
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d,
             GRANULE=SPLIT_GRANULE,
             HAS_SEQLENS=cache_seqlens is not None,

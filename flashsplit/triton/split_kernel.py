@@ -2,8 +2,8 @@
 
 Device code only; :mod:`flashsplit.triton.backend` validates, allocates and launches.
 
-GQA packing: the ``GROUP`` q heads of one KV head and the ``L_q`` query positions form the rows
-of one tile (packed row ``r = m * GROUP + h``, q head fastest), so each K/V tile is read once
+GQA packing: the ``group`` q heads of one KV head and the ``L_q`` query positions form the rows
+of one tile (packed row ``r = m * group + h``, q head fastest), so each K/V tile is read once
 per KV head instead of once per q head.
 """
 
@@ -13,17 +13,17 @@ import triton.language as tl
 from .split_rule import row_split_range, row_splits_used
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
 def attend_tile(q, k_base, v_base, stride_kn, stride_vn, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2,
-                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr):
+                head_dim, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr):
     """Online-softmax update of (max, sum, acc) with keys [n0, n0 + BLOCK_N) of a split ending at end."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_n = offs_n < end
-    mask_d = offs_d < HEAD_DIM
+    mask_d = offs_d < head_dim
     # Masked loads: cache slots past the row's end may hold NaN and are never read.
     kt = tl.load(
         k_base + offs_n[None, :].to(tl.int64) * stride_kn + offs_d[:, None],
@@ -61,9 +61,7 @@ def split_kv_kernel(
     stride_lps, stride_lpb, stride_lph,
     stride_ob, stride_om, stride_oh,
     stride_lb, stride_lh,
-    seqlen_q, seqlen_k, num_splits, row_blocks, qk_scale_log2,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
+    seqlen_q, seqlen_k, num_splits, row_blocks, group, head_dim, qk_scale_log2,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -98,11 +96,11 @@ def split_kv_kernel(
             return
 
     offs_r = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_m = offs_r // GROUP
-    offs_hq = kvh * GROUP + offs_r % GROUP
+    offs_m = offs_r // group
+    offs_hq = kvh * group + offs_r % group
     offs_d = tl.arange(0, BLOCK_D)
-    mask_r = offs_r < seqlen_q * GROUP
-    mask_d = offs_d < HEAD_DIM
+    mask_r = offs_r < seqlen_q * group
+    mask_d = offs_d < head_dim
 
     q_ptrs = Q + b * stride_qb + offs_m[:, None] * stride_qm + offs_hq[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=mask_r[:, None] & mask_d[None, :], other=0.0)
@@ -120,12 +118,12 @@ def split_kv_kernel(
         n0 = start
         while n0 < end:
             m_i, l_i, acc = attend_tile(q, k_base, v_base, stride_kn, stride_vn, n0, end, last_visible,
-                                        m_i, l_i, acc, qk_scale_log2, HEAD_DIM, BLOCK_N, BLOCK_D, CAUSAL)
+                                        m_i, l_i, acc, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL)
             n0 += BLOCK_N
     else:
         for n0 in range(start, end, BLOCK_N):
             m_i, l_i, acc = attend_tile(q, k_base, v_base, stride_kn, stride_vn, n0, end, last_visible,
-                                        m_i, l_i, acc, qk_scale_log2, HEAD_DIM, BLOCK_N, BLOCK_D, CAUSAL)
+                                        m_i, l_i, acc, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL)
 
     has_keys = l_i > 0.0
     lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
