@@ -23,6 +23,7 @@ def _num_sms(device_type: str, index: int | None) -> int:
     return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()).multi_processor_count
 
 
+@functools.lru_cache(maxsize=4096)  # static facts in, frozen plan out: one dict lookup per decode step
 def _make_plan(problem: DecodeProblem, backend: Backend, backend_reason: str, num_splits: int, num_sms: int) -> SplitPlan:
     block_m = backend.block_m(problem)
     row_blocks = cdiv(problem.packed_rows, block_m)
@@ -82,6 +83,8 @@ def plan(
     if num_heads % num_heads_kv != 0:
         raise ValueError(f"num_heads: expected a multiple of num_heads_kv ({num_heads_kv}), got {num_heads}")
     check_num_splits(num_splits)
+    if not isinstance(backend, str):
+        raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
     device = torch.device(device)
     problem = DecodeProblem(
         batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_heads=num_heads, num_heads_kv=num_heads_kv,
@@ -136,6 +139,8 @@ def decode(
         isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale)
     ):
         raise TypeError(f"softmax_scale: expected a finite float, got {softmax_scale!r}")
+    if not isinstance(backend, str):
+        raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
     chosen, reason = select(problem, backend)
     if out is None:
         out = torch.empty_like(q)
@@ -202,6 +207,8 @@ def combine(
     elif out.shape != (batch, seqlen_q, num_heads, head_dim) or out.device != out_partial.device:
         raise ValueError(f"out: expected shape {[batch, seqlen_q, num_heads, head_dim]} on {out_partial.device}, "
                          f"got {list(out.shape)} on {out.device}")
+    if not isinstance(backend, str):
+        raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
     lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=out_partial.device)
     if out.numel() > 0:
         problem = DecodeProblem(

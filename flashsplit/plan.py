@@ -23,6 +23,7 @@ CUDA graph captured once stays valid for any ``cache_seqlens``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -71,6 +72,7 @@ def wave_efficiency(work_units: int, num_splits: int, slots: int) -> float:
     return waves / math.ceil(waves)
 
 
+@functools.lru_cache(maxsize=4096)  # pure; decode calls it every step, so keep it off the hot path
 def choose_num_splits(
     work_units: int,
     seqlen_k: int,

@@ -9,6 +9,7 @@ nor cutlass.
 from __future__ import annotations
 
 import abc
+import functools
 
 import torch
 
@@ -92,6 +93,7 @@ def register(backend: Backend) -> Backend:
     if backend.name in _REGISTRY:
         raise ValueError(f"backend {backend.name!r} is already registered")
     _REGISTRY[backend.name] = backend
+    select.cache_clear()
     return backend
 
 
@@ -106,14 +108,13 @@ def get(name: str) -> Backend:
     return _REGISTRY[name]
 
 
+@functools.lru_cache(maxsize=4096)  # supports() reads only static facts; decode asks every step
 def select(problem: DecodeProblem, name: str = "auto") -> tuple[Backend, str]:
     """The backend that runs ``problem`` and a sentence saying why it was chosen.
 
     ``name="auto"`` takes the highest-priority backend that supports the problem; a named
     backend that cannot run it raises ``ValueError`` with its reason.
     """
-    if not isinstance(name, str):
-        raise TypeError(f"backend: expected a str, got {type(name).__name__}")
     if name != "auto":
         backend = get(name)
         reason = backend.supports(problem)

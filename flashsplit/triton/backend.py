@@ -88,6 +88,7 @@ class TritonBackend(Backend):
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d,
             GRANULE=SPLIT_GRANULE,
             HAS_SEQLENS=cache_seqlens is not None,
+            HAS_PARTIALS=out_partial is not None,
             CAUSAL=causal and seqlen_q > 1,
             FINAL_FOR_SINGLE_SPLIT_ROWS=final_for_single_split_rows,
             WRITE_LSE=lse is not None,

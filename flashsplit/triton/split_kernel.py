@@ -51,6 +51,16 @@ def attend_tile(q, k_base, v_base, stride_kn, stride_vn, n0, end, last_visible, 
 
 
 @triton.jit
+def store_final(OUT, LSE, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
+                stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE: tl.constexpr):
+    """Write a finished tile: ``OUT[b, m, hq, :]`` in OUT's dtype and ``LSE[b, hq, m]``."""
+    out_ptrs = OUT + b * stride_ob + offs_m[:, None] * stride_om + offs_hq[:, None] * stride_oh + offs_d[None, :]
+    tl.store(out_ptrs, out.to(OUT.dtype.element_ty), mask=mask_out)
+    if WRITE_LSE:
+        tl.store(LSE + b * stride_lb + offs_hq * stride_lh + offs_m, lse, mask=mask_r)
+
+
+@triton.jit
 def split_kv_kernel(
     Q, K, V, SEQLENS,
     OUT_PARTIAL, LSE_PARTIAL, OUT, LSE,
@@ -67,6 +77,7 @@ def split_kv_kernel(
     BLOCK_D: tl.constexpr,
     GRANULE: tl.constexpr,
     HAS_SEQLENS: tl.constexpr,
+    HAS_PARTIALS: tl.constexpr,
     CAUSAL: tl.constexpr,
     FINAL_FOR_SINGLE_SPLIT_ROWS: tl.constexpr,
     WRITE_LSE: tl.constexpr,
@@ -89,8 +100,8 @@ def split_kv_kernel(
     else:
         seqlen = seqlen_k
     start, end = row_split_range(seqlen, split, num_splits, GRANULE)
-    write_final = False
-    if FINAL_FOR_SINGLE_SPLIT_ROWS:
+    write_final = False  # runtime: this row's keys fit in one split (decided by split 0)
+    if HAS_PARTIALS and FINAL_FOR_SINGLE_SPLIT_ROWS:
         write_final = row_splits_used(seqlen, num_splits, GRANULE) <= 1
         if write_final and split > 0:
             return
@@ -129,16 +140,19 @@ def split_kv_kernel(
     lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     mask_out = mask_r[:, None] & mask_d[None, :]
-    if write_final:
-        out_ptrs = OUT + b * stride_ob + offs_m[:, None] * stride_om + offs_hq[:, None] * stride_oh + offs_d[None, :]
-        tl.store(out_ptrs, out.to(OUT.dtype.element_ty), mask=mask_out)
-        if WRITE_LSE:
-            tl.store(LSE + b * stride_lb + offs_hq * stride_lh + offs_m, lse, mask=mask_r)
-    else:
-        split64 = split.to(tl.int64)
-        op_ptrs = (
-            OUT_PARTIAL + split64 * stride_ops + b * stride_opb
-            + offs_m[:, None] * stride_opm + offs_hq[:, None] * stride_oph + offs_d[None, :]
-        )
-        tl.store(op_ptrs, out, mask=mask_out)
-        tl.store(LSE_PARTIAL + split64 * stride_lps + b * stride_lpb + offs_hq * stride_lph + offs_m, lse, mask=mask_r)
+    if HAS_PARTIALS:
+        if write_final:
+            store_final(OUT, LSE, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
+                        stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE)
+        else:
+            split64 = split.to(tl.int64)
+            op_ptrs = (
+                OUT_PARTIAL + split64 * stride_ops + b * stride_opb
+                + offs_m[:, None] * stride_opm + offs_hq[:, None] * stride_oph + offs_d[None, :]
+            )
+            tl.store(op_ptrs, out, mask=mask_out)
+            tl.store(LSE_PARTIAL + split64 * stride_lps + b * stride_lpb + offs_hq * stride_lph + offs_m, lse,
+                     mask=mask_r)
+    else:  # one split: no partial buffers exist (static, so their None pointers are never compiled)
+        store_final(OUT, LSE, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
+                    stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE)

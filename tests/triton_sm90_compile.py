@@ -1,0 +1,82 @@
+"""Compile every Triton kernel variant the launcher can select for sm_90, without a GPU.
+
+Run as a script (the test process runs Triton through the interpreter, which never compiles):
+``TRITON_INTERPRET=0 python tests/triton_sm90_compile.py``. Prints one line per variant and
+exits non-zero on the first failure. The interpreter is more lenient than the compiler (a
+``None`` pointer in a branch that is not taken, say), so CI needs this check.
+"""
+
+import itertools
+import os
+import sys
+import time
+
+assert os.environ.get("TRITON_INTERPRET") == "0", "run with TRITON_INTERPRET=0"
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from flashsplit.triton.backend import choose_tiles  # noqa: E402
+from flashsplit.triton.combine_kernel import combine_kernel  # noqa: E402
+from flashsplit.triton.split_kernel import split_kv_kernel  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def compile_variant(fn, pointers: dict, constexprs: dict, floats=(), num_warps=4, num_stages=3):
+    """Compile ``fn`` with ``pointers`` (name -> type, or None for an absent pointer)."""
+    signature, constants = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in pointers and pointers[name] is not None:
+            signature[name] = pointers[name]
+        elif name in pointers or name in constexprs:
+            signature[name] = "constexpr"
+            constants[(i,)] = constexprs.get(name)
+        else:
+            signature[name] = "fp32" if name in floats else "i32"
+    kernel = triton.compile(ASTSource(fn, signature, constants), target=TARGET,
+                            options=dict(num_warps=num_warps, num_stages=num_stages))
+    return kernel.asm["ptx"]
+
+
+def split_variants():
+    # Every flag combination at one tile, and every tile shape at the common flags.
+    for has_seqlens, has_partials, causal, final, write_lse in itertools.product([False, True], repeat=5):
+        if final and not has_partials:
+            continue
+        yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=has_seqlens, HAS_PARTIALS=has_partials,
+                   CAUSAL=causal, FINAL_FOR_SINGLE_SPLIT_ROWS=final, WRITE_LSE=write_lse)
+    for rows, dim in itertools.product([1, 4, 20, 64], [64, 96, 128, 256]):
+        tiles = choose_tiles(rows, dim)
+        yield dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d, HAS_SEQLENS=True,
+                   HAS_PARTIALS=True, CAUSAL=True, FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True)
+
+
+def main() -> int:
+    count = 0
+    for dtype in ("bf16", "fp16"):
+        for flags in split_variants():
+            pointers = {"Q": f"*{dtype}", "K": f"*{dtype}", "V": f"*{dtype}", "OUT": f"*{dtype}",
+                        "SEQLENS": "*i32" if flags["HAS_SEQLENS"] else None,
+                        "OUT_PARTIAL": "*fp32" if flags["HAS_PARTIALS"] else None,
+                        "LSE_PARTIAL": "*fp32" if flags["HAS_PARTIALS"] else None,
+                        "LSE": "*fp32" if flags["WRITE_LSE"] else None}
+            started = time.perf_counter()
+            ptx = compile_variant(split_kv_kernel, pointers, {**flags, "GRANULE": 128, "RUNTIME_BOUND_WHILE": False},
+                                  floats=("qk_scale_log2",))
+            assert "mma" in ptx, "the split kernel's dots should use tensor cores"
+            print(f"split {dtype} {flags}: {time.perf_counter() - started:.2f} s", flush=True)
+            count += 1
+        for skip, write_lse, block_d in itertools.product([False, True], [False, True], [64, 128, 256]):
+            pointers = {"OUT_PARTIAL": "*fp32", "LSE_PARTIAL": "*fp32", "OUT": f"*{dtype}",
+                        "SEQLENS": "*i32" if skip else None, "LSE": "*fp32" if write_lse else None}
+            compile_variant(combine_kernel, pointers, dict(BLOCK_D=block_d, BLOCK_S=32, CHUNK_S=8, GRANULE=128,
+                                                           SKIP_SINGLE_SPLIT_ROWS=skip, WRITE_LSE=write_lse))
+            count += 1
+    print(f"compiled {count} Triton kernel variants for sm_90")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
