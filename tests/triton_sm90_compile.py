@@ -41,23 +41,27 @@ def compile_variant(fn, pointers: dict, constexprs: dict, floats=(), num_warps=4
 
 
 def split_variants():
-    # Every flag combination at one tile, and every tile shape at the common flags.
-    for has_seqlens, has_partials, causal, final, write_lse in itertools.product([False, True], repeat=5):
-        if final and not has_partials:
-            continue
-        yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=has_seqlens, HAS_PARTIALS=has_partials,
-                   CAUSAL=causal, FINAL_FOR_SINGLE_SPLIT_ROWS=final, WRITE_LSE=write_lse)
+    """Flag sets the launcher uses: decode with one split (no partials), decode with several
+    (partials; rows that fit one split finish directly when cache_seqlens is given), and
+    forward_partials (partials only: no OUT, no LSE)."""
+    for has_seqlens, causal, write_lse in itertools.product([False, True], repeat=3):
+        common = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=has_seqlens, CAUSAL=causal)
+        yield dict(common, HAS_PARTIALS=False, FINAL_FOR_SINGLE_SPLIT_ROWS=False, WRITE_LSE=write_lse, HAS_OUT=True)
+        yield dict(common, HAS_PARTIALS=True, FINAL_FOR_SINGLE_SPLIT_ROWS=has_seqlens, WRITE_LSE=write_lse,
+                   HAS_OUT=True)
+        yield dict(common, HAS_PARTIALS=True, FINAL_FOR_SINGLE_SPLIT_ROWS=False, WRITE_LSE=False, HAS_OUT=False)
     for rows, dim in itertools.product([1, 4, 20, 64], [64, 96, 128, 256]):
         tiles = choose_tiles(rows, dim)
         yield dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d, HAS_SEQLENS=True,
-                   HAS_PARTIALS=True, CAUSAL=True, FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True)
+                   HAS_PARTIALS=True, CAUSAL=True, FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True)
 
 
 def main() -> int:
     count = 0
     for dtype in ("bf16", "fp16"):
         for flags in split_variants():
-            pointers = {"Q": f"*{dtype}", "K": f"*{dtype}", "V": f"*{dtype}", "OUT": f"*{dtype}",
+            has_out = flags.pop("HAS_OUT")
+            pointers = {"Q": f"*{dtype}", "K": f"*{dtype}", "V": f"*{dtype}", "OUT": f"*{dtype}" if has_out else None,
                         "SEQLENS": "*i32" if flags["HAS_SEQLENS"] else None,
                         "OUT_PARTIAL": "*fp32" if flags["HAS_PARTIALS"] else None,
                         "LSE_PARTIAL": "*fp32" if flags["HAS_PARTIALS"] else None,

@@ -61,6 +61,19 @@ def store_final(OUT, LSE, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r
 
 
 @triton.jit
+def store_partial(OUT_PARTIAL, LSE_PARTIAL, out, lse, split, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
+                  stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph):
+    """Write one split's tile: fp32 ``OUT_PARTIAL[split, b, m, hq, :]`` and ``LSE_PARTIAL[split, b, hq, m]``."""
+    split64 = split.to(tl.int64)
+    op_ptrs = (
+        OUT_PARTIAL + split64 * stride_ops + b * stride_opb
+        + offs_m[:, None] * stride_opm + offs_hq[:, None] * stride_oph + offs_d[None, :]
+    )
+    tl.store(op_ptrs, out, mask=mask_out)
+    tl.store(LSE_PARTIAL + split64 * stride_lps + b * stride_lpb + offs_hq * stride_lph + offs_m, lse, mask=mask_r)
+
+
+@triton.jit
 def split_kv_kernel(
     Q, K, V, SEQLENS,
     OUT_PARTIAL, LSE_PARTIAL, OUT, LSE,
@@ -140,19 +153,17 @@ def split_kv_kernel(
     lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     mask_out = mask_r[:, None] & mask_d[None, :]
-    if HAS_PARTIALS:
-        if write_final:
-            store_final(OUT, LSE, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
-                        stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE)
-        else:
-            split64 = split.to(tl.int64)
-            op_ptrs = (
-                OUT_PARTIAL + split64 * stride_ops + b * stride_opb
-                + offs_m[:, None] * stride_opm + offs_hq[:, None] * stride_oph + offs_d[None, :]
-            )
-            tl.store(op_ptrs, out, mask=mask_out)
-            tl.store(LSE_PARTIAL + split64 * stride_lps + b * stride_lpb + offs_hq * stride_lph + offs_m, lse,
-                     mask=mask_r)
-    else:  # one split: no partial buffers exist (static, so their None pointers are never compiled)
+    # Which store runs is static wherever it can be: OUT/LSE or the partial buffers may be
+    # None, and the compiler builds every branch that is not pruned at compile time.
+    if not HAS_PARTIALS:  # one split: no partial buffers exist
         store_final(OUT, LSE, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
                     stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE)
+    elif not FINAL_FOR_SINGLE_SPLIT_ROWS:  # partials for every row (forward_partials: no OUT)
+        store_partial(OUT_PARTIAL, LSE_PARTIAL, out, lse, split, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
+                      stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph)
+    elif write_final:
+        store_final(OUT, LSE, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
+                    stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE)
+    else:
+        store_partial(OUT_PARTIAL, LSE_PARTIAL, out, lse, split, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
+                      stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph)
