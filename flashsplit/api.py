@@ -61,6 +61,8 @@ def plan(
     dtype: torch.dtype = torch.bfloat16,
     causal: bool = False,
     has_cache_seqlens: bool = True,
+    page_size: int = 0,
+    kv_dtype: torch.dtype | None = None,
     num_splits: int = 0,
     num_sms: int | None = None,
     device: str | torch.device = "cuda",
@@ -68,7 +70,9 @@ def plan(
 ) -> SplitPlan:
     """What :func:`decode` will do for these shapes, in pure Python (no GPU needed).
 
-    ``seqlen_k`` is the cache capacity (``k_cache.shape[1]``); ``num_sms`` defaults to the
+    ``seqlen_k`` is the cache capacity (``k_cache.shape[1]``, or ``max_pages_per_row *
+    page_size`` for a paged cache, with ``page_size`` given); ``kv_dtype`` an fp8 cache's dtype;
+    ``num_sms`` defaults to the
     device's count (132, an H200's, when there is no CUDA device). ``device="cuda"`` plans
     for the GPU backends even on a machine without one.
 
@@ -89,6 +93,7 @@ def plan(
     problem = DecodeProblem(
         batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_heads=num_heads, num_heads_kv=num_heads_kv,
         head_dim=head_dim, dtype=dtype, causal=causal, has_cache_seqlens=has_cache_seqlens, device_type=device.type,
+        kv_dtype=kv_dtype, page_size=page_size,
     )
     chosen, reason = select(problem, backend)
     return _make_plan(problem, chosen, reason, num_splits, num_sms or _num_sms(device.type, device.index))
@@ -105,6 +110,10 @@ def decode(
     num_splits: int = 0,
     return_lse: bool = False,
     out: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
     backend: str = "auto",
 ):
     """Split-KV decode attention over a KV cache (FlashAttention ``flash_attn_with_kvcache`` style).
@@ -123,6 +132,14 @@ def decode(
             exactly ``n`` splits.
         return_lse: also return the softmax log-sum-exp.
         out: optional ``[B, L_q, H_q, D]`` output tensor in q's dtype.
+        block_table: int32 ``[B, max_pages_per_row]`` for a paged cache (``page_table`` is an
+            alias): then ``k_cache``/``v_cache`` are ``[num_pages, page_size, H_kv, D]``, any page
+            size >= 1, key ``n`` of row ``b`` lives in page ``block_table[b, n // page_size]``.
+            Pages may be shared and in any order; entries past a row's last page are never read.
+            Page ids are not range-checked (that needs a host sync): see :func:`check_inputs`.
+        k_descale, v_descale: fp32 dequantization scales for an fp8 (``float8_e4m3fn`` /
+            ``float8_e5m2``) cache with a 16-bit ``q``: one element, or ``[B, H_kv]``. The
+            attention is that of the cache times its scale; the output is in q's dtype.
         backend: ``"auto"`` (the best backend that supports the problem), ``"triton"`` or ``"cute"``.
 
     Returns:
@@ -132,7 +149,12 @@ def decode(
     Never synchronizes with the host, so it can be captured in a CUDA graph; the split count
     depends on shapes only, so one captured graph serves any ``cache_seqlens``.
     """
-    problem = check_decode_inputs(q, k_cache, v_cache, cache_seqlens, causal, num_splits, out)
+    if page_table is not None:
+        if block_table is not None:
+            raise ValueError("page_table: an alias of block_table; pass one of them, not both")
+        block_table = page_table
+    problem = check_decode_inputs(q, k_cache, v_cache, cache_seqlens, causal, num_splits, out,
+                                  block_table, k_descale, v_descale)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
     if softmax_scale is not None and (
@@ -149,14 +171,14 @@ def decode(
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
     if batch > 0 and num_heads > 0:
-        if k_cache.shape[1] == 0:
+        if problem.seqlen_k == 0:
             out.zero_()  # no keys at all: every row is empty
             if lse is not None:
                 lse.fill_(float("-inf"))
         else:
             the_plan = _make_plan(problem, chosen, reason, num_splits, _num_sms(q.device.type, q.device.index))
             chosen.decode(q, k_cache, v_cache, cache_seqlens, the_plan.num_splits, float(softmax_scale),
-                          causal, out, lse)
+                          causal, out, lse, block_table=block_table, k_descale=k_descale, v_descale=v_descale)
     return (out, lse) if return_lse else out
 
 

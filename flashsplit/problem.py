@@ -13,8 +13,10 @@ import torch
 
 from .plan import MAX_SPLITS
 
-#: Query / cache dtypes every backend accepts (fp8 caches come with their own issue).
+#: Query dtypes (and 16-bit cache dtypes).
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+#: fp8 cache dtypes, read with a 16-bit query and fp32 dequantization scales.
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 MAX_HEAD_DIM = 256
 
 
@@ -22,8 +24,9 @@ MAX_HEAD_DIM = 256
 class DecodeProblem:
     """Static facts of one decode call; what backends and the plan decide on.
 
-    Shapes: q ``[batch, seqlen_q, num_heads, head_dim]``,
-    k/v cache ``[batch, seqlen_k, num_heads_kv, head_dim]``.
+    Shapes: q ``[batch, seqlen_q, num_heads, head_dim]``; k/v cache
+    ``[batch, seqlen_k, num_heads_kv, head_dim]``, or paged ``[num_pages, page_size, num_heads_kv,
+    head_dim]`` with ``seqlen_k = max_pages_per_row * page_size`` (the plan's static capacity).
     """
 
     batch: int
@@ -39,6 +42,18 @@ class DecodeProblem:
     #: q, k_cache, v_cache start on 16-byte boundaries and every stride but the last is a
     #: multiple of 16 bytes (what TMA descriptors need).
     aligned_16b: bool = True
+    #: the cache's dtype; None means q's dtype. fp8 caches come with fp32 descales.
+    kv_dtype: torch.dtype | None = None
+    #: keys per page of a paged cache (``block_table`` given); 0 for a dense cache.
+    page_size: int = 0
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        return self.kv_dtype if self.kv_dtype is not None else self.dtype
+
+    @property
+    def paged(self) -> bool:
+        return self.page_size > 0
 
     @property
     def qhead_per_kvhead(self) -> int:
@@ -52,7 +67,7 @@ class DecodeProblem:
     @property
     def kv_bytes(self) -> int:
         """Bytes of K and V at full capacity (what a decode step must read at least)."""
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        itemsize = torch.empty((), dtype=self.cache_dtype).element_size()
         return 2 * self.batch * self.seqlen_k * self.num_heads_kv * self.head_dim * itemsize
 
 
@@ -92,26 +107,48 @@ def check_decode_inputs(
     causal: bool,
     num_splits: int,
     out: torch.Tensor | None,
+    block_table: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
 ) -> DecodeProblem:
     """Validate ``decode``'s arguments and return the problem they describe.
 
     Raises ``TypeError`` for a wrong type or dtype, ``ValueError`` for a wrong shape, layout,
     device or range; each message names the argument, what was expected and what was given.
+    Values are never read (no host sync): out-of-range page ids or lengths are only caught by
+    :func:`flashsplit.check_inputs`.
     """
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+    _require_tensor("q", q)
+    _require_rank("q", q, 4, "[batch, seqlen_q, num_heads, head_dim]")
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"q: expected dtype float16 or bfloat16, got {q.dtype}")
+    _require_last_dim_contiguous("q", q)
+    paged = block_table is not None
+    layout = "[num_pages, page_size, num_heads_kv, head_dim]" if paged else "[batch, seqlen_k, num_heads_kv, head_dim]"
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         _require_tensor(name, t)
-        _require_rank(name, t, 4, "[batch, seqlen, heads, head_dim]")
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name}: expected dtype float16 or bfloat16, got {t.dtype}")
+        _require_rank(name, t, 4, layout)
+        if t.dtype not in SUPPORTED_DTYPES + FP8_DTYPES:
+            raise TypeError(f"{name}: expected dtype float16, bfloat16, float8_e4m3fn or float8_e5m2, got {t.dtype}")
         _require_last_dim_contiguous(name, t)
     batch, seqlen_q, num_heads, head_dim = q.shape
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache and v_cache: expected the same shape, got {_shape(k_cache)} and {_shape(v_cache)}")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise TypeError(f"k_cache/v_cache: expected q's dtype {q.dtype}, got {k_cache.dtype} and {v_cache.dtype}")
-    if k_cache.shape[0] != batch:
-        raise ValueError(f"k_cache: expected batch {batch} (q's dim 0), got {k_cache.shape[0]}")
-    seqlen_k, num_heads_kv, head_dim_k = k_cache.shape[1:]
+    if k_cache.dtype != v_cache.dtype:
+        raise TypeError(f"k_cache/v_cache: expected one dtype, got {k_cache.dtype} and {v_cache.dtype}")
+    kv_fp8 = k_cache.dtype in FP8_DTYPES
+    if not kv_fp8 and k_cache.dtype != q.dtype:
+        raise TypeError(f"k_cache/v_cache: expected q's dtype {q.dtype} (or an fp8 dtype), got {k_cache.dtype}")
+    if paged:
+        seqlen_k, page_size = _check_block_table(block_table, k_cache, batch, q.device)
+    else:
+        if k_cache.shape[0] != batch:
+            raise ValueError(
+                f"k_cache: expected batch {batch} (q's dim 0) for a dense {layout} cache, got {k_cache.shape[0]} "
+                f"(pass block_table for a paged cache)"
+            )
+        seqlen_k, page_size = k_cache.shape[1], 0
+    num_heads_kv, head_dim_k = k_cache.shape[2:]
     if head_dim_k != head_dim:
         raise ValueError(f"k_cache/v_cache: expected head_dim {head_dim} (q's last dim), got {head_dim_k}")
     if head_dim % 8 != 0 or not 8 <= head_dim <= MAX_HEAD_DIM:
@@ -125,6 +162,8 @@ def check_decode_inputs(
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.device != q.device:
             raise ValueError(f"{name}: expected q's device {q.device}, got {t.device}")
+    for name, scale in (("k_descale", k_descale), ("v_descale", v_descale)):
+        _check_descale(name, scale, kv_fp8, batch, num_heads_kv, q.device)
     if cache_seqlens is not None:
         _require_tensor("cache_seqlens", cache_seqlens)
         if cache_seqlens.dtype != torch.int32:
@@ -157,7 +196,43 @@ def check_decode_inputs(
         has_cache_seqlens=cache_seqlens is not None,
         device_type=q.device.type,
         aligned_16b=all(_is_aligned_16b(t) for t in (q, k_cache, v_cache)),
+        kv_dtype=k_cache.dtype,
+        page_size=page_size,
     )
+
+
+def _check_block_table(block_table, k_cache: torch.Tensor, batch: int, device) -> tuple[int, int]:
+    """Validate a page table against a paged cache; returns (capacity in keys, page size)."""
+    _require_tensor("block_table", block_table)
+    if block_table.dtype != torch.int32:
+        raise TypeError(f"block_table: expected dtype int32, got {block_table.dtype}")
+    if block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise ValueError(f"block_table: expected shape [{batch}, max_pages_per_row], got {_shape(block_table)}")
+    if block_table.device != device:
+        raise ValueError(f"block_table: expected q's device {device}, got {block_table.device}")
+    if block_table.shape[1] > 0 and block_table.stride(1) != 1:
+        raise ValueError(f"block_table: the last dim must be contiguous, got strides {tuple(block_table.stride())}")
+    page_size = k_cache.shape[1]
+    if page_size == 0:
+        raise ValueError(f"k_cache: expected page_size (dim 1) >= 1, got a cache of shape {_shape(k_cache)}")
+    return block_table.shape[1] * page_size, page_size
+
+
+def _check_descale(name: str, scale, kv_fp8: bool, batch: int, num_heads_kv: int, device) -> None:
+    """fp8 caches need fp32 dequantization scales: a scalar tensor or one per (row, KV head)."""
+    if scale is None:
+        if kv_fp8:
+            raise ValueError(f"{name}: required for an fp8 cache (fp32 scalar tensor or [{batch}, {num_heads_kv}])")
+        return
+    if not kv_fp8:
+        raise ValueError(f"{name}: only meaningful for an fp8 cache; the cache is not fp8")
+    _require_tensor(name, scale)
+    if scale.dtype != torch.float32:
+        raise TypeError(f"{name}: expected dtype float32, got {scale.dtype}")
+    if scale.numel() != 1 and tuple(scale.shape) != (batch, num_heads_kv):
+        raise ValueError(f"{name}: expected a scalar tensor or shape [{batch}, {num_heads_kv}], got {_shape(scale)}")
+    if scale.device != device:
+        raise ValueError(f"{name}: expected q's device {device}, got {scale.device}")
 
 
 def _is_aligned_16b(t: torch.Tensor) -> bool:

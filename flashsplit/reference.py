@@ -114,3 +114,24 @@ def combine_ref(out_partial: torch.Tensor, lse_partial: torch.Tensor) -> tuple[t
     weights = weights.permute(0, 1, 3, 2)[..., None]  # [S, B, L_q, H, 1]
     o_p = torch.where(weights > 0, out_partial.double(), 0.0)  # never let an empty split's O in
     return (weights * o_p).sum(0), lse.float()
+
+
+def gather_paged(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """A paged cache ``[num_pages, page_size, H_kv, D]`` as the dense ``[B, max_pages * page_size,
+    H_kv, D]`` cache it stands for (row b's key n is ``cache[block_table[b, n // page_size],
+    n % page_size]``). Entries of ``block_table`` out of range are clamped, so a table padded
+    with garbage past a row's pages still gathers (those keys are past the row's length)."""
+    pages = block_table.long().clamp(0, cache.shape[0] - 1)
+    batch, max_pages = pages.shape
+    return cache[pages].reshape(batch, max_pages * cache.shape[1], *cache.shape[2:])
+
+
+def dequantize(cache: torch.Tensor, descale: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``cache * descale`` in ``dtype`` for a dense ``[B, L, H_kv, D]`` cache; ``descale`` is one
+    element or ``[B, H_kv]`` (None: no scaling)."""
+    out = cache.to(dtype)
+    if descale is None:
+        return out
+    scale = descale.to(dtype)
+    scale = scale.reshape(()) if scale.numel() == 1 else scale[:, None, :, None]
+    return out * scale

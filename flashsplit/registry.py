@@ -54,10 +54,16 @@ class Backend(abc.ABC):
         causal: bool,
         out: torch.Tensor,
         lse: torch.Tensor | None,
+        block_table: torch.Tensor | None = None,
+        k_descale: torch.Tensor | None = None,
+        v_descale: torch.Tensor | None = None,
     ) -> None:
         """Write ``out`` ``[B, L_q, H_q, D]`` (and ``lse`` fp32 ``[B, H_q, L_q]`` when given).
 
-        Inputs are already validated. With ``num_splits == 1`` no partials are written; rows
+        Inputs are already validated and ``supports`` accepted the problem. A paged cache comes
+        with ``block_table`` int32 ``[B, max_pages]`` (then ``k_cache`` is ``[num_pages,
+        page_size, H_kv, D]``); an fp8 cache with fp32 ``k_descale``/``v_descale`` (one element,
+        or ``[B, H_kv]``). With ``num_splits == 1`` no partials are written; rows
         that use a single split may also skip the partials and write ``out`` directly.
         """
 
@@ -71,6 +77,9 @@ class Backend(abc.ABC):
         num_splits: int,
         softmax_scale: float,
         causal: bool,
+        block_table: torch.Tensor | None = None,
+        k_descale: torch.Tensor | None = None,
+        v_descale: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the split kernel alone; return ``(out_partial, lse_partial)`` for every split of
         every row (no single-split shortcut), for parity tests and mix-and-match combines."""

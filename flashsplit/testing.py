@@ -132,3 +132,55 @@ def run_and_check(case: DecodeCase, decode_fn, device, generator=None) -> dict:
     err = check_output(out, ref.to(out.device), ref_lowp.to(out.device), case.dtype, f"out[{case}]")
     check_lse(lse, ref_lse)
     return {"q": q, "k": k, "v": v, "cache_seqlens": seqlens, "out": out, "lse": lse, "err": err}
+
+
+def to_paged(k: torch.Tensor, v: torch.Tensor, lengths: list[int], page_size: int, generator=None,
+             share_first_page: bool = True):
+    """A dense ``[B, L, H_kv, D]`` cache as a paged one the way a serving engine holds it.
+
+    Physical pages are shuffled; with ``share_first_page`` rows 0 and 1 share their first page
+    (row 1's first ``page_size`` keys are set to row 0's, as for a common prefix); pages that
+    hold no live key are NaN, and ``block_table`` entries past each row's last page hold a
+    garbage id (10^6) that a kernel must never read. Returns ``(k_pages, v_pages,
+    block_table, k, v)`` with ``k``/``v`` the (possibly edited) dense cache to check against.
+    """
+    batch, seqlen_k = k.shape[:2]
+    max_pages = -(-seqlen_k // page_size)
+    pad = max_pages * page_size - seqlen_k
+    if pad:
+        k = torch.cat([k, k.new_full((batch, pad, *k.shape[2:]), float("nan"))], dim=1)
+        v = torch.cat([v, v.new_full((batch, pad, *v.shape[2:]), float("nan"))], dim=1)
+    share = share_first_page and batch > 1 and min(lengths[0], lengths[1]) >= page_size
+    if share:
+        k, v = k.clone(), v.clone()
+        k[1, :page_size] = k[0, :page_size]
+        v[1, :page_size] = v[0, :page_size]
+    num_pages = batch * max_pages + 3  # a few spare pages that nobody uses
+    order = torch.randperm(num_pages, generator=generator).tolist()
+    table = torch.full((batch, max_pages), 10**6, dtype=torch.int32)
+    k_pages = k.new_full((num_pages, page_size, *k.shape[2:]), float("nan"))
+    v_pages = v.new_full((num_pages, page_size, *v.shape[2:]), float("nan"))
+    for b in range(batch):
+        for p in range(-(-lengths[b] // page_size)):
+            phys = order[b * max_pages + p]
+            if share and b == 1 and p == 0:
+                phys = int(table[0, 0])
+            table[b, p] = phys
+            k_pages[phys] = k[b, p * page_size:(p + 1) * page_size]
+            v_pages[phys] = v[b, p * page_size:(p + 1) * page_size]
+    return k_pages, v_pages, table.to(k.device), k, v
+
+
+def quantize_fp8(cache: torch.Tensor, dtype: torch.dtype, per_head: bool, generator=None):
+    """``(cache_fp8, descale)`` with ``cache_fp8 * descale ~= cache``: one scale, or one per
+    (row, KV head) (``[B, H_kv]``), fp32; NaN stays NaN."""
+    finite = torch.nan_to_num(cache.float(), nan=0.0).abs()
+    limit = torch.finfo(dtype).max / 4
+    if per_head:
+        amax = finite.amax(dim=(1, 3)).clamp_min(1e-3)  # [B, H_kv]
+        descale = (amax / limit).float()
+        scaled = cache.float() / descale[:, None, :, None]
+    else:
+        descale = (finite.max().clamp_min(1e-3) / limit).float().reshape(1)
+        scaled = cache.float() / descale
+    return scaled.to(dtype), descale.to(cache.device)

@@ -162,3 +162,35 @@ def test_mix_and_match_combines(producer, merger, generator):
     mixed_lse = torch.empty((3, 8, 2), dtype=torch.float32, device="cuda")
     get(merger).combine(out_p, lse_p, mixed, mixed_lse)
     torch.testing.assert_close(mixed, own, atol=1e-5, rtol=1e-5)
+
+
+# -- cache formats (paged, fp8) at real sizes, every backend that supports them -------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("page_size", [1, 16, 48, 64, 128, 256])
+@pytest.mark.parametrize("fp8", [None, torch.float8_e4m3fn, torch.float8_e5m2])
+def test_paged_and_fp8_matrix(backend, page_size, fp8, generator):
+    from flashsplit.reference import dequantize
+    from flashsplit.testing import quantize_fp8, to_paged
+
+    group = {1: 3, 16: 5, 48: 7, 64: 16, 128: 32, 256: 4}[page_size]
+    lengths = (20000, 4097, 129, 0)
+    case = DecodeCase(batch=4, seqlen_q=1, seqlen_k=20000, num_heads_kv=2, group=group, head_dim=128,
+                      dtype=torch.bfloat16, lengths=lengths)
+    q, k, v, seqlens = make_inputs(case, "cuda", generator)
+    scales = {}
+    if fp8 is not None:
+        k, k_descale = quantize_fp8(k, fp8, per_head=page_size % 2 == 0)
+        v, v_descale = quantize_fp8(v, fp8, per_head=page_size % 2 == 0)
+        scales = dict(k_descale=k_descale, v_descale=v_descale)
+    k_pages, v_pages, table, k, v = to_paged(k, v, list(lengths), page_size, generator)
+    problem = check_decode_inputs(q, k_pages, v_pages, seqlens, False, 0, None, table, *scales.values())
+    _skip_unless(backend, problem)
+    out, lse = flashsplit.decode(q, k_pages, v_pages, block_table=table, cache_seqlens=seqlens, return_lse=True,
+                                 backend=backend, **scales)
+    k_ref = dequantize(k, scales.get("k_descale"))
+    v_ref = dequantize(v, scales.get("v_descale"))
+    ref, ref_lse = attention_ref(q, k_ref, v_ref, seqlens)
+    ref_lowp, _ = attention_ref(q, k_ref.to(q.dtype), v_ref.to(q.dtype), seqlens, upcast=False)
+    check_output(out, ref, ref_lowp, torch.bfloat16, f"paged {page_size} {fp8}")
+    check_lse(lse, ref_lse)

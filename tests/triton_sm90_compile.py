@@ -50,6 +50,9 @@ def split_variants():
         yield dict(common, HAS_PARTIALS=True, FINAL_FOR_SINGLE_SPLIT_ROWS=has_seqlens, WRITE_LSE=write_lse,
                    HAS_OUT=True)
         yield dict(common, HAS_PARTIALS=True, FINAL_FOR_SINGLE_SPLIT_ROWS=False, WRITE_LSE=False, HAS_OUT=False)
+    for paged, kv in itertools.product([False, True], ["same", "fp8e4nv", "fp8e5"]):
+        yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,
+                   FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=paged, KV=kv)
     for rows, dim in itertools.product([1, 4, 20, 64], [64, 96, 128, 256]):
         tiles = choose_tiles(rows, dim)
         yield dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d, HAS_SEQLENS=True,
@@ -61,7 +64,14 @@ def main() -> int:
     for dtype in ("bf16", "fp16"):
         for flags in split_variants():
             has_out = flags.pop("HAS_OUT")
-            pointers = {"Q": f"*{dtype}", "K": f"*{dtype}", "V": f"*{dtype}", "OUT": f"*{dtype}" if has_out else None,
+            kv = flags.pop("KV", "same")
+            kv = dtype if kv == "same" else kv
+            flags.setdefault("PAGED", False)
+            flags["HAS_DESCALE"] = kv != dtype
+            pointers = {"Q": f"*{dtype}", "K": f"*{kv}", "V": f"*{kv}", "OUT": f"*{dtype}" if has_out else None,
+                        "BLOCK_TABLE": "*i32" if flags["PAGED"] else None,
+                        "K_DESCALE": "*fp32" if flags["HAS_DESCALE"] else None,
+                        "V_DESCALE": "*fp32" if flags["HAS_DESCALE"] else None,
                         "SEQLENS": "*i32" if flags["HAS_SEQLENS"] else None,
                         "OUT_PARTIAL": "*fp32" if flags["HAS_PARTIALS"] else None,
                         "LSE_PARTIAL": "*fp32" if flags["HAS_PARTIALS"] else None,

@@ -40,6 +40,10 @@ class CuteBackend(Backend):
             return f"dtype {problem.dtype} is not float16 or bfloat16"
         if not problem.aligned_16b:
             return "q/k_cache/v_cache need 16-byte aligned pointers and strides (TMA)"
+        if problem.paged:
+            return "paged KV caches (block_table) are not implemented in the cute backend yet"
+        if problem.cache_dtype != problem.dtype:
+            return f"{problem.cache_dtype} caches are not implemented in the cute backend yet"
         if not cutlass_available():
             return "nvidia-cutlass-dsl is not installed"
         if problem.device_type != "cuda":
@@ -58,7 +62,9 @@ class CuteBackend(Backend):
         return configs.split_tile(problem.head_dim)[2] if problem.head_dim in configs.HEAD_DIMS else 1
 
     # ------------------------------------------------------------------ launches
-    def decode(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out, lse) -> None:
+    def decode(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out, lse,
+               block_table=None, k_descale=None, v_descale=None) -> None:
+        assert block_table is None and k_descale is None and v_descale is None, "supports() refuses these"
         lse_buf = lse if lse is not None else self._lse_scratch(q)
         if num_splits == 1:
             self._launch_split(q, k_cache, v_cache, cache_seqlens, 1, softmax_scale, causal, out, lse_buf, False)
@@ -69,7 +75,9 @@ class CuteBackend(Backend):
         )
         self.combine(out_partial, lse_partial, out, lse_buf)
 
-    def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal):
+    def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
+                         block_table=None, k_descale=None, v_descale=None):
+        assert block_table is None and k_descale is None and v_descale is None, "supports() refuses these"
         out_partial, lse_partial = self._alloc_partials(q, num_splits)
         self._launch_split(
             q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out_partial, lse_partial, True

@@ -47,6 +47,16 @@ def _strides(t: torch.Tensor | None, dims: int) -> tuple[int, ...]:
     return tuple(t.stride()[:dims]) if t is not None else (0,) * dims
 
 
+def _descale_strides(scale: torch.Tensor | None) -> tuple[int, int]:
+    """(row, KV head) strides of a descale: 0, 0 for one scale for the whole cache."""
+    return (0, 0) if scale is None or scale.numel() == 1 else tuple(scale.stride())
+
+
+def _capacity(k_cache: torch.Tensor, block_table: torch.Tensor | None) -> int:
+    """Keys a row can hold: the dense cache's dim 1, or pages per row x page size."""
+    return k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
+
+
 class TritonBackend(Backend):
     name = "triton"
     priority = 0
@@ -70,25 +80,31 @@ class TritonBackend(Backend):
     # -- launches -------------------------------------------------------------------------------
 
     def _launch_split(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
-                      out_partial, lse_partial, out, lse, final_for_single_split_rows: bool) -> None:
+                      out_partial, lse_partial, out, lse, final_for_single_split_rows: bool,
+                      block_table=None, k_descale=None, v_descale=None) -> None:
         batch, seqlen_q, num_heads, head_dim = q.shape
-        seqlen_k, num_heads_kv = k_cache.shape[1], k_cache.shape[2]
+        num_heads_kv = k_cache.shape[2]
+        seqlen_k = _capacity(k_cache, block_table)
+        page_size = k_cache.shape[1] if block_table is not None else 0
         group = num_heads // num_heads_kv
         tiles = choose_tiles(seqlen_q * group, head_dim)
         row_blocks = cdiv(seqlen_q * group, tiles.block_m)
         grid = (num_splits, batch, num_heads_kv * row_blocks)
         split_kv_kernel[grid](
-            q, k_cache, v_cache, cache_seqlens,
+            q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale,
             out_partial, lse_partial, out, lse,
             *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
             *_strides(out_partial, 4), *_strides(lse_partial, 3),
             *_strides(out, 3), *_strides(lse, 2),
-            # group and head_dim are runtime values (masks, index math): fewer compiled variants.
-            seqlen_q, seqlen_k, num_splits, row_blocks, group, head_dim, softmax_scale * LOG2E,
+            *_strides(block_table, 1), *_descale_strides(k_descale), *_descale_strides(v_descale),
+            # group, head_dim, page_size are runtime values (masks, index math): fewer compiled variants.
+            seqlen_q, seqlen_k, num_splits, row_blocks, group, head_dim, page_size, softmax_scale * LOG2E,
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d,
             GRANULE=SPLIT_GRANULE,
             HAS_SEQLENS=cache_seqlens is not None,
             HAS_PARTIALS=out_partial is not None,
+            PAGED=block_table is not None,
+            HAS_DESCALE=k_descale is not None,
             CAUSAL=causal and seqlen_q > 1,
             FINAL_FOR_SINGLE_SPLIT_ROWS=final_for_single_split_rows,
             WRITE_LSE=lse is not None,
@@ -123,24 +139,28 @@ class TritonBackend(Backend):
 
     # -- Backend interface ---------------------------------------------------------------------
 
-    def decode(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out, lse) -> None:
-        if cache_seqlens is None and splits_used(k_cache.shape[1], num_splits) <= 1:
+    def decode(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out, lse,
+               block_table=None, k_descale=None, v_descale=None) -> None:
+        cache = dict(block_table=block_table, k_descale=k_descale, v_descale=v_descale)
+        if cache_seqlens is None and splits_used(_capacity(k_cache, block_table), num_splits) <= 1:
             num_splits = 1  # every row is full and fits in one split: same result, no combine
         if num_splits == 1:
             self._launch_split(q, k_cache, v_cache, cache_seqlens, 1, softmax_scale, causal,
-                               None, None, out, lse, final_for_single_split_rows=True)
+                               None, None, out, lse, final_for_single_split_rows=True, **cache)
             return
         out_partial, lse_partial = self._alloc_partials(q, num_splits)
         # Rows whose live keys fit in one split skip the partials, and the combine skips them.
         shortcut = cache_seqlens is not None
         self._launch_split(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
-                           out_partial, lse_partial, out, lse, final_for_single_split_rows=shortcut)
+                           out_partial, lse_partial, out, lse, final_for_single_split_rows=shortcut, **cache)
         self._launch_combine(out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows=shortcut)
 
-    def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal):
+    def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
+                         block_table=None, k_descale=None, v_descale=None):
         out_partial, lse_partial = self._alloc_partials(q, num_splits)
         self._launch_split(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
-                           out_partial, lse_partial, None, None, final_for_single_split_rows=False)
+                           out_partial, lse_partial, None, None, final_for_single_split_rows=False,
+                           block_table=block_table, k_descale=k_descale, v_descale=v_descale)
         return out_partial, lse_partial
 
     def combine(self, out_partial, lse_partial, out, lse) -> None:

@@ -17,20 +17,39 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def attend_tile(q, k_base, v_base, stride_kn, stride_vn, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2,
-                head_dim, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr):
-    """Online-softmax update of (max, sum, acc) with keys [n0, n0 + BLOCK_N) of a split ending at end."""
+def token_offsets(offs_n, mask_n, bt_row, page_size, stride_kb, stride_kn, stride_vb, stride_vn, PAGED: tl.constexpr):
+    """int64 element offsets of keys ``offs_n`` of one row in K and in V (head offset excluded).
+
+    Dense: dim 0 is the batch row (already in the base pointer), so the key's offset is
+    ``n * stride_n``. Paged: dim 0 is the page; key n lives in page ``bt_row[n // page_size]``
+    at slot ``n % page_size``. Page ids of masked keys are not read (entries past a row's last
+    page are never touched).
+    """
+    if PAGED:
+        page = tl.load(bt_row + offs_n // page_size, mask=mask_n, other=0).to(tl.int64)
+        slot = (offs_n % page_size).to(tl.int64)
+        return page * stride_kb + slot * stride_kn, page * stride_vb + slot * stride_vn
+    else:
+        return offs_n.to(tl.int64) * stride_kn, offs_n.to(tl.int64) * stride_vn
+
+
+@triton.jit
+def attend_tile(q, k_base, v_base, bt_row, page_size, stride_kb, stride_kn, stride_vb, stride_vn,
+                n0, end, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PAGED: tl.constexpr):
+    """Online-softmax update of (max, sum, acc) with keys [n0, n0 + BLOCK_N) of a split ending at end.
+
+    fp8 caches are converted to q's dtype in registers (exact for e4m3/e5m2 into fp16/bf16);
+    their scales are folded into ``qk_scale_log2`` (K) and applied to the output (V).
+    """
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_n = offs_n < end
     mask_d = offs_d < head_dim
+    k_tok, v_tok = token_offsets(offs_n, mask_n, bt_row, page_size, stride_kb, stride_kn, stride_vb, stride_vn, PAGED)
     # Masked loads: cache slots past the row's end may hold NaN and are never read.
-    kt = tl.load(
-        k_base + offs_n[None, :].to(tl.int64) * stride_kn + offs_d[:, None],
-        mask=mask_n[None, :] & mask_d[:, None],
-        other=0.0,
-    )
-    s = tl.dot(q, kt) * qk_scale_log2
+    kt = tl.load(k_base + k_tok[None, :] + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+    s = tl.dot(q, kt.to(q.dtype)) * qk_scale_log2
     visible = mask_n[None, :]
     if CAUSAL:
         visible = visible & (offs_n[None, :] <= last_visible[:, None])
@@ -41,12 +60,8 @@ def attend_tile(q, k_base, v_base, stride_kn, stride_vn, n0, end, last_visible, 
     alpha = tl.exp2(m_i - m_shift)
     p = tl.exp2(s - m_shift[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = tl.load(
-        v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :],
-        mask=mask_n[:, None] & mask_d[None, :],
-        other=0.0,
-    )
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    v = tl.load(v_base + v_tok[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
     return m_new, l_i, acc
 
 
@@ -75,7 +90,7 @@ def store_partial(OUT_PARTIAL, LSE_PARTIAL, out, lse, split, b, offs_m, offs_hq,
 
 @triton.jit
 def split_kv_kernel(
-    Q, K, V, SEQLENS,
+    Q, K, V, SEQLENS, BLOCK_TABLE, K_DESCALE, V_DESCALE,
     OUT_PARTIAL, LSE_PARTIAL, OUT, LSE,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
@@ -84,13 +99,16 @@ def split_kv_kernel(
     stride_lps, stride_lpb, stride_lph,
     stride_ob, stride_om, stride_oh,
     stride_lb, stride_lh,
-    seqlen_q, seqlen_k, num_splits, row_blocks, group, head_dim, qk_scale_log2,
+    stride_btb, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
+    seqlen_q, seqlen_k, num_splits, row_blocks, group, head_dim, page_size, qk_scale_log2,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     GRANULE: tl.constexpr,
     HAS_SEQLENS: tl.constexpr,
     HAS_PARTIALS: tl.constexpr,
+    PAGED: tl.constexpr,
+    HAS_DESCALE: tl.constexpr,
     CAUSAL: tl.constexpr,
     FINAL_FOR_SINGLE_SPLIT_ROWS: tl.constexpr,
     WRITE_LSE: tl.constexpr,
@@ -135,23 +153,35 @@ def split_kv_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max, log2 domain
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    k_base = K + b * stride_kb + kvh * stride_kh
-    v_base = V + b * stride_vb + kvh * stride_vh
+    if PAGED:  # dim 0 of the cache is the page, found per key through the row's page table
+        k_base = K + kvh * stride_kh
+        v_base = V + kvh * stride_vh
+        bt_row = BLOCK_TABLE + b * stride_btb
+    else:
+        k_base = K + b * stride_kb + kvh * stride_kh
+        v_base = V + b * stride_vb + kvh * stride_vh
+        bt_row = BLOCK_TABLE
+    v_scale = 1.0
+    if HAS_DESCALE:  # fp8 cache: K's scale multiplies the scores, V's the output
+        qk_scale_log2 = qk_scale_log2 * tl.load(K_DESCALE + b * stride_kdb + kvh * stride_kdh)
+        v_scale = tl.load(V_DESCALE + b * stride_vdb + kvh * stride_vdh)
     if RUNTIME_BOUND_WHILE:
         # The CPU interpreter cannot take a loaded length as a range() bound (triton 3.6).
         n0 = start
         while n0 < end:
-            m_i, l_i, acc = attend_tile(q, k_base, v_base, stride_kn, stride_vn, n0, end, last_visible,
-                                        m_i, l_i, acc, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL)
+            m_i, l_i, acc = attend_tile(q, k_base, v_base, bt_row, page_size, stride_kb, stride_kn, stride_vb,
+                                        stride_vn, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
+                                        BLOCK_N, BLOCK_D, CAUSAL, PAGED)
             n0 += BLOCK_N
     else:
         for n0 in range(start, end, BLOCK_N):
-            m_i, l_i, acc = attend_tile(q, k_base, v_base, stride_kn, stride_vn, n0, end, last_visible,
-                                        m_i, l_i, acc, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL)
+            m_i, l_i, acc = attend_tile(q, k_base, v_base, bt_row, page_size, stride_kb, stride_kn, stride_vb,
+                                        stride_vn, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
+                                        BLOCK_N, BLOCK_D, CAUSAL, PAGED)
 
     has_keys = l_i > 0.0
     lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
-    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    out = acc * (v_scale / tl.where(has_keys, l_i, 1.0))[:, None]
     mask_out = mask_r[:, None] & mask_d[None, :]
     # Which store runs is static wherever it can be: OUT/LSE or the partial buffers may be
     # None, and the compiler builds every branch that is not pruned at compile time.

@@ -1,0 +1,61 @@
+"""``check_inputs``: the value checks ``decode`` cannot make without a host sync.
+
+``decode`` validates shapes, dtypes, devices and layouts only, so it never waits for the GPU
+and can be captured in a CUDA graph. Values it trusts: ``cache_seqlens`` within the cache's
+capacity, page ids within the paged cache, finite positive fp8 scales. This helper checks
+those too, explicitly, by copying them to the host: call it while debugging, not per step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .plan import cdiv
+from .problem import check_decode_inputs
+
+
+def check_inputs(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+    causal: bool = False,
+    num_splits: int = 0,
+    out: torch.Tensor | None = None,
+) -> None:
+    """Raise ``ValueError``/``TypeError`` for anything :func:`flashsplit.decode` would reject,
+    and for the values it cannot check (this synchronizes with the device):
+
+    - ``cache_seqlens[b]`` in ``[0, capacity]`` (``L_k``, or ``max_pages * page_size``);
+    - for a paged cache, every page id a row uses (the first ``ceil(cache_seqlens[b] /
+      page_size)`` entries of its ``block_table`` row) in ``[0, num_pages)``;
+    - fp8 scales finite and positive.
+    """
+    block_table = page_table if block_table is None else block_table
+    problem = check_decode_inputs(q, k_cache, v_cache, cache_seqlens, causal, num_splits, out,
+                                  block_table, k_descale, v_descale)
+    capacity = problem.seqlen_k
+    lengths = [capacity] * problem.batch if cache_seqlens is None else cache_seqlens.tolist()
+    for b, n in enumerate(lengths):
+        if not 0 <= n <= capacity:
+            raise ValueError(f"cache_seqlens: row {b} has {n} keys, outside [0, {capacity}] (the cache's capacity)")
+    if block_table is not None:
+        table = block_table.cpu()
+        num_pages = k_cache.shape[0]
+        for b, n in enumerate(lengths):
+            used = table[b, : cdiv(n, problem.page_size)]
+            bad = ((used < 0) | (used >= num_pages)).nonzero()
+            if len(bad):
+                i = int(bad[0])
+                raise ValueError(
+                    f"block_table: row {b} entry {i} is page {int(used[i])}, outside [0, {num_pages}) "
+                    f"(the row's {n} keys use its first {len(used)} entries)"
+                )
+    for name, scale in (("k_descale", k_descale), ("v_descale", v_descale)):
+        if scale is not None and not bool(torch.all(torch.isfinite(scale) & (scale > 0))):
+            raise ValueError(f"{name}: expected finite positive scales, got {scale.flatten()[:8].tolist()}")

@@ -1,0 +1,150 @@
+"""Inference cache formats through the Triton backend: paged KV, fp8 KV, any GQA ratio.
+
+Runs on the CPU through the Triton interpreter (fp16 q, REFERENCE.md section 5) and on a GPU
+in bf16 too. Paged caches are shuffled, share a page between rows, hold NaN in every slot no
+row uses, and have garbage page ids past each row's last page.
+"""
+
+import pytest
+import torch
+
+import flashsplit
+from flashsplit.reference import attention_ref, dequantize, gather_paged
+from flashsplit.testing import DecodeCase, POISON, check_lse, check_output, make_inputs, quantize_fp8, to_paged
+
+from conftest import DEVICE, HAS_CUDA
+
+DTYPES = [torch.float16, torch.bfloat16] if HAS_CUDA else [torch.float16]
+
+
+def _check(out, lse, q, k_ref, v_ref, seqlens, causal, dtype):
+    ref, ref_lse = attention_ref(q, k_ref, v_ref, seqlens, causal)
+    ref_lowp, _ = attention_ref(q, k_ref.to(q.dtype), v_ref.to(q.dtype), seqlens, causal, upcast=False)
+    check_output(out, ref, ref_lowp, dtype)
+    check_lse(lse, ref_lse)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page_size, lengths, num_splits, causal", [
+    (1, (37, 5, 0), 3, False),
+    (16, (300, 129, 16), 0, True),
+    (48, (290, 100, 47), 17, False),
+    (256, (600, 257, 1), 2, True),
+])
+def test_paged_matches_dense(dtype, page_size, lengths, num_splits, causal, generator):
+    case = DecodeCase(batch=3, seqlen_q=2, seqlen_k=max(lengths) + 5, num_heads_kv=2, group=4, head_dim=64,
+                      dtype=dtype, lengths=lengths, num_splits=num_splits, causal=causal)
+    q, k, v, seqlens = make_inputs(case, DEVICE, generator)
+    k_pages, v_pages, table, k, v = to_paged(k, v, list(lengths), page_size, generator)
+    assert k_pages.shape[1] == page_size
+    out = torch.full_like(q, POISON)
+    result, lse = flashsplit.decode(q, k_pages, v_pages, block_table=table, cache_seqlens=seqlens, causal=causal,
+                                    num_splits=num_splits, return_lse=True, out=out)
+    _check(result, lse, q, k, v, seqlens, causal, dtype)
+    # The reference's own view of the paged cache agrees with the dense one it came from.
+    live = torch.arange(k.shape[1], device=k.device)[None, :] < seqlens[:, None]
+    assert torch.equal(gather_paged(k_pages, table)[live], k[live])
+
+
+def test_page_table_alias_and_plan(generator):
+    case = DecodeCase(batch=2, seqlen_q=1, seqlen_k=64, num_heads_kv=1, group=4, head_dim=64,
+                      dtype=torch.float16, lengths=(64, 33))
+    q, k, v, seqlens = make_inputs(case, DEVICE, generator)
+    k_pages, v_pages, table, k, v = to_paged(k, v, [64, 33], 16, generator)
+    a = flashsplit.decode(q, k_pages, v_pages, page_table=table, cache_seqlens=seqlens, num_splits=1)
+    b = flashsplit.decode(q, k_pages, v_pages, block_table=table, cache_seqlens=seqlens, num_splits=1)
+    assert torch.equal(a, b)
+    p = flashsplit.plan(2, table.shape[1] * 16, 4, 1, 64, page_size=16, device=DEVICE)
+    assert p.backend == "triton", "the cute backend has no paged path yet, so auto falls back"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("per_head, page_size", [(False, 0), (True, 0), (True, 16)])
+def test_fp8_cache(dtype, fp8, per_head, page_size, generator):
+    lengths = (200, 129, 0)
+    case = DecodeCase(batch=3, seqlen_q=1, seqlen_k=203, num_heads_kv=2, group=4, head_dim=64, dtype=dtype,
+                      lengths=lengths, num_splits=3)
+    q, k, v, seqlens = make_inputs(case, DEVICE, generator)
+    k8, k_descale = quantize_fp8(k, fp8, per_head)
+    v8, v_descale = quantize_fp8(v, fp8, per_head)
+    assert k8.dtype == fp8 and k_descale.dtype == torch.float32
+    extra = {}
+    if page_size:
+        k8_pages, v8_pages, table, k8, v8 = to_paged(k8, v8, list(lengths), page_size, generator,
+                                                     share_first_page=False)
+        extra = dict(block_table=table)
+    k_ref, v_ref = dequantize(k8, k_descale), dequantize(v8, v_descale)  # what the kernel must attend to
+    if page_size:
+        k8, v8 = k8_pages, v8_pages
+    out, lse = flashsplit.decode(q, k8, v8, cache_seqlens=seqlens, k_descale=k_descale, v_descale=v_descale,
+                                 num_splits=3, return_lse=True, **extra)
+    assert out.dtype == dtype
+    _check(out, lse, q, k_ref, v_ref, seqlens, False, dtype)
+
+
+@pytest.mark.parametrize("group, seqlen_q", [(3, 1), (5, 2), (6, 1), (7, 3), (16, 4), (32, 4), (64, 1)])
+def test_any_gqa_ratio(group, seqlen_q, generator):
+    """Non-powers of two, and groups whose packed rows (L_q x group) need several 64-row tiles."""
+    case = DecodeCase(batch=2, seqlen_q=seqlen_q, seqlen_k=300, num_heads_kv=1, group=group, head_dim=64,
+                      dtype=torch.float16, lengths=(300, 77), num_splits=3, causal=seqlen_q > 1)
+    q, k, v, seqlens = make_inputs(case, DEVICE, generator)
+    out, lse = flashsplit.decode(q, k, v, cache_seqlens=seqlens, causal=case.causal, num_splits=3, return_lse=True)
+    _check(out, lse, q, k, v, seqlens, case.causal, torch.float16)
+
+
+def _paged_inputs():
+    q = torch.randn(2, 1, 8, 64, device=DEVICE).half()
+    pages = torch.randn(10, 16, 2, 64, device=DEVICE).half()
+    table = torch.arange(8, dtype=torch.int32, device=DEVICE).reshape(2, 4)
+    return q, pages, table
+
+
+@pytest.mark.parametrize("mutate, exc, match", [
+    (lambda q, p, t: dict(block_table=t.long()), TypeError, "block_table: expected dtype int32"),
+    (lambda q, p, t: dict(block_table=t[0]), ValueError, r"block_table: expected shape \[2, max_pages_per_row\]"),
+    (lambda q, p, t: dict(block_table=t.to("meta")), ValueError, "block_table: expected q's device"),
+    (lambda q, p, t: dict(block_table=t, page_table=t), ValueError, "page_table: an alias"),
+    (lambda q, p, t: dict(block_table=t, k_cache=p[:, :0], v_cache=p[:, :0]), ValueError, "page_size"),
+    (lambda q, p, t: dict(block_table=t, k_cache=p[0], v_cache=p[0]), ValueError,
+     r"k_cache: expected 4 dims \[num_pages, page_size"),
+    (lambda q, p, t: dict(), ValueError, "pass block_table for a paged cache"),
+    (lambda q, p, t: dict(block_table=t, k_cache=p.to(torch.float8_e4m3fn), v_cache=p.to(torch.float8_e4m3fn)),
+     ValueError, "k_descale: required for an fp8 cache"),
+    (lambda q, p, t: dict(block_table=t, k_cache=p.to(torch.float8_e4m3fn), v_cache=p.to(torch.float8_e4m3fn),
+                          k_descale=torch.ones(3, device=DEVICE), v_descale=torch.ones(1, device=DEVICE)),
+     ValueError, r"k_descale: expected a scalar tensor or shape \[2, 2\]"),
+    (lambda q, p, t: dict(block_table=t, k_cache=p.to(torch.float8_e4m3fn), v_cache=p.to(torch.float8_e4m3fn),
+                          k_descale=torch.ones(1, device=DEVICE, dtype=torch.float64), v_descale=torch.ones(1)),
+     TypeError, "k_descale: expected dtype float32"),
+    (lambda q, p, t: dict(block_table=t, k_descale=torch.ones(1, device=DEVICE)), ValueError,
+     "k_descale: only meaningful for an fp8 cache"),
+    (lambda q, p, t: dict(block_table=t, q=q.to(torch.float8_e4m3fn)), TypeError, "q: expected dtype float16"),
+    (lambda q, p, t: dict(block_table=t, v_cache=p.to(torch.float8_e5m2)), TypeError, "k_cache/v_cache: expected one dtype"),
+])
+def test_cache_format_errors(mutate, exc, match):
+    q, pages, table = _paged_inputs()
+    kwargs = dict(q=q, k_cache=pages, v_cache=pages)
+    kwargs.update(mutate(q, pages, table))
+    with pytest.raises(exc, match=match):
+        flashsplit.decode(kwargs.pop("q"), kwargs.pop("k_cache"), kwargs.pop("v_cache"), **kwargs)
+
+
+def test_check_inputs_finds_what_decode_cannot():
+    q, pages, table = _paged_inputs()
+    seqlens = torch.tensor([64, 20], dtype=torch.int32, device=DEVICE)
+    flashsplit.check_inputs(q, pages, pages, block_table=table, cache_seqlens=seqlens)  # all fine
+    bad = table.clone()
+    bad[1, 1] = 10  # row 1 uses 2 pages (20 keys); its second is out of range
+    with pytest.raises(ValueError, match=r"block_table: row 1 entry 1 is page 10, outside \[0, 10\)"):
+        flashsplit.check_inputs(q, pages, pages, block_table=bad, cache_seqlens=seqlens)
+    bad[1, 2] = -5  # past row 1's pages: never read, not an error
+    bad[1, 1] = 3
+    flashsplit.check_inputs(q, pages, pages, block_table=bad, cache_seqlens=seqlens)
+    with pytest.raises(ValueError, match=r"cache_seqlens: row 0 has 65 keys, outside \[0, 64\]"):
+        flashsplit.check_inputs(q, pages, pages, block_table=table,
+                                cache_seqlens=torch.tensor([65, 1], dtype=torch.int32, device=DEVICE))
+    k8 = pages.to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="k_descale: expected finite positive"):
+        flashsplit.check_inputs(q, k8, k8, block_table=table, k_descale=torch.zeros(1, device=DEVICE),
+                                v_descale=torch.ones(1, device=DEVICE))
