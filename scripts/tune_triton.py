@@ -1,0 +1,96 @@
+"""Sweep the Triton backend's tile variants and split counts on the GPU, in one call.
+
+For each cell, every (block_n, num_warps, num_stages) variant and a few split counts around
+the heuristic's choice are checked against the float64 reference, then timed by CUDA-graph
+replay over rotated input sets (flashsplit.bench.timing). Prints one table per cell, best first.
+
+    python scripts/tune_triton.py                 # on the H200
+    python scripts/tune_triton.py --check-only    # CPU: every variant through the interpreter
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+
+import torch
+
+import flashsplit
+import flashsplit.triton.backend as tb
+from flashsplit.reference import attention_ref
+from flashsplit.testing import max_abs_err
+
+CELLS = [(1, 4096), (1, 16384), (1, 131072), (4, 16384), (16, 16384), (64, 4096)]  # (batch, seqlen_k), 32/8 d=128
+VARIANTS = list(itertools.product([32, 64, 128], [4, 8], [2, 3, 4]))  # block_n, num_warps, num_stages
+
+
+def use_tiles(block_n: int, num_warps: int, num_stages: int) -> None:
+    """Make the launcher pick this variant (block_m and block_d as the backend chooses them)."""
+    original = _ORIGINAL_CHOOSE
+
+    def choose(packed_rows: int, head_dim: int) -> tb.TritonTiles:
+        t = original(packed_rows, head_dim)
+        return tb.TritonTiles(t.block_m, block_n, t.block_d, num_warps, num_stages)
+
+    tb.choose_tiles = choose
+
+
+_ORIGINAL_CHOOSE = tb.choose_tiles
+
+
+def run_cell(batch: int, seqlen_k: int, device: str, check_only: bool) -> list[tuple]:
+    heads, heads_kv, dim = 32, 8, 128
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    kv_bytes = 2 * batch * seqlen_k * heads_kv * dim * 2
+    sets = 1 if check_only else max(1, min(8, math.ceil(3 * 60e6 / kv_bytes)))
+    gen = torch.Generator(device=device).manual_seed(0)
+    inputs = [(torch.randn(batch, 1, heads, dim, device=device, dtype=dtype, generator=gen),
+               torch.randn(batch, seqlen_k, heads_kv, dim, device=device, dtype=dtype, generator=gen),
+               torch.randn(batch, seqlen_k, heads_kv, dim, device=device, dtype=dtype, generator=gen))
+              for _ in range(sets)]
+    lens = torch.full((batch,), seqlen_k, dtype=torch.int32, device=device)
+    rows = slice(0, 1)
+    ref, _ = attention_ref(inputs[0][0][rows], inputs[0][1][rows], inputs[0][2][rows], lens[rows])
+    chosen = flashsplit.plan(batch, seqlen_k, heads, heads_kv, dim, backend="triton", device=device).num_splits
+    # A few split counts around the heuristic's (one is enough to exercise the plumbing).
+    splits = [chosen] if check_only else sorted({chosen, max(1, chosen // 2), chosen + chosen // 4, 2 * chosen, 1})
+    results = []
+    for (block_n, warps, stages), num_splits in itertools.product(VARIANTS, splits):
+        use_tiles(block_n, warps, stages)
+        step = lambda i: flashsplit.decode(*inputs[i % sets], cache_seqlens=lens, num_splits=num_splits,  # noqa: E731
+                                            backend="triton")
+        try:
+            err = max_abs_err(step(0)[rows], ref)
+            us = float("nan")
+            if not check_only:
+                from flashsplit.bench.timing import TimingConfig, time_graph
+                us = time_graph(step, sets, TimingConfig(replays=30), calls=max(20, sets))
+            results.append((block_n, warps, stages, num_splits, us, err, ""))
+        except Exception as e:  # a variant that does not compile (shared memory) is a result too
+            results.append((block_n, warps, stages, num_splits, float("nan"), float("nan"), repr(e)[:80]))
+    tb.choose_tiles = _ORIGINAL_CHOOSE
+    results.sort(key=lambda r: (math.isnan(r[4]), r[4]))
+    print(f"\nB={batch} L_k={seqlen_k} 32/8 d=128 {dtype}: heuristic {chosen} splits; KV {kv_bytes / 1e6:.1f} MB, "
+          f"floor {kv_bytes / 4.69e12 * 1e6:.1f} us")
+    print(" block_n warps stages splits      us     err  note")
+    for r in results[: 12 if not check_only else len(results)]:
+        print(f" {r[0]:7d} {r[1]:5d} {r[2]:6d} {r[3]:6d} {r[4]:7.1f} {r[5]:7.1e}  {r[6]}")
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check-only", action="store_true", help="run each variant once, no timing (CPU-friendly)")
+    args = parser.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cells = CELLS if device == "cuda" else [(2, 300)]
+    for batch, seqlen_k in cells:
+        results = run_cell(batch, seqlen_k, device, args.check_only or device == "cpu")
+        bad = [r for r in results if not (r[5] < 5e-2)]
+        if bad:
+            print(f"  {len(bad)} variant(s) failed or were wrong: {bad[:3]}")
+
+
+if __name__ == "__main__":
+    main()
