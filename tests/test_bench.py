@@ -1,5 +1,6 @@
 """flashsplit bench on CPU: options, grid, rotation count, rows I/O, dry run, no-GPU exit,
-contender availability, and the runner's check / error handling with a fake timer."""
+contender availability, the runner's check / error handling with a fake timer, and the cache
+formats (paged / fp8 inputs, skip reasons, --compare-formats ratios)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 from rich.console import Console
 
 import flashsplit
-from flashsplit.bench import cases, cli, contenders, device, render, rows, runner, sweep
+from flashsplit.bench import cases, cli, contenders, device, formats, render, rows, runner, sweep
 from flashsplit.bench.cases import Case, Shape, build_grid, parse_heads, parse_seqlen, rotation_count
 from flashsplit.bench.check import check_output, relative_error
 from flashsplit.bench.inputs import make_inputs
@@ -174,9 +175,15 @@ def _sample_report() -> rows.Report:
     r2 = rows.BenchRow("sdpa-flash", 1, 131072, 32, 8, 128, "bf16", status=rows.WRONG, rel_err=float("inf"),
                        note='wrong: "quoted"')
     r3 = rows.BenchRow("flex", 64, 1024, 40, 8, 128, "fp16", status=rows.ERROR, note="RuntimeError: boom\nline2")
+    r4 = rows.BenchRow("triton", 1, 131072, 32, 8, 128, "bf16", page_size=16, kv_dtype="fp8e4m3", num_splits=29,
+                       device_us=65.5, method="graph", rel_err=4e-3, sets=1)
     summary = rows.SweepSummary("triton", 1, 131072, 32, 8, 128, "bf16", heuristic_splits=29, heuristic_us=118.25,
                                 best_splits=30, best_us=110.0, gap_pct=7.5)
-    return rows.Report(header, [r1, r2, r3], [summary])
+    comparison = rows.FormatComparison("triton", 1, 131072, 32, 8, 128, "bf16", "fp8", page_size=0,
+                                       kv_dtype="fp8e4m3", base_page_size=0, base_kv_dtype="bf16", us=65.5,
+                                       base_us=118.25, ratio=65.5 / 118.25, speedup=118.25 / 65.5,
+                                       target="speedup >= 1.70", met=True)
+    return rows.Report(header, [r1, r2, r3, r4], [summary], [comparison])
 
 
 def test_report_json_round_trip():
@@ -192,6 +199,8 @@ def test_rows_csv_round_trip():
     assert text.splitlines()[0].startswith("contender,batch,seqlen_k,")
     assert rows.rows_from_csv(text) == report.rows
     assert rows.from_csv(rows.to_csv(report.sweep, rows.SweepSummary), rows.SweepSummary) == report.sweep
+    back = rows.from_csv(rows.to_csv(report.formats, rows.FormatComparison), rows.FormatComparison)
+    assert back == report.formats and back[0].met is True
 
 
 # -- no GPU, dry run, help -------------------------------------------------------------------
@@ -415,6 +424,8 @@ def test_render_report_table():
     text = buf.getvalue()
     assert "NVIDIA H200" in text and "118.2" in text and "wrong:" in text and "error: RuntimeError" in text
     assert "heuristic vs best" in text and "7.5%" in text
+    assert "paged/16 fp8e4m3" in text and "dense bf16" in text, "rows name their cache format"
+    assert "cache formats" in text and "1.81x" in text and "speedup >= 1.70" in text and "yes" in text
 
 
 def test_plot_choices():
@@ -446,3 +457,302 @@ def test_plot_without_matplotlib_says_so(monkeypatch, tmp_path):
     assert not render.matplotlib_available()
     with pytest.raises(ImportError, match="pip install"):
         render.write_plot(_sample_report(), str(tmp_path / "x.png"))
+
+
+# -- cache formats: --page-size, --kv-dtype, --compare-formats -------------------------------
+
+def test_format_options():
+    args = parse("--page-size", "0,1", "16", "1", "--kv-dtype", "same", "FP8E4M3", "--batch", "1", "--seqlen", "1k")
+    assert cli.resolve_formats(args) == [(0, "same"), (0, "fp8e4m3"), (1, "same"), (1, "fp8e4m3"), (16, "same"),
+                                         (16, "fp8e4m3")]
+    grid, _ = cli.resolve_grid(args, H200_L2)
+    assert [(c.page_size, c.kv_dtype) for c in grid] == cli.resolve_formats(args), "formats are the innermost loop"
+    assert cli.resolve_formats(parse()) == [(0, "same")], "dense q-dtype cache by default"
+    # --compare-formats adds the baselines: dense 16-bit, and each fp8 format's 16-bit twin.
+    args = parse("--compare-formats", "--page-size", "1", "16")
+    assert cli.resolve_formats(args) == [(0, "same"), (1, "same"), (16, "same")]
+    args = parse("--compare-formats", "--page-size", "16", "--kv-dtype", "fp8e5m2")
+    assert cli.resolve_formats(args) == [(0, "same"), (16, "same"), (16, "fp8e5m2")]
+    assert [c.name for c in cli.resolve_contenders(args)] == ["triton", "cute", "triton-nosplit", "auto"]
+    args = parse("--compare-formats", "--kv-dtype", "fp8e4m3", "--contenders", "triton,sdpa-flash")
+    assert [c.name for c in cli.resolve_contenders(args)] == ["triton", "sdpa-flash"], "--contenders wins"
+
+
+@pytest.mark.parametrize("argv", [
+    ["--page-size", "-1"], ["--page-size", "x"], ["--page-size", "1.5"], ["--kv-dtype", "fp8"],
+    ["--kv-dtype", "int8"], ["--kv-dtype", "same,e4m3"],
+])
+def test_bad_format_options_are_argparse_errors(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse(*argv)
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--compare-formats", "--page-size", "16", "--sweep-splits", "1-4"], "do not combine"),
+    (["--compare-formats"], "needs a format to compare"),
+])
+def test_compare_formats_option_errors(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(device, "cuda_available", lambda: False)
+    assert cli.main(["--dry-run", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_case_bytes_for_cache_formats():
+    dense = Case(16, 131072, 32, 8, 128, "bf16")
+    fp8 = Case(16, 131072, 32, 8, 128, "bf16", kv_dtype="fp8e4m3")
+    assert fp8.kv_itemsize == 1 and fp8.itemsize == 2 and fp8.cache_torch_dtype == torch.float8_e4m3fn
+    assert fp8.kv_bytes * 2 == dense.kv_bytes == 2 * 16 * 131072 * 8 * 128 * 2
+    assert fp8.meta_bytes == 2 * 4 * 16 * 8, "two fp32 descales per (row, KV head)"
+    assert fp8.moved_bytes == fp8.kv_bytes + fp8.meta_bytes + 2 * fp8.q_bytes
+    assert Case(1, 1024, 32, 8, 128, kv_dtype="fp8e5m2").kv_bytes == 2 * 1024 * 8 * 128
+    paged = Case(2, 1000, 32, 8, 128, "fp16", page_size=16)
+    assert (paged.pages_per_row, paged.capacity) == (63, 1008)
+    assert paged.kv_bytes == 2 * 2 * 1000 * 8 * 128 * 2, "GB/s counts the keys read, not the padded page"
+    assert paged.meta_bytes == 4 * 2 * 63, "the int32 block table"
+    assert cases.set_bytes(paged) == 2 * 2 * 1008 * 8 * 128 * 2 + paged.meta_bytes + paged.q_bytes
+    assert dense.meta_bytes == 0 and cases.set_bytes(dense) == dense.kv_bytes + dense.q_bytes
+    # Half the bytes: twice the rotation sets to defeat the L2.
+    small = Case(1, 1024, 32, 8, 128)
+    assert rotation_count(cases.set_bytes(Case(1, 1024, 32, 8, 128, kv_dtype="fp8e4m3")), H200_L2) > \
+        rotation_count(cases.set_bytes(small), H200_L2)
+    assert fp8.label() == "B=16 L_k=128k H=32/8 d=128 bf16 kv=fp8e4m3"
+    assert Case(1, 4096, 32, 8, 128, page_size=1, kv_dtype="fp8e5m2").label().endswith("bf16 paged/1 kv=fp8e5m2")
+    assert (dense.format_label, fp8.format_label, paged.format_label) == ("dense bf16", "dense fp8e4m3",
+                                                                          "paged/16 fp16")
+
+
+@pytest.mark.parametrize("seqlen, page_size", [(64, 16), (37, 16), (5, 1), (40, 64)])
+def test_vectorised_paged_builder_round_trips_through_gather_paged(seqlen, page_size):
+    from flashsplit.bench.inputs import to_paged
+    from flashsplit.reference import gather_paged
+
+    gen = torch.Generator().manual_seed(seqlen * 131 + page_size)
+    dense = torch.randn(3, seqlen, 2, 8, generator=gen).half()
+    pages, table = to_paged(dense, page_size, gen)
+    num = -(-seqlen // page_size)
+    assert pages.shape == (3 * num, page_size, 2, 8) and table.dtype == torch.int32 and table.shape == (3, num)
+    assert sorted(table.flatten().tolist()) == list(range(3 * num)), "every page used once"
+    if num > 1:
+        assert table.flatten().tolist() != list(range(3 * num)), "physical order shuffled"
+    gathered = gather_paged(pages, table)
+    assert gathered.shape == (3, num * page_size, 2, 8)
+    assert torch.equal(gathered[:, :seqlen], dense)
+    assert torch.isnan(gathered[:, seqlen:]).all(), "slots past the last key are NaN"
+
+
+def test_paged_fp8_inputs_and_their_reference_view():
+    from flashsplit.bench.inputs import make_inputs as bench_inputs
+    from flashsplit.reference import dequantize, gather_paged
+
+    case = Case(3, 100, 4, 2, 16, "fp16", page_size=16, kv_dtype="fp8e4m3")
+    inputs = bench_inputs(case, 2, device="cpu", seed=3)
+    assert len(inputs) == 2 and inputs.block_table.shape == (3, 7) and inputs.block_table.dtype == torch.int32
+    for i in range(2):
+        assert inputs.k[i].shape == (21, 16, 2, 16) and inputs.k[i].dtype == torch.float8_e4m3fn
+        assert inputs.k_descale[i].shape == (3, 2) and inputs.k_descale[i].dtype == torch.float32
+        assert set(inputs.cache_kwargs(i)) == {"block_table", "k_descale", "v_descale"}
+    assert not torch.equal(inputs.k_descale[0], inputs.k_descale[1]), "each set quantized on its own"
+    k, v = inputs.reference_kv(2)
+    expected = dequantize(gather_paged(inputs.k[0], inputs.block_table[2:3])[:, :100], inputs.k_descale[0][2:3])
+    assert k.shape == (1, 100, 2, 16) and torch.equal(k, expected) and torch.isfinite(v).all()
+    # The dequantized cache is close to normal values (the quantization is per (row, KV head)).
+    assert 0.5 < float(k.float().std()) < 2.0
+    dense = bench_inputs(Case(2, 64, 4, 2, 16, "fp16"), 1, device="cpu")
+    assert dense.block_table is None and dense.k_descale is None and dense.cache_kwargs(0) == {}
+
+
+def test_dense_inputs_are_unchanged_by_the_format_code():
+    from flashsplit.bench.inputs import make_inputs as bench_inputs
+
+    case = Case(2, 64, 4, 2, 16, "fp16")
+    inputs = bench_inputs(case, 2, device="cpu", seed=7)
+    gen = torch.Generator().manual_seed(7)
+    expected = [torch.randn(shape, generator=gen, dtype=torch.float16)
+                for _ in range(2) for shape in ((2, 1, 4, 16), (2, 64, 2, 16), (2, 64, 2, 16))]
+    got = [t for i in range(2) for t in (inputs.q[i], inputs.k[i], inputs.v[i])]
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+def test_peers_skip_paged_and_fp8_with_reasons():
+    paged, fp8 = Case(1, 4096, 32, 8, 128, page_size=16), Case(1, 4096, 32, 8, 128, kv_dtype="fp8e4m3")
+    both, dense = Case(1, 4096, 32, 8, 128, page_size=1, kv_dtype="fp8e5m2"), Case(1, 4096, 32, 8, 128)
+    by = {c.name: c for c in contenders.all_contenders()}
+    sdpa = by["sdpa-flash"]
+    assert sdpa.format_reason(dense) is None
+    assert sdpa.format_reason(paged) == "torch SDPA has no paged KV input"
+    assert sdpa.format_reason(fp8) == "torch SDPA has no fp8 KV input"
+    assert sdpa.format_reason(both) == "torch SDPA has no paged/fp8 KV input"
+    assert by["sdpa-cudnn"].format_reason(both) == "torch SDPA has no paged/fp8 KV input"
+    assert by["flex"].format_reason(paged) == "torch FlexAttention has no paged KV input"
+    assert "fp8" in by["flashinfer"].format_reason(fp8) and by["flashinfer"].format_reason(paged) is None
+    assert "multiple of 256" in by["flash-attn"].format_reason(paged)
+    assert by["flash-attn"].format_reason(Case(1, 4096, 32, 8, 128, page_size=256)) is None
+    assert by["flash-attn3"].format_reason(paged) is None and "fp8" in by["flash-attn3"].format_reason(fp8)
+    for name in ("triton", "cute", "triton-nosplit", "auto"):
+        assert by[name].format_reason(both) is None, "flashsplit takes every format (a backend may refuse in plan)"
+    # cute refuses through the registry, with its reason; auto plans the Triton backend.
+    if "cute" in flashsplit.backends():
+        with pytest.raises(contenders.Unsupported, match="paged KV caches"):
+            by["cute"].plan(paged, 132)
+        with pytest.raises(contenders.Unsupported, match="float8_e4m3fn caches"):
+            by["cute"].plan(fp8, 132)
+    assert by["triton"].plan(paged, 132).num_splits == flashsplit.plan(1, 4096, 32, 8, 128, page_size=16,
+                                                                       num_sms=132, backend="triton").num_splits
+
+
+def test_runner_skips_a_format_before_preparing_and_runs_flashsplit_on_it():
+    case = Case(2, 200, 4, 2, 64, "fp16", page_size=16, kv_dtype="fp8e5m2")
+    prepared = []
+
+    class Dense(_Fake):
+        library = "a dense-only library"
+
+    def make(case, inputs):
+        prepared.append(case)
+        return contenders.Prepared(lambda i: inputs.q[i])
+
+    def ignores_pages(case, inputs):  # reads the pages as if they were a dense cache in row order
+        from flashsplit.reference import attention_ref, dequantize
+
+        def run(i):
+            k = dequantize(inputs.k[i], inputs.k_descale[i][:1]).reshape(2, -1, 2, 64)[:, :200]
+            v = dequantize(inputs.v[i], inputs.v_descale[i][:1]).reshape(2, -1, 2, 64)[:, :200]
+            return attention_ref(inputs.q[i], k, v)[0].half()
+        return contenders.Prepared(run)
+
+    class Paged(_Fake):
+        formats = frozenset({"paged", "fp8"})
+
+    calls = []
+    info = device.DeviceInfo("test", 132, 1024, 0, 4.8e12, "datasheet", HAS_CUDA)  # tiny L2: one input set
+    out = runner.run_grid([case], [contenders.FlashsplitContender("triton", "triton"), Dense("dense", make),
+                                   Paged("ignores-pages", ignores_pages)],
+                          info, None, runner.RunOptions(mem_cap_bytes=1e9, timer=_fake_timer(calls)))
+    by = {r.contender: r for r in out}
+    assert all((r.page_size, r.kv_dtype) == (16, "fp8e5m2") for r in out), "rows carry the format"
+    assert by["dense"].status == rows.SKIPPED and by["dense"].note == "a dense-only library has no paged/fp8 KV input"
+    assert prepared == [], "a contender is never run on another format"
+    tri = by["triton"]
+    assert tri.status == rows.OK and tri.rel_err < 1e-2, tri.note
+    assert tri.gbps == pytest.approx(case.moved_bytes / 10e-6 / 1e9)
+    assert case.moved_bytes == 2 * 2 * 200 * 2 * 64 * 1 + 4 * 2 * 13 + 2 * 4 * 2 * 2 + 2 * 2 * 4 * 64 * 2
+    assert by["ignores-pages"].status == rows.WRONG, "the check attends to the gathered pages"
+    assert len(calls) == 1
+
+
+def _frow(contender, page_size, kv, us, status=rows.OK, seqlen=131072, note=""):
+    return rows.BenchRow(contender, 1, seqlen, 32, 8, 128, "bf16", page_size=page_size, kv_dtype=kv,
+                         device_us=us if status == rows.OK else None, status=status, note=note)
+
+
+def test_compare_formats_ratios_and_targets():
+    data = [
+        _frow("triton", 0, "bf16", 100.0, note="backend triton"),
+        _frow("triton", 16, "bf16", 108.0, note="backend triton"),
+        _frow("triton", 1, "bf16", 130.0, note="backend triton"),
+        _frow("triton", 0, "fp8e4m3", 50.0, note="backend triton"),
+        _frow("triton", 16, "fp8e4m3", 80.0, note="backend triton"),
+        _frow("auto", 0, "bf16", 90.0, note="backend cute"),
+        _frow("auto", 16, "bf16", 108.0, note="backend triton"),
+        _frow("cute", 0, "bf16", 90.0),
+        _frow("cute", 16, "bf16", None, rows.SKIPPED, note="paged KV caches ... not implemented"),
+        _frow("triton", 0, "bf16", 20.0, seqlen=16384),
+        _frow("triton", 0, "fp8e4m3", None, rows.ERROR, seqlen=16384, note="RuntimeError: x"),
+        _frow("triton", 64, "bf16", 21.0, seqlen=16384),
+    ]
+    got = {(c.contender, c.seqlen_k, c.kind, c.page_size, c.kv_dtype): c for c in formats.compare_formats(data)}
+    assert set(got) == {
+        ("triton", 131072, "paged", 16, "bf16"), ("triton", 131072, "paged", 1, "bf16"),
+        ("triton", 131072, "fp8", 0, "fp8e4m3"), ("triton", 131072, "paged", 16, "fp8e4m3"),
+        ("triton", 131072, "fp8", 16, "fp8e4m3"), ("auto", 131072, "paged", 16, "bf16"),
+        ("triton", 16384, "fp8", 0, "fp8e4m3"), ("triton", 16384, "paged", 64, "bf16"),
+    }, "cute's skipped paged row is not compared"
+    p16 = got[("triton", 131072, "paged", 16, "bf16")]
+    assert (p16.base_page_size, p16.base_kv_dtype, p16.us, p16.base_us) == (0, "bf16", 108.0, 100.0)
+    assert p16.ratio == pytest.approx(1.08) and p16.target == "paged/dense <= 1.10" and p16.met is True
+    p1 = got[("triton", 131072, "paged", 1, "bf16")]
+    assert p1.ratio == pytest.approx(1.30) and p1.target == "paged/dense <= 1.25" and p1.met is False
+    f8 = got[("triton", 131072, "fp8", 0, "fp8e4m3")]
+    assert f8.speedup == pytest.approx(2.0) and f8.target == "speedup >= 1.70" and f8.met is True
+    pf8 = got[("triton", 131072, "fp8", 16, "fp8e4m3")]
+    assert (pf8.base_page_size, pf8.base_kv_dtype) == (16, "bf16") and pf8.speedup == pytest.approx(108 / 80)
+    assert pf8.met is False
+    assert got[("triton", 131072, "paged", 16, "fp8e4m3")].ratio == pytest.approx(1.6)
+    assert "backends differ: triton vs cute" in got[("auto", 131072, "paged", 16, "bf16")].note
+    short = got[("triton", 16384, "fp8", 0, "fp8e4m3")]
+    assert short.speedup is None and short.met is None and short.target == "", "fp8's target is set at 128k"
+    assert "format not timed (error: RuntimeError: x)" in short.note
+    p64 = got[("triton", 16384, "paged", 64, "bf16")]
+    assert p64.ratio == pytest.approx(1.05) and p64.target == "" and p64.met is None
+    assert formats.compare_formats([_frow("triton", 16, "bf16", 1.0)]) == [], "no baseline, no comparison"
+
+
+def test_dry_run_lists_cache_formats(monkeypatch, capsys):
+    monkeypatch.setattr(device, "cuda_available", lambda: False)
+    assert cli.main(["--dry-run", "--batch", "1", "--seqlen", "128k", "--page-size", "16", "--kv-dtype", "fp8e4m3",
+                     "--no-flex"]) == 0
+    out = capsys.readouterr().out
+    assert "paged/16 fp8e4m3" in out and " 268.4 " in out, "fp8 KV MB counts 1 byte per element"
+    assert "sdpa-flash skipped on 1 paged/16 fp8e4m3 cell(s): torch SDPA has no paged/fp8 KV input" in out
+    dry = _dry_run(["--batch", "1", "--seqlen", "128k", "--page-size", "16", "--kv-dtype", "fp8e4m3", "--no-flex"])
+    (cell,) = dry.cells
+    assert cell.plans["triton"] == flashsplit.plan(1, 131072, 32, 8, 128, page_size=16, kv_dtype=torch.float8_e4m3fn,
+                                                   num_sms=132, backend="triton").num_splits
+    assert cell.format_skips["sdpa-cudnn"] == "torch SDPA has no paged/fp8 KV input"
+    assert "triton" not in cell.format_skips
+
+    assert cli.main(["--dry-run", "--compare-formats", "--batch", "1", "16", "--seqlen", "16k", "128k",
+                     "--page-size", "1", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "16 cell(s)" not in out and "12 cell(s) x 4 contender(s)" in out
+    assert "dense bf16" in out and "paged/1 bf16" in out and "paged/16 bf16" in out
+    assert "--compare-formats would compare ['triton', 'cute', 'triton-nosplit', 'auto'] across dense bf16, " \
+           "paged/1 bf16, paged/16 bf16" in out
+
+
+def test_compare_formats_end_to_end_with_a_fake_gpu(monkeypatch, tmp_path, capsys):
+    """The whole --compare-formats run (rows, comparison table, JSON, CSV) on CPU tensors: the
+    Triton interpreter computes, a fake timer makes paged 5% and fp8 2x."""
+    import functools
+
+    fake_us = {(0, "fp16"): 100.0, (16, "fp16"): 105.0, (16, "fp8e4m3"): 52.5}
+
+    def timer(run, num_sets, config):
+        run(0)
+        case = current[0]
+        return Timing(device_us=fake_us[(case.page_size, case.kv)], eager_us=1.0, method="graph")
+
+    current = []
+    real_bench_one = runner.bench_one
+
+    def bench_one(contender, case, *a, **kw):
+        current[:] = [case]
+        return real_bench_one(contender, case, *a, **kw)
+
+    info = device.DeviceInfo("Fake H200", 132, 1024, 0, 4.8e12, "datasheet", False)
+    monkeypatch.setattr(device, "cuda_available", lambda: True)
+    monkeypatch.setattr(contenders, "cuda_available", lambda: True)
+    monkeypatch.setattr(device, "device_info", lambda: info)
+    monkeypatch.setattr(runner, "synchronize", lambda: None)
+    monkeypatch.setattr(runner, "bench_one", bench_one)
+    monkeypatch.setattr(runner, "RunOptions", functools.partial(runner.RunOptions, timer=timer))
+    json_path, csv_path = tmp_path / "r.json", tmp_path / "r.csv"
+    code = cli.main(["--compare-formats", "--page-size", "16", "--kv-dtype", "fp8e4m3", "--contenders", "triton",
+                     "--heads", "4/2", "--head-dim", "64", "--dtype", "fp16", "--batch", "2", "--seqlen", "256",
+                     "--no-ceiling", "--json", str(json_path), "--csv", str(csv_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    report = rows.report_from_json(json_path.read_text())
+    assert [(r.page_size, r.kv, r.status) for r in report.rows] == [(0, "fp16", "ok"), (16, "fp16", "ok"),
+                                                                   (16, "fp8e4m3", "ok")]
+    assert all(r.rel_err < 1e-2 for r in report.rows)
+    # paged/16 fp8 has no dense fp8 run to compare with (not asked for): only its 16-bit twin.
+    assert [(c.kind, c.page_size, c.kv_dtype, c.base_page_size, c.base_kv_dtype) for c in report.formats] == [
+        ("paged", 16, "fp16", 0, "fp16"), ("fp8", 16, "fp8e4m3", 16, "fp16")]
+    assert report.formats[0].ratio == pytest.approx(1.05) and report.formats[0].met is True
+    assert report.formats[1].speedup == pytest.approx(2.0) and report.formats[1].met is None, "L_k < 128k"
+    assert any("cache formats" in n for n in report.header.notes)
+    assert (tmp_path / "r.formats.csv").exists() and "paged/16 fp8e4m3" in out and "1.050" in out
+    assert rows.rows_from_csv(csv_path.read_text()) == report.rows

@@ -1,7 +1,8 @@
 """What to benchmark: model-shape presets, option parsers and the (batch x seqlen_k) grid.
 
 Pure Python; no GPU needed. A :class:`Case` is one cell of the grid: one decode step
-(``L_q = 1``) over a full KV cache of ``seqlen_k`` keys per batch row.
+(``L_q = 1``) over a full KV cache of ``seqlen_k`` keys per batch row, in one cache format
+(dense or paged, 16-bit or fp8).
 """
 
 from __future__ import annotations
@@ -15,6 +16,12 @@ import torch
 
 #: bench dtype names -> torch dtypes.
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+#: ``--kv-dtype`` names -> the cache's torch dtype (None: q's dtype).
+KV_DTYPES = {"same": None, "fp8e4m3": torch.float8_e4m3fn, "fp8e5m2": torch.float8_e5m2}
+SAME_KV = "same"
+#: The baseline cache format: dense, in q's dtype.
+DENSE_FORMAT = (0, SAME_KV)
 
 #: Default grid (the brief's): batch {1, 4, 16, 64} x seqlen_k {1k, 4k, 16k, 64k, 128k}.
 DEFAULT_BATCHES = (1, 4, 16, 64)
@@ -58,9 +65,22 @@ PRESETS: dict[str, Shape] = {
 DEFAULT_PRESET = "llama-3-8b"
 
 
+def kv_name(dtype: str, kv_dtype: str) -> str:
+    """The cache dtype's bench name: ``kv_dtype``, or q's ``dtype`` for ``"same"``."""
+    return dtype if kv_dtype == SAME_KV else kv_dtype
+
+
+def format_label(page_size: int, kv: str) -> str:
+    """A cache format in a few characters: ``"dense bf16"``, ``"paged/16 fp8e4m3"``."""
+    return f"{'dense' if page_size == 0 else f'paged/{page_size}'} {kv}"
+
+
 @dataclass(frozen=True)
 class Case:
-    """One grid cell: q ``[batch, 1, num_heads, head_dim]``, k/v ``[batch, seqlen_k, num_heads_kv, head_dim]``."""
+    """One grid cell: q ``[batch, 1, num_heads, head_dim]``; a dense cache k/v ``[batch, seqlen_k,
+    num_heads_kv, head_dim]``, or with ``page_size`` > 0 a paged one ``[num_pages, page_size,
+    num_heads_kv, head_dim]`` with an int32 ``block_table`` ``[batch, pages_per_row]``; with an
+    fp8 ``kv_dtype`` the cache is fp8 with fp32 descales per (row, KV head)."""
 
     batch: int
     seqlen_k: int
@@ -68,19 +88,68 @@ class Case:
     num_heads_kv: int
     head_dim: int
     dtype: str = "bf16"
+    page_size: int = 0          # 0: dense
+    kv_dtype: str = SAME_KV     # a KV_DTYPES name; "same": q's dtype
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
     @property
+    def cache_torch_dtype(self) -> torch.dtype:
+        return KV_DTYPES[self.kv_dtype] or self.torch_dtype
+
+    @property
+    def kv(self) -> str:
+        """The cache dtype's name (``"bf16"``, ``"fp8e4m3"``...)."""
+        return kv_name(self.dtype, self.kv_dtype)
+
+    @property
+    def paged(self) -> bool:
+        return self.page_size > 0
+
+    @property
+    def fp8(self) -> bool:
+        return KV_DTYPES[self.kv_dtype] is not None
+
+    @property
+    def format(self) -> tuple[int, str]:
+        return (self.page_size, self.kv_dtype)
+
+    @property
+    def format_label(self) -> str:
+        return format_label(self.page_size, self.kv)
+
+    @property
+    def pages_per_row(self) -> int:
+        return -(-self.seqlen_k // self.page_size) if self.paged else 0
+
+    @property
+    def capacity(self) -> int:
+        """Keys a row can hold (``seqlen_k``, rounded up to whole pages): the plan's ``seqlen_k``."""
+        return self.pages_per_row * self.page_size if self.paged else self.seqlen_k
+
+    @property
     def itemsize(self) -> int:
+        """Bytes per element of q and the output."""
         return torch.empty((), dtype=self.torch_dtype).element_size()
 
     @property
+    def kv_itemsize(self) -> int:
+        """Bytes per element of the cache (1 for fp8)."""
+        return torch.empty((), dtype=self.cache_torch_dtype).element_size()
+
+    @property
     def kv_bytes(self) -> int:
-        """Bytes of K and V (what one decode step must read at least)."""
-        return 2 * self.batch * self.seqlen_k * self.num_heads_kv * self.head_dim * self.itemsize
+        """Bytes of K and V (what one decode step must read at least), in the cache's dtype."""
+        return 2 * self.batch * self.seqlen_k * self.num_heads_kv * self.head_dim * self.kv_itemsize
+
+    @property
+    def meta_bytes(self) -> int:
+        """Bytes of the block table (int32) and the fp32 k/v descales ``[B, H_kv]`` a call reads."""
+        table = 4 * self.batch * self.pages_per_row
+        descales = 2 * 4 * self.batch * self.num_heads_kv if self.fp8 else 0
+        return table + descales
 
     @property
     def q_bytes(self) -> int:
@@ -88,15 +157,16 @@ class Case:
 
     @property
     def moved_bytes(self) -> int:
-        """KV read + q read + output written: the bytes a GB/s figure counts."""
-        return self.kv_bytes + 2 * self.q_bytes
+        """KV read + block table / descales read + q read + output written: the bytes a GB/s figure counts."""
+        return self.kv_bytes + self.meta_bytes + 2 * self.q_bytes
 
     @property
     def heads(self) -> str:
         return f"{self.num_heads}/{self.num_heads_kv}"
 
     def label(self) -> str:
-        return f"B={self.batch} L_k={format_seqlen(self.seqlen_k)} H={self.heads} d={self.head_dim} {self.dtype}"
+        fmt = (f" paged/{self.page_size}" if self.paged else "") + (f" kv={self.kv}" if self.fp8 else "")
+        return f"B={self.batch} L_k={format_seqlen(self.seqlen_k)} H={self.heads} d={self.head_dim} {self.dtype}{fmt}"
 
 
 @dataclass(frozen=True)
@@ -199,6 +269,33 @@ def parse_head_dim(text: str) -> int:
     return value
 
 
+def parse_page_size(text: str) -> int:
+    """``--page-size``: keys per page, 0 for a dense cache."""
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a page size (keys per page, 0 = dense), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a page size >= 0 (0 = dense), got {text!r}")
+    return value
+
+
+def parse_page_size_list(text: str) -> list[int]:
+    """``"0,1,16"`` -> ``[0, 1, 16]``."""
+    return [parse_page_size(p) for p in _split_list(text)]
+
+
+def parse_kv_dtype_list(text: str) -> list[str]:
+    """``"same,fp8e4m3"`` -> ``["same", "fp8e4m3"]`` (names of :data:`KV_DTYPES`)."""
+    out = []
+    for part in _split_list(text):
+        name = part.lower()
+        if name not in KV_DTYPES:
+            raise argparse.ArgumentTypeError(f"expected a KV dtype among {', '.join(KV_DTYPES)}, got {part!r}")
+        out.append(name)
+    return out
+
+
 def flatten(lists) -> list[int]:
     """Flatten ``nargs="+"`` values of list-typed options, keeping order, dropping repeats."""
     seen: list[int] = []
@@ -229,29 +326,50 @@ def rotation_count(set_bytes: int, l2_bytes: int = DEFAULT_L2_BYTES, mem_cap_byt
 
 
 def set_bytes(case: Case) -> int:
-    """Device bytes of one input set (K, V, q)."""
-    return case.kv_bytes + case.q_bytes
+    """Device bytes of one input set (K, V, q, descales; pages are rounded up to whole pages)."""
+    kv = case.kv_bytes * case.capacity // case.seqlen_k if case.seqlen_k else 0
+    return kv + case.meta_bytes + case.q_bytes
+
+
+def format_list(page_sizes=(0,), kv_dtypes=(SAME_KV,), baseline: bool = False) -> list[tuple[int, str]]:
+    """Every (page_size, kv_dtype) pair, in order; with ``baseline`` the dense q-dtype format
+    (and for an fp8 format, its 16-bit twin of the same page size) is added first where missing,
+    so each format has what it is compared with."""
+    formats = [(p, k) for p in page_sizes for k in kv_dtypes]
+    if baseline:
+        wanted = [DENSE_FORMAT] + [(p, SAME_KV) for p, k in formats if k != SAME_KV]
+        formats = wanted + formats
+    return list(dict.fromkeys(formats))
 
 
 def build_grid(batches, seqlens, shape: Shape, dtype: str = "bf16", mem_cap_bytes: float = DEFAULT_MEM_CAP_GB * 1e9,
-               l2_bytes: int = DEFAULT_L2_BYTES) -> tuple[list[Case], list[SkippedCell]]:
-    """The cells to run (batch-major, then seqlen) and the cells skipped by the memory cap.
+               l2_bytes: int = DEFAULT_L2_BYTES, formats=(DENSE_FORMAT,)) -> tuple[list[Case], list[SkippedCell]]:
+    """The cells to run (batch-major, then seqlen, then cache format) and the cells skipped by
+    the memory cap.
 
-    A cell is skipped when its KV times its rotation count exceeds ``mem_cap_bytes`` (the
-    rotation count is capped by memory, so this means one set alone does not fit).
+    ``formats`` are ``(page_size, kv_dtype)`` pairs (see :func:`format_list`). A cell is skipped
+    when its KV times its rotation count exceeds ``mem_cap_bytes`` (the rotation count is
+    capped by memory, so this means one set alone does not fit).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+    for page_size, kv_dtype in formats:
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 0:
+            raise ValueError(f"page_size: expected an int >= 0 (0 = dense), got {page_size!r}")
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype: expected one of {list(KV_DTYPES)}, got {kv_dtype!r}")
     cases: list[Case] = []
     skipped: list[SkippedCell] = []
     for batch in batches:
         for seqlen in seqlens:
-            case = Case(batch, seqlen, shape.num_heads, shape.num_heads_kv, shape.head_dim, dtype)
-            nbytes = set_bytes(case)
-            sets = rotation_count(nbytes, l2_bytes, mem_cap_bytes)
-            if nbytes * sets > mem_cap_bytes:
-                skipped.append(SkippedCell(case, f"KV {case.kv_bytes / 1e9:.1f} GB x {sets} set(s) exceeds the "
-                                                 f"{mem_cap_bytes / 1e9:.0f} GB memory cap (--mem-cap-gb)"))
-            else:
-                cases.append(case)
+            for page_size, kv_dtype in formats:
+                case = Case(batch, seqlen, shape.num_heads, shape.num_heads_kv, shape.head_dim, dtype, page_size,
+                            kv_dtype)
+                nbytes = set_bytes(case)
+                sets = rotation_count(nbytes, l2_bytes, mem_cap_bytes)
+                if nbytes * sets > mem_cap_bytes:
+                    skipped.append(SkippedCell(case, f"KV {case.kv_bytes / 1e9:.1f} GB x {sets} set(s) exceeds the "
+                                                     f"{mem_cap_bytes / 1e9:.0f} GB memory cap (--mem-cap-gb)"))
+                else:
+                    cases.append(case)
     return cases, skipped

@@ -2,6 +2,8 @@
 
 The reference runs in float64 on a few batch rows only (the first and the last): a float64
 copy of a whole 34 GB cache would not fit, and a wrong kernel is wrong on every row anyway.
+For a paged or fp8 cache it attends to those rows gathered from their pages and dequantized
+(:meth:`~.inputs.InputSets.reference_kv`): the attention the kernel is asked for.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ def reference_row(inputs: InputSets, b: int) -> torch.Tensor:
     """float64 ``[1, 1, H, D]`` reference output of batch row ``b`` of input set 0 (memoized)."""
     if b not in inputs.ref_cache:
         sl = slice(b, b + 1)
-        ref, _ = attention_ref(inputs.q[0][sl], inputs.k[0][sl], inputs.v[0][sl], inputs.cache_seqlens[sl], upcast=True)
+        k, v = inputs.reference_kv(b)
+        ref, _ = attention_ref(inputs.q[0][sl], k, v, inputs.cache_seqlens[sl], upcast=True)
         inputs.ref_cache[b] = ref
     return inputs.ref_cache[b]
 

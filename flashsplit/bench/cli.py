@@ -14,9 +14,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cases import (DEFAULT_BATCHES, DEFAULT_MEM_CAP_GB, DEFAULT_PRESET, DEFAULT_SEQLENS, L2_FACTOR, PRESETS,
-                    Shape, build_grid, flatten, format_seqlen, parse_head_dim, parse_heads, parse_int_list,
-                    parse_positive_int, parse_seqlen, parse_seqlen_list, parse_splits)
+from .cases import (DEFAULT_BATCHES, DEFAULT_MEM_CAP_GB, DEFAULT_PRESET, DEFAULT_SEQLENS, KV_DTYPES, L2_FACTOR,
+                    PRESETS, SAME_KV, Shape, build_grid, flatten, format_list, format_seqlen, parse_head_dim,
+                    parse_heads, parse_int_list, parse_kv_dtype_list, parse_page_size_list, parse_positive_int,
+                    parse_seqlen, parse_seqlen_list, parse_splits)
 from .contenders import contender_names
 
 NO_GPU_MESSAGE = "flashsplit bench needs a CUDA GPU; none found"
@@ -27,8 +28,18 @@ examples:
   flashsplit bench --preset group5 --batch 1 --seqlen 4k 16k 128k --json out.json --plot out.png
   flashsplit bench --heads 32/8 --head-dim 128 --contenders triton,sdpa-cudnn --no-flex
   flashsplit bench --sweep-splits 1-64 --batch 1 16 --seqlen 16k 128k
+  flashsplit bench --page-size 16 --kv-dtype fp8e4m3  # paged fp8 caches (peers without them: skipped)
+  flashsplit bench --compare-formats --page-size 1 16 --batch 1 16 --seqlen 16k 128k
+                                                    # paged vs dense time per flashsplit contender
+  flashsplit bench --compare-formats --kv-dtype fp8e4m3 --batch 1 16 --seqlen 16k 128k
+                                                    # fp8 vs bf16 speedup
   flashsplit bench --dry-run                        # no GPU needed: cells, contenders, planned splits
 """
+
+FORMATS_NOTE = ("cache formats: paged caches hold every row's pages in one shuffled physical order (one int32 "
+                "block table, shared by the rotation sets); fp8 caches are quantized from normal 16-bit values "
+                "with fp32 scales per (row, KV head); GB/s counts the cache's own bytes (1 per fp8 element) plus "
+                "block table and scales")
 
 
 def _parse_contenders(text: str) -> list[str]:
@@ -58,7 +69,21 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                                                          for k, v in PRESETS.items()) + f" (default {DEFAULT_PRESET})")
     shape.add_argument("--heads", type=parse_heads, metavar="Q/KV", help="q and KV heads, e.g. 32/8 (overrides the preset)")
     shape.add_argument("--head-dim", type=parse_head_dim, metavar="D", help="head dim (overrides the preset)")
-    shape.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16", help="q / KV dtype (default bf16)")
+    shape.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
+                       help="q / output dtype, and the KV dtype unless --kv-dtype says otherwise (default bf16)")
+
+    fmt = parser.add_argument_group("cache format (only contenders that take the format run it; others are skipped)")
+    fmt.add_argument("--page-size", type=parse_page_size_list, nargs="+", metavar="N",
+                     help="keys per page of a paged KV cache (pages shuffled, with a block table); 0 = dense "
+                          "(default 0); several values run each")
+    fmt.add_argument("--kv-dtype", type=parse_kv_dtype_list, nargs="+", metavar="KV",
+                     help=f"KV cache dtype: {', '.join(KV_DTYPES)} (same: --dtype; fp8: per-(row, KV head) fp32 "
+                          "descales); several values run each (default same)")
+    fmt.add_argument("--compare-formats", action="store_true",
+                     help="also run each cell as a dense --dtype cache (and each fp8 format's 16-bit twin) and report "
+                          "paged/dense time and 16-bit/fp8 speedup per flashsplit contender, against the targets "
+                          "(16-key pages <= 1.10x dense time, 1-key pages <= 1.25x, fp8 >= 1.7x faster at 128k keys; "
+                          "default contenders: the flashsplit ones)")
 
     grid = parser.add_argument_group("grid")
     grid.add_argument("--batch", type=parse_int_list, nargs="+", metavar="B",
@@ -92,7 +117,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 
     out = parser.add_argument_group("output")
     out.add_argument("--json", metavar="FILE", help="write the report (header, rows, sweep) as JSON")
-    out.add_argument("--csv", metavar="FILE", help="write the rows as CSV (with --sweep-splits also FILE.sweep.csv)")
+    out.add_argument("--csv", metavar="FILE", help="write the rows as CSV (with --sweep-splits also FILE.sweep.csv, "
+                                                   "with --compare-formats also FILE.formats.csv)")
     out.add_argument("--plot", metavar="FILE.png", help="latency plots (needs matplotlib: pip install 'flashsplit[plot]')")
     out.add_argument("--plot-seqlen", type=parse_seqlen, metavar="L", help="L_k of the latency-vs-batch panel")
     return parser
@@ -130,10 +156,37 @@ def resolve_shape(args: argparse.Namespace) -> Shape:
     return Shape(num_heads, num_heads_kv, head_dim, "custom" if custom else base.model)
 
 
+def resolve_formats(args: argparse.Namespace) -> list[tuple[int, str]]:
+    """The (page_size, kv_dtype) formats to run: every --page-size x --kv-dtype pair, with
+    ``--compare-formats`` preceded by the baselines they are compared with."""
+    page_sizes = flatten(args.page_size) if args.page_size else [0]
+    kv_dtypes = flatten(args.kv_dtype) if args.kv_dtype else [SAME_KV]
+    return format_list(page_sizes, kv_dtypes, baseline=args.compare_formats)
+
+
 def resolve_grid(args: argparse.Namespace, l2_bytes: int):
     batches = flatten(args.batch) if args.batch else list(DEFAULT_BATCHES)
     seqlens = flatten(args.seqlen) if args.seqlen else list(DEFAULT_SEQLENS)
-    return build_grid(batches, seqlens, resolve_shape(args), args.dtype, args.mem_cap_gb * 1e9, l2_bytes)
+    return build_grid(batches, seqlens, resolve_shape(args), args.dtype, args.mem_cap_gb * 1e9, l2_bytes,
+                      formats=resolve_formats(args))
+
+
+def resolve_contenders(args: argparse.Namespace):
+    """The contenders asked for; with ``--compare-formats`` and no ``--contenders``, the flashsplit ones."""
+    from .contenders import select_contenders
+
+    chosen = select_contenders(args.contenders, flex=not args.no_flex)
+    if args.compare_formats and not args.contenders:
+        chosen = [c for c in chosen if c.family == "flashsplit"]
+    return chosen
+
+
+def _options_error(args: argparse.Namespace) -> str | None:
+    if args.compare_formats and args.sweep_splits:
+        return "--compare-formats and --sweep-splits do not combine (a sweep has many rows per format)"
+    if args.compare_formats and resolve_formats(args) == [(0, SAME_KV)]:
+        return "--compare-formats needs a format to compare: --page-size N (N > 0) and/or --kv-dtype fp8e4m3|fp8e5m2"
+    return None
 
 
 def _console(stderr: bool = False):
@@ -146,18 +199,24 @@ def _console(stderr: bool = False):
 
 def run_bench_command(args: argparse.Namespace) -> int:
     """Run ``flashsplit bench`` with parsed ``args``; returns the exit code."""
-    from .contenders import select_contenders
     from .device import cuda_available, device_info
     from .render import render_dry_run
 
+    error = _options_error(args)
+    if error:
+        print(f"flashsplit bench: error: {error}", file=sys.stderr)
+        return 2
     if args.dry_run:
         from .dryrun import build_dry_run
 
         device = device_info()
         cases, skipped = resolve_grid(args, device.l2_bytes)
-        contenders = select_contenders(args.contenders, flex=not args.no_flex)
+        contenders = resolve_contenders(args)
         console = _console()
         render_dry_run(console, build_dry_run(cases, skipped, contenders, device, args.mem_cap_gb * 1e9))
+        if args.compare_formats:
+            console.print(f"  --compare-formats would compare {[c.name for c in contenders]} across "
+                          + ", ".join(cases_formats(cases)))
         if args.sweep_splits:
             from .sweep import sweep_backends
 
@@ -170,6 +229,11 @@ def run_bench_command(args: argparse.Namespace) -> int:
         print(NO_GPU_MESSAGE)
         return 0
     return _run_on_gpu(args)
+
+
+def cases_formats(cases) -> list[str]:
+    """The distinct cache formats among ``cases``, as labels, in order."""
+    return list(dict.fromkeys(c.format_label for c in cases))
 
 
 class _RichProgress:
@@ -205,8 +269,8 @@ def _run_on_gpu(args: argparse.Namespace) -> int:
 
     import flashsplit
 
-    from .contenders import select_contenders
     from .device import device_info
+    from .formats import compare_formats
     from .render import MATPLOTLIB_MISSING, matplotlib_available, render_report
     from .rows import WRONG, Report, RunHeader
     from .runner import RunOptions, run_grid
@@ -219,7 +283,7 @@ def _run_on_gpu(args: argparse.Namespace) -> int:
     console = _console()
     device = device_info()
     cases, skipped = resolve_grid(args, device.l2_bytes)
-    contenders = select_contenders(args.contenders, flex=not args.no_flex)
+    contenders = resolve_contenders(args)
     timing = TimingConfig(calls_per_graph=args.calls_per_graph, warmup=args.warmup, replays=args.replays,
                           eager_calls=args.eager_calls)
     options = RunOptions(timing=timing, mem_cap_bytes=args.mem_cap_gb * 1e9, seed=args.seed)
@@ -233,6 +297,8 @@ def _run_on_gpu(args: argparse.Namespace) -> int:
                 f"{timing.eager_calls} calls + sync, median of {timing.eager_repeats}; input sets rotated so their "
                 f"KV exceeds {L2_FACTOR:g}x L2"),
     )
+    if any(c.paged or c.fp8 for c in cases):
+        header.notes.append(FORMATS_NOTE)
     runnable = []
     for c in contenders:
         reason = c.available()
@@ -267,6 +333,8 @@ def _run_on_gpu(args: argparse.Namespace) -> int:
         else:
             task = bar.add_task("bench", total=len(cases) * len(runnable))
             report.rows = run_grid(cases, runnable, device, header.ceiling_bw, options, _RichProgress(bar, task))
+    if args.compare_formats:
+        report.formats = compare_formats(report.rows)
     render_report(console, report, skipped)
     code = _write_outputs(args, report)
     return 1 if code or any(r.status == WRONG for r in report.rows) else 0
@@ -274,7 +342,7 @@ def _run_on_gpu(args: argparse.Namespace) -> int:
 
 def _write_outputs(args: argparse.Namespace, report) -> int:
     from .render import write_plot
-    from .rows import SweepSummary, report_to_json, rows_to_csv, to_csv
+    from .rows import FormatComparison, SweepSummary, report_to_json, rows_to_csv, to_csv
 
     code = 0
     try:
@@ -284,6 +352,8 @@ def _write_outputs(args: argparse.Namespace, report) -> int:
             Path(args.csv).write_text(rows_to_csv(report.rows))
             if report.sweep:
                 Path(args.csv).with_suffix(".sweep.csv").write_text(to_csv(report.sweep, SweepSummary))
+            if report.formats:
+                Path(args.csv).with_suffix(".formats.csv").write_text(to_csv(report.formats, FormatComparison))
     except OSError as e:
         print(f"could not write output: {e}", file=sys.stderr)
         code = 1

@@ -6,6 +6,10 @@ which does all setup outside the timed region (layout views or copies, planning,
 and returns a callable that runs one call on input set ``i``. ``prepare`` raises
 :class:`Unsupported` when a contender cannot run a case (a skip, not a failure).
 
+Cache formats: ``format_reason(case)`` says why a contender cannot take a case's paged or fp8
+cache (None: it can). Such a cell is skipped with that reason, never timed on a dense or
+16-bit copy instead: a row's time is always for the format its row names.
+
 Optional packages (FlashInfer, FlashAttention) are imported lazily, only when asked about.
 """
 
@@ -20,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from .cases import Case
+from .cases import KV_DTYPES, Case
 from .device import cuda_available, synchronize
 from .inputs import InputSets
 
@@ -64,6 +68,17 @@ class Contender(abc.ABC):
     name: str = ""
     #: "flashsplit", "torch" or "external": how the renderer groups and colours rows.
     family: str = ""
+    #: What skip reasons call the library ("torch SDPA"); defaults to ``name``.
+    library: str = ""
+    #: Cache formats taken besides a dense 16-bit cache: a subset of {"paged", "fp8"}.
+    formats: frozenset = frozenset()
+
+    def format_reason(self, case: Case) -> str | None:
+        """Why this contender cannot take ``case``'s cache format (None: it can)."""
+        missing = [f for f, wanted in (("paged", case.paged), ("fp8", case.fp8)) if wanted and f not in self.formats]
+        if not missing:
+            return None
+        return f"{self.library or self.name} has no {'/'.join(missing)} KV input"
 
     def static_reason(self) -> str | None:
         """Why this contender cannot run here regardless of the GPU (None: it can)."""
@@ -88,9 +103,12 @@ class Contender(abc.ABC):
 # -- flashsplit ------------------------------------------------------------------------------
 
 class FlashsplitContender(Contender):
-    """``flashsplit.decode(..., backend=backend, num_splits=num_splits)`` (0: the heuristic)."""
+    """``flashsplit.decode(..., backend=backend, num_splits=num_splits)`` (0: the heuristic), with
+    ``block_table`` / ``k_descale`` / ``v_descale`` for paged / fp8 caches (a backend that refuses
+    the format is skipped with the registry's reason)."""
 
     family = "flashsplit"
+    formats = frozenset({"paged", "fp8"})
 
     def __init__(self, name: str, backend: str, num_splits: int = 0):
         self.name = name
@@ -108,8 +126,9 @@ class FlashsplitContender(Contender):
         import flashsplit
 
         try:
-            return flashsplit.plan(case.batch, case.seqlen_k, case.num_heads, case.num_heads_kv, case.head_dim,
-                                   dtype=case.torch_dtype, has_cache_seqlens=True, num_splits=self.num_splits,
+            return flashsplit.plan(case.batch, case.capacity, case.num_heads, case.num_heads_kv, case.head_dim,
+                                   dtype=case.torch_dtype, has_cache_seqlens=True, page_size=case.page_size,
+                                   kv_dtype=KV_DTYPES[case.kv_dtype], num_splits=self.num_splits,
                                    num_sms=num_sms, device="cuda", backend=self.backend)
         except ValueError as e:  # the registry's refusal carries the backend's reason
             raise Unsupported(str(e)) from None
@@ -122,9 +141,11 @@ class FlashsplitContender(Contender):
         the_plan = self.plan(case, num_sms)
         q, k, v, lens = inputs.q, inputs.k, inputs.v, inputs.cache_seqlens
         backend, num_splits = self.backend, self.num_splits
+        extra = [inputs.cache_kwargs(i) for i in range(len(inputs))]  # block_table, descales
 
         def run(i: int):
-            return flashsplit.decode(q[i], k[i], v[i], cache_seqlens=lens, num_splits=num_splits, backend=backend)
+            return flashsplit.decode(q[i], k[i], v[i], cache_seqlens=lens, num_splits=num_splits, backend=backend,
+                                     **extra[i])
 
         return Prepared(run, num_splits=the_plan.num_splits, note=f"backend {the_plan.backend}")
 
@@ -162,6 +183,7 @@ class SdpaContender(Contender):
     """``torch.nn.functional.scaled_dot_product_attention`` pinned to one backend."""
 
     family = "torch"
+    library = "torch SDPA"
 
     def __init__(self, name: str, backend_attr: str):
         self.name = name
@@ -208,6 +230,7 @@ class FlexContender(Contender):
 
     family = "torch"
     name = "flex"
+    library = "torch FlexAttention"
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
@@ -262,10 +285,22 @@ class FlashAttnContender(Contender):
     """FlashAttention's ``flash_attn_with_kvcache`` (``flash_attn`` = FA2, ``flash_attn_interface`` = FA3)."""
 
     family = "external"
+    formats = frozenset({"paged"})
+    #: FA2's paged path needs pages of a multiple of 256 keys; FA3 takes any page size.
+    FA2_PAGE_MULTIPLE = 256
 
     def __init__(self, name: str, module: str):
         self.name = name
         self.module = module
+        self.library = f"{module}.flash_attn_with_kvcache"
+
+    def format_reason(self, case: Case) -> str | None:
+        if case.fp8:
+            return f"{self.library} has no fp8 KV input with a 16-bit q (its fp8 path is all-fp8, q included)"
+        if case.paged and self.module == "flash_attn" and case.page_size % self.FA2_PAGE_MULTIPLE:
+            return (f"{self.library} (FA2) has no paged KV input with page size {case.page_size} "
+                    f"(needs a multiple of {self.FA2_PAGE_MULTIPLE})")
+        return super().format_reason(case)
 
     def static_reason(self) -> str | None:
         return _import_reason(self.module)
@@ -273,9 +308,14 @@ class FlashAttnContender(Contender):
     def prepare(self, case: Case, inputs: InputSets) -> Prepared:
         fn = importlib.import_module(self.module).flash_attn_with_kvcache
         q, k, v, lens = inputs.q, inputs.k, inputs.v, inputs.cache_seqlens
+        table = inputs.block_table  # None for a dense cache
 
-        def run(i: int):
-            return fn(q[i], k[i], v[i], cache_seqlens=lens)
+        if table is None:
+            def run(i: int):
+                return fn(q[i], k[i], v[i], cache_seqlens=lens)
+        else:
+            def run(i: int):
+                return fn(q[i], k[i], v[i], cache_seqlens=lens, block_table=table)
 
         # Some versions return (out, lse); the check wants the output only.
         return Prepared(run, to_bshd=lambda o: o[0] if isinstance(o, (tuple, list)) else o,
@@ -283,16 +323,25 @@ class FlashAttnContender(Contender):
 
 
 class FlashInferContender(Contender):
-    """FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper`` (tensor-core decode, NHD pages of 16).
+    """FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper`` (tensor-core decode, NHD pages).
 
-    Our ``[B, L, H_kv, D]`` cache is already ``B * L / 16`` contiguous pages of
+    Dense cells: our ``[B, L, H_kv, D]`` cache is already ``B * L / 16`` contiguous pages of
     ``[16, H_kv, D]``, so the paged cache is a view; row b owns pages ``[b * L/16, (b+1) * L/16)``.
+    Paged cells: the bench's own shuffled pages, the block table flattened into FlashInfer's
+    CSR page indices.
     """
 
     family = "external"
     name = "flashinfer"
+    formats = frozenset({"paged"})
     PAGE_SIZE = 16
     WORKSPACE_BYTES = 128 * 1024 * 1024
+
+    def format_reason(self, case: Case) -> str | None:
+        if case.fp8:
+            return ("flashinfer has no fp8 KV input with per-(row, KV head) scales (its decode takes one k/v "
+                    "scale per call)")
+        return super().format_reason(case)
 
     def static_reason(self) -> str | None:
         return _import_reason("flashinfer")
@@ -300,23 +349,29 @@ class FlashInferContender(Contender):
     def prepare(self, case: Case, inputs: InputSets) -> Prepared:
         import flashinfer
 
-        page = self.PAGE_SIZE
-        if case.seqlen_k % page:
-            raise Unsupported(f"seqlen_k {case.seqlen_k} is not a multiple of the page size {page}")
         device = inputs.q[0].device
-        batch, pages_per_row = case.batch, case.seqlen_k // page
+        batch = case.batch
+        if case.paged:
+            page, pages_per_row = case.page_size, case.pages_per_row
+            indices = inputs.block_table.reshape(-1).contiguous()  # row-major: row b's pages in order
+            last = case.seqlen_k - (pages_per_row - 1) * page
+        else:
+            page = self.PAGE_SIZE
+            if case.seqlen_k % page:
+                raise Unsupported(f"seqlen_k {case.seqlen_k} is not a multiple of the page size {page}")
+            pages_per_row, last = case.seqlen_k // page, page
+            indices = torch.arange(batch * pages_per_row, dtype=torch.int32, device=device)
         workspace = torch.empty(self.WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
         indptr = torch.arange(batch + 1, dtype=torch.int32, device=device) * pages_per_row
-        indices = torch.arange(batch * pages_per_row, dtype=torch.int32, device=device)
-        last_page_len = torch.full((batch,), page, dtype=torch.int32, device=device)
+        last_page_len = torch.full((batch,), last, dtype=torch.int32, device=device)
         args = (indptr, indices, last_page_len, case.num_heads, case.num_heads_kv, case.head_dim, page)
         try:
             wrapper.plan(*args, pos_encoding_mode="NONE", q_data_type=case.torch_dtype, kv_data_type=case.torch_dtype)
         except TypeError:  # older releases name the dtype argument data_type
             wrapper.plan(*args, pos_encoding_mode="NONE", data_type=case.torch_dtype)
         paged_shape = (batch * pages_per_row, page, case.num_heads_kv, case.head_dim)
-        kv = [(k.view(paged_shape), v.view(paged_shape)) for k, v in zip(inputs.k, inputs.v)]
+        kv = [(k.view(paged_shape), v.view(paged_shape)) for k, v in zip(inputs.k, inputs.v)]  # paged: no-op views
         qs = [q[:, 0] for q in inputs.q]  # [B, H, D]
         call = wrapper.run if hasattr(wrapper, "run") else wrapper.forward
 
@@ -324,7 +379,8 @@ class FlashInferContender(Contender):
             return call(qs[i], kv[i])
 
         run.keepalive = (workspace, wrapper, indptr, indices, last_page_len)  # buffers the plan points at
-        return Prepared(run, to_bshd=lambda o: o.unsqueeze(1), note=f"page size {page}, tensor cores")
+        note = f"page size {page}, tensor cores" + ("" if case.paged else " (dense cache viewed as pages)")
+        return Prepared(run, to_bshd=lambda o: o.unsqueeze(1), note=note)
 
 
 # -- the roster ------------------------------------------------------------------------------

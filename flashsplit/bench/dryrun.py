@@ -18,12 +18,14 @@ class ContenderStatus:
 
 @dataclass
 class PlannedCell:
-    """One cell: its rotation count and, per flashsplit contender, the planned split count
-    (an int) or why the backend cannot run it (a str)."""
+    """One cell: its rotation count, per flashsplit contender the planned split count (an int)
+    or why the backend cannot run it (a str), and per other contender that cannot take the
+    cell's cache format (paged, fp8) why not."""
 
     case: Case
     sets: int
     plans: dict[str, int | str] = field(default_factory=dict)
+    format_skips: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -47,5 +49,9 @@ def build_dry_run(cases: list[Case], skipped: list[SkippedCell], contenders: lis
                 cell.plans[c.name] = c.plan(case, device.num_sms).num_splits
             except Unsupported as e:
                 cell.plans[c.name] = str(e)
+        for c in contenders:
+            reason = c.format_reason(case) if c.name in runnable else None
+            if reason is not None:
+                cell.format_skips[c.name] = reason
         cells.append(cell)
     return DryRun(device, statuses, cells, skipped)

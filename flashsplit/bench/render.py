@@ -11,9 +11,9 @@ from collections import Counter
 from rich.console import Console
 from rich.table import Table
 
-from .cases import SkippedCell, format_seqlen
+from .cases import SkippedCell, format_label, format_seqlen
 from .dryrun import DryRun
-from .rows import ERROR, OK, SKIPPED, WRONG, BenchRow, Report, RunHeader, SweepSummary
+from .rows import ERROR, OK, SKIPPED, WRONG, BenchRow, FormatComparison, Report, RunHeader, SweepSummary
 
 _STATUS_STYLE = {OK: "", SKIPPED: "dim", WRONG: "bold red", ERROR: "red"}
 
@@ -37,18 +37,18 @@ def render_header(console: Console, header: RunHeader) -> None:
 def rows_table(rows: list[BenchRow], title: str = "decode attention, per call") -> Table:
     table = Table(title=title, header_style="bold")
     for name, justify in (("contender", "left"), ("B", "right"), ("L_k", "right"), ("heads", "right"),
-                          ("d", "right"), ("dtype", "left"), ("splits", "right"), ("device us", "right"),
+                          ("d", "right"), ("dtype", "left"), ("cache", "left"), ("splits", "right"), ("device us", "right"),
                           ("eager us", "right"), ("method", "left"), ("GB/s", "right"), ("% sheet", "right"),
                           ("% ceil", "right"), ("rel err", "right"), ("note", "left")):
         table.add_column(name, justify=justify, overflow="fold")
     previous = None
     for r in rows:
-        cell = (r.batch, r.seqlen_k, r.heads, r.head_dim, r.dtype)
+        cell = (r.batch, r.seqlen_k, r.heads, r.head_dim, r.dtype, r.page_size, r.kv)
         if previous is not None and cell != previous:
             table.add_section()
         previous = cell
         table.add_row(r.contender, str(r.batch), format_seqlen(r.seqlen_k), r.heads, str(r.head_dim), r.dtype,
-                      _f(r.num_splits, "{}"), _f(r.device_us), _f(r.eager_us), r.method, _f(r.gbps, "{:.0f}"),
+                      format_label(r.page_size, r.kv), _f(r.num_splits, "{}"), _f(r.device_us), _f(r.eager_us), r.method, _f(r.gbps, "{:.0f}"),
                       _f(r.pct_datasheet, "{:.0f}%"), _f(r.pct_ceiling, "{:.0f}%"), _f(r.rel_err, "{:.1e}"),
                       r.note if r.status == OK else f"{r.status}: {r.note}", style=_STATUS_STYLE.get(r.status, ""))
     return table
@@ -56,13 +56,32 @@ def rows_table(rows: list[BenchRow], title: str = "decode attention, per call") 
 
 def sweep_table(summaries: list[SweepSummary]) -> Table:
     table = Table(title="num_splits heuristic vs best measured", header_style="bold")
-    for name in ("contender", "B", "L_k", "heads", "d", "heuristic", "heuristic us", "best", "best us", "gap", "note"):
-        table.add_column(name, justify="left" if name in ("contender", "note") else "right")
+    for name in ("contender", "B", "L_k", "heads", "d", "cache", "heuristic", "heuristic us", "best", "best us", "gap",
+                 "note"):
+        table.add_column(name, justify="left" if name in ("contender", "cache", "note") else "right")
     for s in summaries:
         gap_style = "" if s.gap_pct is None or s.gap_pct < 5 else "yellow" if s.gap_pct < 15 else "red"
         table.add_row(s.contender, str(s.batch), format_seqlen(s.seqlen_k), f"{s.num_heads}/{s.num_heads_kv}",
-                      str(s.head_dim), _f(s.heuristic_splits, "{}"), _f(s.heuristic_us), _f(s.best_splits, "{}"),
+                      str(s.head_dim), format_label(s.page_size, s.kv_dtype or s.dtype), _f(s.heuristic_splits, "{}"), _f(s.heuristic_us), _f(s.best_splits, "{}"),
                       _f(s.best_us), _f(s.gap_pct, "{:.1f}%"), s.note, style=gap_style)
+    return table
+
+
+def formats_table(comparisons: list[FormatComparison]) -> Table:
+    """``--compare-formats``: paged / dense time and 16-bit / fp8 speedup, against the targets of :mod:`.formats`."""
+    table = Table(title="cache formats: paged vs dense time, fp8 vs 16-bit speedup", header_style="bold")
+    for name in ("contender", "B", "L_k", "heads", "d", "cache", "vs", "us", "vs us", "paged/dense", "speedup",
+                 "target", "met", "note"):
+        table.add_column(name, justify="left" if name in ("contender", "cache", "vs", "target", "note") else "right",
+                         overflow="fold")
+    for c in comparisons:
+        met = "-" if c.met is None else "yes" if c.met else "NO"
+        style = "" if c.met is None else "green" if c.met else "red"
+        table.add_row(c.contender, str(c.batch), format_seqlen(c.seqlen_k), f"{c.num_heads}/{c.num_heads_kv}",
+                      str(c.head_dim), format_label(c.page_size, c.kv_dtype or c.dtype),
+                      format_label(c.base_page_size, c.base_kv_dtype or c.dtype), _f(c.us), _f(c.base_us),
+                      _f(c.ratio, "{:.3f}") if c.kind == "paged" else "",
+                      _f(c.speedup, "{:.2f}x") if c.kind == "fp8" else "", c.target or "-", met, c.note, style=style)
     return table
 
 
@@ -77,6 +96,8 @@ def render_report(console: Console, report: Report, skipped: list[SkippedCell] =
         console.print(rows_table(report.rows))
     if report.sweep:
         console.print(sweep_table(report.sweep))
+    if report.formats:
+        console.print(formats_table(report.formats))
     render_skipped_cells(console, list(skipped))
     counts = Counter(r.status for r in report.rows)
     console.print("  rows: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) if counts else "  no rows")
@@ -96,14 +117,21 @@ def render_dry_run(console: Console, dry: DryRun) -> None:
     console.print(contenders)
     planners = [c.name for c in dry.contenders if c.family == "flashsplit" and c.reason is None]
     cells = Table(title="cells (flashsplit columns: planned num_splits)", header_style="bold")
-    for name in ("B", "L_k", "heads", "d", "dtype", "KV MB", "sets", *planners):
-        cells.add_column(name, justify="right", overflow="fold")
+    for name in ("B", "L_k", "heads", "d", "dtype", "cache", "KV MB", "sets", *planners):
+        cells.add_column(name, justify="left" if name == "cache" else "right", overflow="fold")
     for cell in dry.cells:
         case = cell.case
         plans = [str(cell.plans[p]) if isinstance(cell.plans[p], int) else f"no: {cell.plans[p]}" for p in planners]
         cells.add_row(str(case.batch), format_seqlen(case.seqlen_k), case.heads, str(case.head_dim), case.dtype,
-                      f"{case.kv_bytes / 1e6:.1f}", str(cell.sets), *plans)
+                      case.format_label, f"{case.kv_bytes / 1e6:.1f}", str(cell.sets), *plans)
     console.print(cells)
+    format_skips: dict[tuple[str, str], list[str]] = {}
+    for cell in dry.cells:
+        for name, reason in cell.format_skips.items():
+            format_skips.setdefault((name, reason), []).append(cell.case.format_label)
+    for (name, reason), labels in format_skips.items():
+        console.print(f"  {name} skipped on {len(labels)} {', '.join(dict.fromkeys(labels))} cell(s): {reason}",
+                      style="dim")
     render_skipped_cells(console, dry.skipped)
     console.print(f"  {len(dry.cells)} cell(s) x {sum(c.reason is None for c in dry.contenders)} contender(s) "
                   f"would run; {len(dry.skipped)} cell(s) skipped by the memory cap")
@@ -162,9 +190,14 @@ def write_plot(report: Report, path: str, fixed_seqlen: int | None = None) -> No
     rows = [r for r in report.rows if r.status == OK and r.device_us is not None]
     batch, seqlen = plot_choices(rows, fixed_seqlen)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
-    contenders = list(dict.fromkeys(r.contender for r in rows))
+    several = len({(r.page_size, r.kv) for r in rows}) > 1
+
+    def line_name(r: BenchRow) -> str:
+        return f"{r.contender} [{format_label(r.page_size, r.kv)}]" if several else r.contender
+
+    contenders = list(dict.fromkeys(line_name(r) for r in rows))
     for name in contenders:
-        mine = [r for r in rows if r.contender == name]
+        mine = [r for r in rows if line_name(r) == name]
         by_len = sorted((r.seqlen_k, r.device_us) for r in mine if r.batch == batch)
         if by_len:
             ax1.plot(*zip(*by_len), marker="o", label=name)
@@ -191,11 +224,15 @@ def write_sweep_plot(report: Report, path: str) -> None:
     plt = _pyplot()
     rows = [r for r in report.rows if r.status == OK and r.device_us is not None and r.num_splits]
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    heuristics = {(s.contender, s.batch, s.seqlen_k): s.heuristic_splits for s in report.sweep}
-    keys = list(dict.fromkeys((r.contender, r.batch, r.seqlen_k) for r in rows))
+    heuristics = {(s.contender, s.batch, s.seqlen_k, s.page_size, s.kv_dtype or s.dtype): s.heuristic_splits
+                  for s in report.sweep}
+    several = len({(r.page_size, r.kv) for r in rows}) > 1
+    keys = list(dict.fromkeys((r.contender, r.batch, r.seqlen_k, r.page_size, r.kv) for r in rows))
     for key in keys:
-        points = sorted((r.num_splits, r.device_us) for r in rows if (r.contender, r.batch, r.seqlen_k) == key)
-        (line,) = ax.plot(*zip(*points), marker=".", label=f"{key[0]} B={key[1]} L_k={format_seqlen(key[2])}")
+        points = sorted((r.num_splits, r.device_us) for r in rows
+                        if (r.contender, r.batch, r.seqlen_k, r.page_size, r.kv) == key)
+        fmt = f" [{format_label(key[3], key[4])}]" if several else ""
+        (line,) = ax.plot(*zip(*points), marker=".", label=f"{key[0]} B={key[1]} L_k={format_seqlen(key[2])}{fmt}")
         chosen = [p for p in points if p[0] == heuristics.get(key)]
         if chosen:
             ax.plot(*chosen[0], marker="o", markersize=10, fillstyle="none", color=line.get_color())

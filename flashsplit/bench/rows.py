@@ -1,7 +1,8 @@
 """Bench results as plain dataclasses, and their JSON / CSV forms (renderer-independent).
 
 A :class:`Report` is a :class:`RunHeader` (the machine and the ceilings), the
-:class:`BenchRow` list, and for ``--sweep-splits`` the :class:`SweepSummary` list.
+:class:`BenchRow` list, for ``--sweep-splits`` the :class:`SweepSummary` list, and for
+``--compare-formats`` the :class:`FormatComparison` list.
 ``report_from_json(report_to_json(r)) == r`` and ``rows_from_csv(rows_to_csv(rows)) == rows``.
 """
 
@@ -29,6 +30,8 @@ class BenchRow:
     num_heads_kv: int
     head_dim: int
     dtype: str
+    page_size: int = 0                # keys per page of a paged cache; 0: dense
+    kv_dtype: str = ""                # the cache's dtype ("bf16", "fp8e4m3", ...); "" means dtype
     status: str = OK
     num_splits: int | None = None     # flashsplit contenders: from flashsplit.plan
     device_us: float | None = None
@@ -45,6 +48,10 @@ class BenchRow:
     def heads(self) -> str:
         return f"{self.num_heads}/{self.num_heads_kv}"
 
+    @property
+    def kv(self) -> str:
+        return self.kv_dtype or self.dtype
+
 
 @dataclass
 class SweepSummary:
@@ -57,11 +64,44 @@ class SweepSummary:
     num_heads_kv: int
     head_dim: int
     dtype: str
+    page_size: int = 0
+    kv_dtype: str = ""
     heuristic_splits: int | None = None
     heuristic_us: float | None = None
     best_splits: int | None = None
     best_us: float | None = None
     gap_pct: float | None = None      # (heuristic - best) / best * 100; 0 when the heuristic is best
+    note: str = ""
+
+
+@dataclass
+class FormatComparison:
+    """``--compare-formats``: one flashsplit contender on one cell, a cache format against its baseline.
+
+    ``kind`` "paged": a paged cache against the dense one of the same dtype (``ratio`` = paged
+    time / dense time; lower is better). ``kind`` "fp8": an fp8 cache against the 16-bit one of
+    the same layout (``speedup`` = 16-bit time / fp8 time; higher is better). ``target`` and
+    ``met``: the performance target for this comparison, where one is set (:mod:`.formats`).
+    """
+
+    contender: str
+    batch: int
+    seqlen_k: int
+    num_heads: int
+    num_heads_kv: int
+    head_dim: int
+    dtype: str
+    kind: str                         # "paged" or "fp8"
+    page_size: int = 0                # the format measured
+    kv_dtype: str = ""
+    base_page_size: int = 0           # the format it is compared with
+    base_kv_dtype: str = ""
+    us: float | None = None           # device us of the format
+    base_us: float | None = None      # device us of the baseline
+    ratio: float | None = None        # us / base_us
+    speedup: float | None = None      # base_us / us
+    target: str = ""                  # e.g. "paged/dense <= 1.10"; "" where no target is set
+    met: bool | None = None
     note: str = ""
 
 
@@ -88,6 +128,7 @@ class Report:
     header: RunHeader
     rows: list[BenchRow] = field(default_factory=list)
     sweep: list[SweepSummary] = field(default_factory=list)
+    formats: list[FormatComparison] = field(default_factory=list)
 
 
 # -- conversions -----------------------------------------------------------------------------
@@ -100,6 +141,8 @@ def _coerce(value, annotation):
         annotation = next(a for a in args if a is not type(None))
         if value is None or value == "":
             return None
+    if annotation is bool:
+        return value if isinstance(value, bool) else str(value).strip().lower() in ("true", "1")
     if annotation is int:
         return int(value)
     if annotation is float:
@@ -131,6 +174,7 @@ def report_to_json(report: Report) -> str:
         "header": dataclasses.asdict(report.header),
         "rows": [{k: _json_safe(v) for k, v in dataclasses.asdict(r).items()} for r in report.rows],
         "sweep": [{k: _json_safe(v) for k, v in dataclasses.asdict(s).items()} for s in report.sweep],
+        "formats": [{k: _json_safe(v) for k, v in dataclasses.asdict(c).items()} for c in report.formats],
     }
     return json.dumps(payload, indent=2)
 
@@ -139,7 +183,8 @@ def report_from_json(text: str) -> Report:
     payload = json.loads(text)
     header = from_dict(RunHeader, payload.get("header", {}))
     return Report(header, [from_dict(BenchRow, r) for r in payload.get("rows", [])],
-                  [from_dict(SweepSummary, s) for s in payload.get("sweep", [])])
+                  [from_dict(SweepSummary, s) for s in payload.get("sweep", [])],
+                  [from_dict(FormatComparison, c) for c in payload.get("formats", [])])
 
 
 def to_csv(items: list, cls) -> str:

@@ -1,7 +1,8 @@
 """Run contenders over the grid and return :class:`~.rows.BenchRow` s (no rendering here).
 
 One failing contender never stops the run: its exception becomes the row's ``error`` status
-and note. Inputs are made once per case and shared by every contender.
+and note. Inputs are made once per case and shared by every contender. A contender that cannot
+take a case's cache format (paged, fp8) is skipped with its reason before anything runs.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def _short(e: BaseException, limit: int = 160) -> str:
 
 def empty_row(contender: str, case: Case, **kw) -> BenchRow:
     return BenchRow(contender, case.batch, case.seqlen_k, case.num_heads, case.num_heads_kv, case.head_dim,
-                    case.dtype, **kw)
+                    case.dtype, case.page_size, case.kv, **kw)
 
 
 def fill_bandwidth(row: BenchRow, case: Case, device: DeviceInfo, ceiling_bw: float | None) -> None:
@@ -75,6 +76,10 @@ def bench_one(contender: Contender, case: Case, inputs: InputSets, device: Devic
               ceiling_bw: float | None, options: RunOptions) -> BenchRow:
     """Prepare, check against the reference (set 0), then time one contender on one case."""
     row = empty_row(contender.name, case, sets=len(inputs))
+    reason = contender.format_reason(case)
+    if reason is not None:  # never time it on another format instead
+        row.status, row.note = SKIPPED, reason
+        return row
     prepared = None
     try:
         prepared = contender.prepare(case, inputs)

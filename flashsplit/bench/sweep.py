@@ -27,7 +27,7 @@ def sweep_backends(contenders: list[Contender]) -> list[FlashsplitContender]:
 def summarize(contender: str, case: Case, heuristic: int | None, rows: list[BenchRow]) -> SweepSummary:
     """Heuristic vs best measured split count among ``rows`` (one per num_splits)."""
     summary = SweepSummary(contender, case.batch, case.seqlen_k, case.num_heads, case.num_heads_kv,
-                           case.head_dim, case.dtype, heuristic_splits=heuristic)
+                           case.head_dim, case.dtype, case.page_size, case.kv, heuristic_splits=heuristic)
     timed = [r for r in rows if r.status == OK and r.device_us is not None]
     if not timed:
         summary.note = "no split count ran"
@@ -60,7 +60,8 @@ def sweep_case(case: Case, backends: list[FlashsplitContender], splits: list[int
                 heuristic = backend.plan(case, device.num_sms).num_splits
             except Unsupported as e:
                 summaries.append(SweepSummary(backend.name, case.batch, case.seqlen_k, case.num_heads,
-                                              case.num_heads_kv, case.head_dim, case.dtype, note=str(e)))
+                                              case.num_heads_kv, case.head_dim, case.dtype, case.page_size, case.kv,
+                                              note=str(e)))
                 continue
             backend_rows = []
             for s in sorted(set(splits) | {heuristic}):
