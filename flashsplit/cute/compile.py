@@ -30,6 +30,17 @@ def _ptr(dtype, align: int = 16):
     return make_ptr(dtype, 16, cute.AddressSpace.gmem, assumed_align=align)
 
 
+def _compile(config, kernel, args: tuple, options: str | None):
+    """``cute.compile`` on placeholder arguments; the result is cached by ``config`` unless
+    ``options`` (e.g. PTX dumps for the compile check) ask for a one-off build."""
+    if options:
+        return cute.compile(kernel, *args, options=options)
+    compiled = cute.compile(kernel, *args)
+    with _LOCK:
+        _CACHE[config] = compiled
+    return compiled
+
+
 def compile_split(config: SplitConfig, options: str | None = None):
     """The compiled split kernel for ``config`` (cached unless ``options`` are given)."""
     if options is None and config in _CACHE:
@@ -47,11 +58,7 @@ def compile_split(config: SplitConfig, options: str | None = None):
         cutlass.Float32(1.0),
         make_fake_stream(),
     )
-    compiled = cute.compile(kernel, *args, options=options) if options else cute.compile(kernel, *args)
-    if options is None:
-        with _LOCK:
-            _CACHE[config] = compiled
-    return compiled
+    return _compile(config, kernel, args, options)
 
 
 def compile_combine(config: CombineConfig, options: str | None = None):
@@ -69,11 +76,7 @@ def compile_combine(config: CombineConfig, options: str | None = None):
         i64, i64, i64,  # out strides (b, l, h)
         make_fake_stream(),
     )
-    compiled = cute.compile(kernel, *args, options=options) if options else cute.compile(kernel, *args)
-    if options is None:
-        with _LOCK:
-            _CACHE[config] = compiled
-    return compiled
+    return _compile(config, kernel, args, options)
 
 
 def cache_size() -> int:
