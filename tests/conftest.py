@@ -32,3 +32,16 @@ def generator(request):
     g = torch.Generator()
     g.manual_seed(zlib.crc32(request.node.nodeid.encode()))
     return g
+
+
+@pytest.fixture
+def cute_paged_enabled(monkeypatch):
+    """Let the cute backend take paged problems while its paged kernel awaits GPU verification
+    (flashsplit.cute.configs.PAGED_VERIFIED_ON_GPU); the GPU tests that verify it use this."""
+    from flashsplit.cute import configs
+    from flashsplit.registry import select
+
+    monkeypatch.setattr(configs, "PAGED_VERIFIED_ON_GPU", True)
+    select.cache_clear()  # backend choices are cached per problem
+    yield
+    select.cache_clear()

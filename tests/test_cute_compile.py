@@ -4,13 +4,17 @@
 it is unset (a GPU machine that already imported cutlass for its own arch skips the PTX checks).
 Every configuration the dispatcher can select is compiled once, its PTX dumped and checked for
 the two instructions the design rests on: ``wgmma.mma_async`` (warpgroup MMA) and
-``cp.async.bulk.tensor`` (TMA loads). Compile times are printed (``pytest -s``).
+``cp.async.bulk.tensor`` (TMA loads); a paged kernel must also feed a page id it loaded from
+global memory (the block table) into its TMA coordinates, and a dense one must not. Compile times
+are printed (``pytest -s``).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -37,6 +41,22 @@ def _ptx(dump_dir: Path) -> str:
     return "\n".join(f.read_text() for f in files)
 
 
+def _tma_coords_from_global_loads(ptx: str) -> set[str]:
+    """Registers that hold a 32-bit value loaded from global memory (directly or through
+    ``mov``) and serve as a coordinate of a TMA load: the page ids of a paged kernel."""
+    loaded = set(re.findall(r"ld\.global\.b32\s+(%r\d+),", ptx))
+    moves = re.findall(r"mov\.b32\s+(%r\d+),\s*(%r\d+);", ptx)
+    while True:
+        more = {dst for dst, src in moves if src in loaded} - loaded
+        if not more:
+            break
+        loaded |= more
+    coords = set()
+    for group in re.findall(r"cp\.async\.bulk\.tensor[^\n]*?\{([^}]*)\}", ptx):
+        coords |= {c.strip() for c in group.split(",")}
+    return coords & loaded
+
+
 @needs_cutlass
 @pytest.mark.parametrize("config", all_split_configs(), ids=str)
 def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
@@ -51,6 +71,11 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
     assert "wgmma.mma_async" in ptx
     assert "cp.async.bulk.tensor" in ptx
     assert ".minnctapersm" in ptx or config.units_per_sm == 1
+    page_ids = _tma_coords_from_global_loads(ptx)
+    if config.paged:
+        assert page_ids, "paged kernel: no TMA coordinate comes from a block_table load"
+    else:
+        assert not page_ids, f"dense kernel: TMA coordinates {page_ids} come from global loads"
 
 
 @needs_cutlass
@@ -74,6 +99,13 @@ def test_configs_fit_shared_memory():
         assert 128 % config.tile_n == 0
 
 
+def test_all_split_configs_include_paged():
+    configs = all_split_configs()
+    assert len(configs) == len(set(configs)) == 48
+    dense = {c for c in configs if not c.paged}
+    assert {c.__class__(**{**c.__dict__, "paged": False}) for c in configs if c.paged} == dense
+
+
 def test_import_does_not_import_cutlass():
     code = "import sys, flashsplit.cute; assert 'cutlass' not in sys.modules"
     import subprocess
@@ -94,12 +126,32 @@ def _problem(**overrides) -> DecodeProblem:
     (dict(dtype=torch.float32), "float16 or bfloat16"),
     (dict(aligned_16b=False), "16-byte"),
     (dict(), "CUDA device"),
+    # Paged: a multiple of the KV tile passes the paged check (then fails on the CPU device).
+    (dict(page_size=64), "CUDA device"),
+    (dict(page_size=128), "CUDA device"),
+    (dict(page_size=256, head_dim=64), "CUDA device"),
+    (dict(page_size=64, head_dim=256), "CUDA device"),
+    (dict(page_size=16), "paged KV with page_size 16: the cute kernel needs a multiple of its 64-key tile"),
+    (dict(page_size=1), "page_size 1"),
+    (dict(page_size=96), "page_size 96"),
+    (dict(page_size=64, head_dim=64), "multiple of its 128-key tile (TMA); smaller or odd pages use the triton"),
+    (dict(page_size=128, kv_dtype=torch.float8_e4m3fn), "float8_e4m3fn caches"),
+    (dict(page_size=16, kv_dtype=torch.float8_e4m3fn), "page_size 16"),
 ])
-def test_supports_reasons_on_cpu_problems(overrides, needle):
+def test_supports_reasons_on_cpu_problems(overrides, needle, cute_paged_enabled):
     if not _HAS_CUTLASS and needle == "CUDA device":
         needle = "not installed"
     reason = CuteBackend().supports(_problem(**overrides))
     assert reason is not None and needle in reason, reason
+
+
+def test_paged_problems_wait_for_gpu_verification():
+    """Until the paged kernel has passed on a GPU, auto keeps paged caches on Triton."""
+    from flashsplit.cute import configs
+
+    assert configs.PAGED_VERIFIED_ON_GPU is False
+    reason = CuteBackend().supports(_problem(page_size=128))
+    assert reason is not None and "not yet verified on a GPU" in reason
 
 
 def test_supports_reason_without_cutlass(monkeypatch):
@@ -107,6 +159,44 @@ def test_supports_reason_without_cutlass(monkeypatch):
 
     monkeypatch.setattr(backend, "cutlass_available", lambda: False)
     assert CuteBackend().supports(_problem()) == "nvidia-cutlass-dsl is not installed"
+
+
+@needs_cutlass
+@pytest.mark.parametrize("paged", [False, True])
+def test_launch_arguments(paged, monkeypatch):
+    """The launcher's positional arguments, named by the kernel's signature (placeholder
+    compiles cannot catch two Int32 sizes swapped): a paged launch passes the page size, page
+    count, table width and row stride, and the capacity max_pages * page_size."""
+    _arch_ok()  # import cutlass for sm_90a, as the compile tests do
+    import flashsplit.cute.backend as backend
+    import flashsplit.cute.compile as compile_mod
+    from flashsplit.cute.split_kernel import SplitKVDecodeKernel
+
+    calls = []
+    monkeypatch.setattr(compile_mod, "compile_split", lambda config: lambda *args: calls.append((config, args)))
+    monkeypatch.setattr(backend, "_stream", lambda: None)
+    batch, heads, heads_kv, d = 3, 8, 2, 128
+    q = torch.zeros(batch, 1, heads, d, dtype=torch.bfloat16)
+    seqlens = torch.tensor([5, 300, 0], dtype=torch.int32)
+    if paged:
+        k = torch.zeros(11, 128, heads_kv, d, dtype=torch.bfloat16)  # 11 pages of 128 keys
+        table = torch.zeros(batch, 6, dtype=torch.int32)[:, :4]  # row stride 6, 4 pages per row
+    else:
+        k, table = torch.zeros(batch, 700, heads_kv, d, dtype=torch.bfloat16), None
+    out_p, lse_p = CuteBackend().forward_partials(q, k, k, seqlens, 3, 0.1, False, block_table=table)
+    (config, args), = calls
+    assert config.paged == paged and config.write_partials
+    names = [n for n in inspect.signature(SplitKVDecodeKernel.__call__).parameters if n != "self"]
+    assert len(names) == len(args)
+    got = dict(zip(names, args))
+    want = dict(batch=batch, num_heads=heads, num_heads_kv=heads_kv, num_splits=3, k_stride_b=k.stride(0),
+                k_stride_l=k.stride(1))
+    if paged:
+        want.update(seqlen_k=4 * 128, cache_rows=11, cache_len=128, max_pages=4, block_table_stride_b=6)
+        assert f"{table.data_ptr():016x}" in str(got["block_table_ptr"])  # Ptr<0x...@gmem>
+    else:
+        want.update(seqlen_k=700, cache_rows=batch, cache_len=700, max_pages=1)
+    assert {n: int(got[n]) for n in want} == want
 
 
 def test_backend_static_facts():

@@ -4,7 +4,9 @@ Skipped cleanly without CUDA, without compute capability 9.0 or without nvidia-c
 The cross-backend matrix lives elsewhere; these cases aim at what is specific to this kernel:
 GQA packing (groups 1/4/5/8 and several 64-row blocks), the last partial KV tile (lengths
 1/127/129), empty rows and splits (length 0, 17 splits of a short row), NaN in cache slots
-past the live length (TMA loads them), and the compile cache.
+past the live length (TMA loads them), the compile cache, and paged caches (page sizes that are
+multiples of the KV tile: shuffled and shared pages, NaN in unused pages, garbage page ids past
+each row's last page, a block table rewritten between CUDA-graph replays).
 
 Run as a script for a small device-time benchmark: ``python tests/test_cute_gpu.py``.
 """
@@ -112,6 +114,107 @@ def test_combine_all_empty_and_mixed():
     assert torch.equal(out[0].float(), torch.zeros_like(out[0].float()))
     torch.testing.assert_close(out.double(), ref.to(out.device), atol=2e-2, rtol=2e-2)
     check_lse(lse, ref_lse)
+
+
+# Paged caches whose page size is a multiple of the KV tile (d=64: 128 keys; d=128/256: 64).
+PAGED_CASES = [(128, 64), (128, 128), (128, 256), (64, 128), (64, 256), (256, 64), (256, 128)]
+
+
+def _paged_lengths(page_size: int) -> tuple[int, ...]:
+    """Rows 0 and 1 share their first page (to_paged); a page boundary +-1 and a tile's end; empty."""
+    return (1000, 2 * page_size + 1, page_size - 1, 129, 1, 0)
+
+
+@pytest.mark.parametrize("head_dim,page_size", PAGED_CASES)
+@pytest.mark.parametrize("seqlen_q,group,causal,num_splits", [(1, 4, False, 1), (1, 5, False, 3), (4, 8, True, 17)])
+def test_paged_decode_matches_reference(head_dim, page_size, seqlen_q, group, causal, num_splits, cute_paged_enabled):
+    """Shuffled pages, a page shared by rows 0 and 1, NaN in every slot no row uses and garbage
+    block_table entries (10^6) past each row's last page: none of them may reach the output."""
+    from flashsplit.testing import to_paged
+
+    lengths = _paged_lengths(page_size)
+    case = DecodeCase(len(lengths), seqlen_q, SEQLEN_K, 2, group, head_dim, torch.bfloat16, lengths, num_splits,
+                      causal)
+    gen = torch.Generator().manual_seed(page_size + head_dim)
+    q, k, v, seqlens = make_inputs(case, "cuda", gen)
+    k_pages, v_pages, table, k, v = to_paged(k, v, list(lengths), page_size, gen)
+    assert int(table[0, 0]) == int(table[1, 0]), "rows 0 and 1 should share a page"
+    scale = 1.0 / math.sqrt(head_dim)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((case.batch, case.num_heads, case.seqlen_q), float("nan"), device="cuda")
+    _backend().decode(q, k_pages, v_pages, seqlens, num_splits, scale, causal, out, lse, block_table=table)
+    torch.cuda.synchronize()
+    ref, ref_lse = attention_ref(q, k, v, seqlens, causal, scale)
+    ref_lowp, _ = attention_ref(q, k, v, seqlens, causal, scale, upcast=False)
+    check_output(out, ref, ref_lowp, case.dtype, f"paged {page_size} {case}")
+    check_lse(lse, ref_lse)
+
+
+@pytest.mark.parametrize("page_size", [64, 256])
+def test_paged_full_capacity_and_partials(page_size, cute_paged_enabled):
+    """cache_seqlens=None: every row spans max_pages * page_size keys; partials split by split."""
+    from flashsplit.testing import to_paged
+
+    seqlen_k = 4 * page_size
+    case = DecodeCase(3, 1, seqlen_k, 2, 4, 128, torch.bfloat16, None, 5)
+    gen = torch.Generator().manual_seed(7)
+    q, k, v, _ = make_inputs(case, "cuda", gen)
+    k_pages, v_pages, table, k, v = to_paged(k, v, [seqlen_k] * 3, page_size, gen)
+    scale = 1.0 / math.sqrt(128)
+    out = torch.full_like(q, float("nan"))
+    _backend().decode(q, k_pages, v_pages, None, 5, scale, False, out, None, block_table=table)
+    out_p, lse_p = _backend().forward_partials(q, k_pages, v_pages, None, 5, scale, False, block_table=table)
+    torch.cuda.synchronize()
+    ref, _ = attention_ref(q, k, v, None, False, scale)
+    ref_lowp, _ = attention_ref(q, k, v, None, False, scale, upcast=False)
+    check_output(out, ref, ref_lowp, case.dtype)
+    ref_p, ref_lse_p = split_partials_ref(q, k, v, None, 5, False, scale)
+    for s in range(5):  # 4 pages x page_size keys in 5 splits: the last ones may be empty
+        check_lse(lse_p[s], ref_lse_p[s])
+        live = ~torch.isneginf(ref_lse_p[s]).permute(0, 2, 1)  # [B, L_q, H]
+        got, want = out_p[s][live], ref_p[s].to(out_p.device)[live]
+        err = (got - want).abs().max().item() if got.numel() else 0.0
+        assert not torch.isnan(got).any() and err < 3e-2, f"split {s}: max error {err:.3g}"
+
+
+def test_paged_compile_cache_and_graph_replay_with_new_table(cute_paged_enabled):
+    """Page sizes and page counts are runtime values (one paged kernel per key), and a captured
+    decode follows a block_table / cache_seqlens rewritten between replays (a serving step)."""
+    from flashsplit.cute import compile_cache_size
+    from flashsplit.testing import to_paged
+
+    backend = _backend()
+    sizes = []
+    for page_size, lengths in ((64, (300, 70)), (128, (900, 5)), (256, (1024, 0))):
+        case = DecodeCase(2, 1, 1024, 2, 4, 128, torch.bfloat16, lengths, 3)
+        gen = torch.Generator().manual_seed(page_size)
+        q, k, v, seqlens = make_inputs(case, "cuda", gen)
+        k_pages, v_pages, table, k, v = to_paged(k, v, list(lengths), page_size, gen)
+        out = torch.empty_like(q)
+        backend.decode(q, k_pages, v_pages, seqlens, 3, 0.1, False, out, None, block_table=table)
+        sizes.append(compile_cache_size())
+    assert sizes[0] == sizes[1] == sizes[2], sizes
+
+    case = DecodeCase(2, 1, 1024, 2, 4, 128, torch.bfloat16, (1024, 1024), 9, nan_tail=False)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, _ = make_inputs(case, "cuda", gen)
+    k_pages, v_pages, table, k, v = to_paged(k, v, [1024, 1024], 128, gen, share_first_page=False)
+    seqlens = torch.tensor([600, 200], dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    backend.decode(q, k_pages, v_pages, seqlens, 9, 0.1, False, out, None, block_table=table)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        backend.decode(q, k_pages, v_pages, seqlens, 9, 0.1, False, out, None, block_table=table)
+    # Swap the rows' page lists and lengths in place, then replay.
+    swapped = table.flip(0).clone()
+    table.copy_(swapped)
+    seqlens.copy_(torch.tensor([1000, 50], dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    k_ref, v_ref = k.flip(0), v.flip(0)
+    ref, _ = attention_ref(q, k_ref, v_ref, seqlens, False, 0.1)
+    ref_lowp, _ = attention_ref(q, k_ref, v_ref, seqlens, False, 0.1, upcast=False)
+    check_output(out, ref, ref_lowp, case.dtype)
 
 
 def test_compile_cache_reused_across_runtime_shapes():

@@ -40,8 +40,14 @@ class CuteBackend(Backend):
             return f"dtype {problem.dtype} is not float16 or bfloat16"
         if not problem.aligned_16b:
             return "q/k_cache/v_cache need 16-byte aligned pointers and strides (TMA)"
-        if problem.paged:
-            return "paged KV caches (block_table) are not implemented in the cute backend yet"
+        if problem.paged and not configs.PAGED_VERIFIED_ON_GPU:
+            return "the paged cute kernel is compile-checked but not yet verified on a GPU; paged KV uses triton"
+        if problem.paged and not configs.paged_supported(problem.page_size, problem.head_dim):
+            tile_n = configs.split_tile(problem.head_dim)[0]
+            return (
+                f"paged KV with page_size {problem.page_size}: the cute kernel needs a multiple of its "
+                f"{tile_n}-key tile (TMA); smaller or odd pages use the triton backend"
+            )
         if problem.cache_dtype != problem.dtype:
             return f"{problem.cache_dtype} caches are not implemented in the cute backend yet"
         if not cutlass_available():
@@ -64,24 +70,23 @@ class CuteBackend(Backend):
     # ------------------------------------------------------------------ launches
     def decode(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out, lse,
                block_table=None, k_descale=None, v_descale=None) -> None:
-        assert block_table is None and k_descale is None and v_descale is None, "supports() refuses these"
+        assert k_descale is None and v_descale is None, "supports() refuses fp8 caches"
         lse_buf = lse if lse is not None else self._lse_scratch(q)
         if num_splits == 1:
-            self._launch_split(q, k_cache, v_cache, cache_seqlens, 1, softmax_scale, causal, out, lse_buf, False)
+            self._launch_split(q, k_cache, v_cache, cache_seqlens, block_table, 1, softmax_scale, causal, out,
+                               lse_buf, False)
             return
         out_partial, lse_partial = self._alloc_partials(q, num_splits)
-        self._launch_split(
-            q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out_partial, lse_partial, True
-        )
+        self._launch_split(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, causal,
+                           out_partial, lse_partial, True)
         self.combine(out_partial, lse_partial, out, lse_buf)
 
     def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
                          block_table=None, k_descale=None, v_descale=None):
-        assert block_table is None and k_descale is None and v_descale is None, "supports() refuses these"
+        assert k_descale is None and v_descale is None, "supports() refuses fp8 caches"
         out_partial, lse_partial = self._alloc_partials(q, num_splits)
-        self._launch_split(
-            q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out_partial, lse_partial, True
-        )
+        self._launch_split(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, causal,
+                           out_partial, lse_partial, True)
         return out_partial, lse_partial
 
     def combine(self, out_partial, lse_partial, out, lse) -> None:
@@ -107,7 +112,8 @@ class CuteBackend(Backend):
         )
 
     # ------------------------------------------------------------------ helpers
-    def _launch_split(self, q, k, v, cache_seqlens, num_splits, scale, causal, o, lse, write_partials) -> None:
+    def _launch_split(self, q, k, v, cache_seqlens, block_table, num_splits, scale, causal, o, lse,
+                      write_partials) -> None:
         import math
 
         import cutlass
@@ -115,8 +121,17 @@ class CuteBackend(Backend):
         from .compile import compile_split
 
         batch, seqlen_q, num_heads, head_dim = q.shape
-        seqlen_k, num_heads_kv = k.shape[1], k.shape[2]
-        config = configs.split_config(_DTYPE_NAMES[q.dtype], head_dim, causal, write_partials)
+        cache_rows, cache_len, num_heads_kv = k.shape[:3]
+        paged = block_table is not None
+        if paged:
+            # The capacity of a row is its page table's span; the kernel reads only the entries
+            # of the tiles it loads (never past a row's last page).
+            max_pages = block_table.shape[1]
+            seqlen_k = max_pages * cache_len
+            assert configs.paged_supported(cache_len, head_dim), "supports() refuses this page size"
+        else:
+            seqlen_k, max_pages = cache_len, 1
+        config = configs.split_config(_DTYPE_NAMES[q.dtype], head_dim, causal, write_partials, paged)
         kernel = compile_split(config)
         if cache_seqlens is None:
             cache_seqlens = self._full_length(q.device, batch, seqlen_k)
@@ -132,7 +147,10 @@ class CuteBackend(Backend):
             _ptr(q, dt), _ptr(k, dt), _ptr(v, dt),
             _ptr(o, cutlass.Float32, 16) if write_partials else _ptr(o, dt, o.element_size()),
             _ptr(lse, cutlass.Float32, 4), _ptr(cache_seqlens, cutlass.Int32, 4),
+            # A dense launch passes cache_seqlens as the (never read) block table.
+            _ptr(block_table if paged else cache_seqlens, cutlass.Int32, 4),
             I32(batch), I32(seqlen_q), I32(seqlen_k), I32(num_heads), I32(num_heads_kv), I32(num_splits),
+            I32(cache_rows), I32(cache_len), I32(max_pages), I64(block_table.stride(0) if paged else 0),
             *(I64(q.stride(i)) for i in (0, 1, 2)),
             *(I64(k.stride(i)) for i in (0, 1, 2)),
             *(I64(v.stride(i)) for i in (0, 1, 2)),

@@ -52,7 +52,9 @@ def compile_split(config: SplitConfig, options: str | None = None):
     i32, i64 = cutlass.Int32(1), cutlass.Int64(1)
     args = (
         _ptr(dt), _ptr(dt), _ptr(dt), _ptr(out_dt), _ptr(cutlass.Float32, 4), _ptr(cutlass.Int32, 4),
+        _ptr(cutlass.Int32, 4),  # block_table (read only by a paged config)
         i32, i32, i32, i32, i32, i32,  # batch, seqlen_q, seqlen_k, heads, heads_kv, splits
+        i32, i32, i32, i64,  # cache rows, cache len, max pages, block_table row stride
         i64, i64, i64, i64, i64, i64, i64, i64, i64,  # q, k, v strides (b, l, h)
         i64, i64, i64, i64,  # out strides (split, b, l, h)
         cutlass.Float32(1.0),

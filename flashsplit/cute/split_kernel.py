@@ -14,6 +14,12 @@ Warp roles (160 threads):
 - warp 4, the producer: TMA (``cp.async.bulk.tensor``) loads of one K tile and one V tile per
   pipeline stage, completed on the stage's mbarrier (``PipelineTmaAsync``).
 
+Dense and paged caches share one load path: the cache is viewed as ``(slot, d, kv_head, cache
+row)`` and tile ``t`` of batch row ``b`` is TMA tile ``(tile in row, cache row)``. Dense: the
+cache row is ``b`` and the tile is ``t``. Paged (``SplitConfig.paged``, page size a multiple of
+the tile): the cache row is the page ``block_table[b, t // tiles_per_page]``, read by the producer
+warp one tile ahead, and the tile is ``t % tiles_per_page``; a tile never straddles a page.
+
 No ``setmaxnreg``: with one producer warp (not a warpgroup) the CTA holds only 160 threads, so
 two CTAs per SM already leave the consumer ~200 registers, more than it needs.
 """
@@ -56,6 +62,7 @@ class SplitKVDecodeKernel:
         self.causal = config.causal
         self.write_partials = config.write_partials
         self.units_per_sm = config.units_per_sm
+        self.paged = config.paged
 
     @staticmethod
     def can_implement(head_dim: int, tile_n: int) -> str | None:
@@ -77,12 +84,17 @@ class SplitKVDecodeKernel:
         o_ptr: cute.Pointer,
         lse_ptr: cute.Pointer,
         seqlens_ptr: cute.Pointer,
+        block_table_ptr: cute.Pointer,
         batch: Int32,
         seqlen_q: Int32,
         seqlen_k: Int32,
         num_heads: Int32,
         num_heads_kv: Int32,
         num_splits: Int32,
+        cache_rows: Int32,
+        cache_len: Int32,
+        max_pages: Int32,
+        block_table_stride_b: Int64,
         q_stride_b: Int64,
         q_stride_l: Int64,
         q_stride_h: Int64,
@@ -99,6 +111,14 @@ class SplitKVDecodeKernel:
         softmax_scale_log2: Float32,
         stream,
     ):
+        """Launch on raw pointers; sizes and strides are runtime values.
+
+        ``seqlen_k`` is the capacity of a row in keys (lengths are clamped to it). The caches are
+        ``[cache_rows, cache_len, num_heads_kv, D]``: dense ``cache_rows = batch`` and
+        ``cache_len = seqlen_k``; paged ``cache_rows = num_pages``, ``cache_len = page_size`` and
+        the int32 ``block_table`` is ``[batch, max_pages]`` with row stride
+        ``block_table_stride_b`` (a dense launch passes any pointer: it is never read).
+        """
         D, N, M = self.head_dim, self.tile_n, self.block_m
         group = num_heads // num_heads_kv
         row_blocks = (seqlen_q * group + M - 1) // M
@@ -107,15 +127,16 @@ class SplitKVDecodeKernel:
         mQ = cute.make_tensor(
             q_ptr, cute.make_layout((seqlen_q, num_heads, D, batch), stride=(q_stride_l, q_stride_h, 1, q_stride_b))
         )
-        # K as the B operand of S = Q K^T: (keys, d, kv_heads, batch), d contiguous (K-major).
+        # K as the B operand of S = Q K^T: (slots, d, kv_heads, cache rows), d contiguous (K-major).
+        # A cache row is a batch row (dense) or a page (paged).
         mK = cute.make_tensor(
             k_ptr,
-            cute.make_layout((seqlen_k, D, num_heads_kv, batch), stride=(k_stride_l, 1, k_stride_h, k_stride_b)),
+            cute.make_layout((cache_len, D, num_heads_kv, cache_rows), stride=(k_stride_l, 1, k_stride_h, k_stride_b)),
         )
-        # V as the B operand of O = P V: (d, keys, kv_heads, batch), d contiguous (N-major).
+        # V as the B operand of O = P V: (d, slots, kv_heads, cache rows), d contiguous (N-major).
         mV = cute.make_tensor(
             v_ptr,
-            cute.make_layout((D, seqlen_k, num_heads_kv, batch), stride=(1, v_stride_l, v_stride_h, v_stride_b)),
+            cute.make_layout((D, cache_len, num_heads_kv, cache_rows), stride=(1, v_stride_l, v_stride_h, v_stride_b)),
         )
         mO = cute.make_tensor(
             o_ptr,
@@ -133,6 +154,11 @@ class SplitKVDecodeKernel:
             ),
         )
         mSeqlens = cute.make_tensor(seqlens_ptr, cute.make_layout((batch,)))
+        mBlockTable = cute.make_tensor(
+            block_table_ptr, cute.make_layout((batch, max_pages), stride=(block_table_stride_b, 1))
+        )
+        # KV tiles per cache row's slots: a page holds page_size / N whole tiles (paged).
+        tiles_per_page = cache_len // N
 
         k_major = LayoutEnum.ROW_MAJOR
         v_major = LayoutEnum.COL_MAJOR
@@ -170,8 +196,8 @@ class SplitKVDecodeKernel:
         self.shared_storage = SharedStorage
 
         self.kernel(
-            qk_mma, pv_mma, tma_k, mK_tma, tma_v, mV_tma, mQ, mO, mLSE, mSeqlens,
-            q_layout, k_layout, v_layout, seqlen_q, seqlen_k, group, row_blocks, num_splits,
+            qk_mma, pv_mma, tma_k, mK_tma, tma_v, mV_tma, mQ, mO, mLSE, mSeqlens, mBlockTable,
+            q_layout, k_layout, v_layout, seqlen_q, seqlen_k, group, row_blocks, num_splits, tiles_per_page,
             softmax_scale_log2,
         ).launch(
             grid=[num_splits, batch, num_heads_kv * row_blocks],
@@ -199,6 +225,7 @@ class SplitKVDecodeKernel:
         mO: cute.Tensor,
         mLSE: cute.Tensor,
         mSeqlens: cute.Tensor,
+        mBlockTable: cute.Tensor,
         q_layout: cute.ComposedLayout,
         k_layout: cute.ComposedLayout,
         v_layout: cute.ComposedLayout,
@@ -207,6 +234,7 @@ class SplitKVDecodeKernel:
         group: Int32,
         row_blocks: Int32,
         num_splits: Int32,
+        tiles_per_page: Int32,
         softmax_scale_log2: Float32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
@@ -237,7 +265,8 @@ class SplitKVDecodeKernel:
         cute.arch.sync_threads()
 
         if warp_idx == self.producer_warp:
-            self.load(tma_k, mK_tma, tma_v, mV_tma, sK, sV, kv_pipeline, batch_idx, kvh, first_tile, num_tiles)
+            self.load(tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK, sV, kv_pipeline, batch_idx, kvh, first_tile,
+                      num_tiles, tiles_per_page)
         if warp_idx < self.producer_warp:
             self.mma_softmax_epilogue(
                 qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, tidx, split_idx, batch_idx, kvh,
@@ -256,25 +285,42 @@ class SplitKVDecodeKernel:
         )
 
     @cute.jit
-    def load(self, tma_k, mK_tma, tma_v, mV_tma, sK, sV, kv_pipeline, batch_idx, kvh, first_tile, num_tiles):
-        """Producer warp: one K tile and one V tile per stage, by TMA."""
+    def load(self, tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK, sV, kv_pipeline, batch_idx, kvh, first_tile,
+             num_tiles, tiles_per_page):
+        """Producer warp: one K tile and one V tile per stage, by TMA.
+
+        Tile ``t`` of this row is TMA tile ``(tile in cache row, cache row)``: ``(t, b)`` dense,
+        ``(t % tiles_per_page, block_table[b, t // tiles_per_page])`` paged. The page id of the
+        next tile is loaded before waiting for a free stage, so its latency hides behind that
+        wait; only entries of tiles this split loads are read (never past the row's last page).
+        """
         cpasync.prefetch_descriptor(tma_k)
         cpasync.prefetch_descriptor(tma_v)
-        # (N, D, tiles) and (D, N, tiles) views of this (batch row, kv head).
-        gK = cute.local_tile(mK_tma[None, None, kvh, batch_idx], (self.tile_n, self.head_dim), (None, 0))
-        gV = cute.local_tile(mV_tma[None, None, kvh, batch_idx], (self.head_dim, self.tile_n), (0, None))
+        # (N, D, tiles, cache rows) and (D, N, tiles, cache rows) views of this kv head.
+        gK = cute.local_tile(mK_tma[None, None, kvh, None], (self.tile_n, self.head_dim), (None, 0, None))
+        gV = cute.local_tile(mV_tma[None, None, kvh, None], (self.head_dim, self.tile_n), (0, None, None))
         tKsK, tKgK = cpasync.tma_partition(
             tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
         )
         tVsV, tVgV = cpasync.tma_partition(
             tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
         )
+        next_row = batch_idx
+        if cutlass.const_expr(self.paged):
+            if num_tiles > 0:
+                next_row = mBlockTable[batch_idx, first_tile // tiles_per_page]
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         for i in cutlass.range(num_tiles, unroll=1):
+            tile = first_tile + i
+            row = next_row
+            if cutlass.const_expr(self.paged):
+                tile = tile % tiles_per_page
+                if i + 1 < num_tiles:
+                    next_row = mBlockTable[batch_idx, (first_tile + i + 1) // tiles_per_page]
             kv_pipeline.producer_acquire(state)
             bar = kv_pipeline.producer_get_barrier(state)
-            cute.copy(tma_k, tKgK[(None, first_tile + i)], tKsK[(None, state.index)], tma_bar_ptr=bar)
-            cute.copy(tma_v, tVgV[(None, first_tile + i)], tVsV[(None, state.index)], tma_bar_ptr=bar)
+            cute.copy(tma_k, tKgK[(None, tile, row)], tKsK[(None, state.index)], tma_bar_ptr=bar)
+            cute.copy(tma_v, tVgV[(None, tile, row)], tVsV[(None, state.index)], tma_bar_ptr=bar)
             kv_pipeline.producer_commit(state)
             state.advance()
 
