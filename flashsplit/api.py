@@ -124,7 +124,8 @@ def decode(
             dim contiguous, other strides free. ``D`` a multiple of 8 up to 256.
         cache_seqlens: int32 ``[B]`` on q's device: live keys of each row (default ``L_k``). Slots
             past a row's length are never read into the result (they may hold NaN). A row of
-            length 0 gives O = 0 and LSE = -inf.
+            length 0 gives O = 0 and LSE = -inf. Values outside ``[0, capacity]`` are clamped
+            into it on the device (checking them would need a host sync; see :func:`check_inputs`).
         softmax_scale: defaults to ``1 / sqrt(D)``.
         causal: for ``L_q > 1``, query ``i`` sees keys ``[0, seqlen - L_q + i]`` (bottom-right
             aligned); a no-op at ``L_q = 1``. A query that sees no key gets O = 0, LSE = -inf.
@@ -136,7 +137,8 @@ def decode(
             alias): then ``k_cache``/``v_cache`` are ``[num_pages, page_size, H_kv, D]``, any page
             size >= 1, key ``n`` of row ``b`` lives in page ``block_table[b, n // page_size]``.
             Pages may be shared and in any order; entries past a row's last page are never read.
-            Page ids are not range-checked (that needs a host sync): see :func:`check_inputs`.
+            Page ids are not range-checked (that needs a host sync: see :func:`check_inputs`); an
+            id outside the cache is clamped into it, so it reads a wrong page, never stray memory.
         k_descale, v_descale: fp32 dequantization scales for an fp8 (``float8_e4m3fn`` /
             ``float8_e5m2``) cache with a 16-bit ``q``: one element, or ``[B, H_kv]``. The
             attention is that of the cache times its scale; the output is in q's dtype.

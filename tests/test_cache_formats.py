@@ -148,3 +148,25 @@ def test_check_inputs_finds_what_decode_cannot():
     with pytest.raises(ValueError, match="k_descale: expected finite positive"):
         flashsplit.check_inputs(q, k8, k8, block_table=table, k_descale=torch.zeros(1, device=DEVICE),
                                 v_descale=torch.ones(1, device=DEVICE))
+
+
+def test_out_of_range_values_never_leave_the_cache(generator):
+    """Values decode cannot check without a host sync: lengths past the capacity or negative are
+    clamped to [0, capacity]; page ids outside the cache are clamped into it (a wrong page,
+    never an illegal access). check_inputs reports both."""
+    case = DecodeCase(batch=3, seqlen_q=1, seqlen_k=200, num_heads_kv=2, group=4, head_dim=64,
+                      dtype=torch.float16, lengths=(200, 150, 10), nan_tail=False)
+    q, k, v, _ = make_inputs(case, DEVICE, generator)
+    wild = torch.tensor([10**6, -5, 200], dtype=torch.int32, device=DEVICE)
+    clamped = torch.tensor([200, 0, 200], dtype=torch.int32, device=DEVICE)
+    for num_splits in (1, 3):
+        got = flashsplit.decode(q, k, v, cache_seqlens=wild, num_splits=num_splits)
+        want = flashsplit.decode(q, k, v, cache_seqlens=clamped, num_splits=num_splits)
+        assert torch.equal(got, want)
+    k_pages, v_pages, table, _, _ = to_paged(k, v, [200, 200, 200], 16, generator, share_first_page=False)
+    table[0, 3] = 10**6
+    table[2, 0] = -3
+    out = flashsplit.decode(q, k_pages, v_pages, block_table=table, cache_seqlens=clamped, num_splits=3)
+    assert out.shape == q.shape
+    with pytest.raises(ValueError, match="block_table: row 0 entry 3 is page 1000000"):
+        flashsplit.check_inputs(q, k_pages, v_pages, block_table=table, cache_seqlens=clamped)

@@ -98,7 +98,8 @@ class TritonBackend(Backend):
             *_strides(out, 3), *_strides(lse, 2),
             *_strides(block_table, 1), *_descale_strides(k_descale), *_descale_strides(v_descale),
             # group, head_dim, page_size are runtime values (masks, index math): fewer compiled variants.
-            seqlen_q, seqlen_k, num_splits, row_blocks, group, head_dim, page_size, softmax_scale * LOG2E,
+            seqlen_q, seqlen_k, num_splits, row_blocks, group, head_dim, page_size, k_cache.shape[0],
+            softmax_scale * LOG2E,
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d,
             GRANULE=SPLIT_GRANULE,
             HAS_SEQLENS=cache_seqlens is not None,
@@ -112,14 +113,16 @@ class TritonBackend(Backend):
             num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         )
 
-    def _launch_combine(self, out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows: bool) -> None:
+    def _launch_combine(self, out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows: bool,
+                        seqlen_k: int = 0) -> None:
+        """``seqlen_k`` (the cache capacity) clamps ``cache_seqlens`` when rows are skipped."""
         num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
         grid = (batch * seqlen_q * num_heads,)
         combine_kernel[grid](
             out_partial, lse_partial, cache_seqlens, out, lse,
             *out_partial.stride()[:4], *lse_partial.stride()[:3],
             *out.stride()[:3], *_strides(lse, 2),
-            seqlen_q, num_heads, num_splits,
+            seqlen_q, seqlen_k, num_heads, num_splits,
             HEAD_DIM=head_dim,
             BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
             BLOCK_S=max(16, triton.next_power_of_2(num_splits)),
@@ -153,7 +156,8 @@ class TritonBackend(Backend):
         shortcut = cache_seqlens is not None
         self._launch_split(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
                            out_partial, lse_partial, out, lse, final_for_single_split_rows=shortcut, **cache)
-        self._launch_combine(out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows=shortcut)
+        self._launch_combine(out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows=shortcut,
+                             seqlen_k=_capacity(k_cache, block_table))
 
     def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
                          block_table=None, k_descale=None, v_descale=None):

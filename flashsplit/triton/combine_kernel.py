@@ -9,7 +9,7 @@ Device code only. One program per (batch row, query position, q head)::
 import triton
 import triton.language as tl
 
-from .split_rule import row_splits_used
+from .split_rule import load_seqlen, row_splits_used
 
 
 @triton.jit
@@ -19,7 +19,7 @@ def combine_kernel(
     stride_lps, stride_lpb, stride_lph,
     stride_ob, stride_om, stride_oh,
     stride_lb, stride_lh,
-    seqlen_q, num_heads, num_splits,
+    seqlen_q, seqlen_k, num_heads, num_splits,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
@@ -38,7 +38,7 @@ def combine_kernel(
     m = (pid // num_heads) % seqlen_q
     b = (pid // (num_heads * seqlen_q)).to(tl.int64)
     if SKIP_SINGLE_SPLIT_ROWS:
-        if row_splits_used(tl.load(SEQLENS + b), num_splits, GRANULE) <= 1:
+        if row_splits_used(load_seqlen(SEQLENS, b, seqlen_k), num_splits, GRANULE) <= 1:
             return
 
     lse_base = LSE_PARTIAL + b * stride_lpb + h * stride_lph + m

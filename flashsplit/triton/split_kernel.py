@@ -10,14 +10,15 @@ per KV head instead of once per q head.
 import triton
 import triton.language as tl
 
-from .split_rule import row_split_range, row_splits_used
+from .split_rule import load_seqlen, row_split_range, row_splits_used
 
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def token_offsets(offs_n, mask_n, bt_row, page_size, stride_kb, stride_kn, stride_vb, stride_vn, PAGED: tl.constexpr):
+def token_offsets(offs_n, mask_n, bt_row, page_size, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
+                  PAGED: tl.constexpr):
     """int64 element offsets of keys ``offs_n`` of one row in K and in V (head offset excluded).
 
     Dense: dim 0 is the batch row (already in the base pointer), so the key's offset is
@@ -27,6 +28,9 @@ def token_offsets(offs_n, mask_n, bt_row, page_size, stride_kb, stride_kn, strid
     """
     if PAGED:
         page = tl.load(bt_row + offs_n // page_size, mask=mask_n, other=0).to(tl.int64)
+        # A wrong page id (unchecked without a host sync: flashsplit.check_inputs) reads a wrong
+        # page, never memory outside the cache.
+        page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
         slot = (offs_n % page_size).to(tl.int64)
         return page * stride_kb + slot * stride_kn, page * stride_vb + slot * stride_vn
     else:
@@ -34,7 +38,7 @@ def token_offsets(offs_n, mask_n, bt_row, page_size, stride_kb, stride_kn, strid
 
 
 @triton.jit
-def attend_tile(q, k_base, v_base, bt_row, page_size, stride_kb, stride_kn, stride_vb, stride_vn,
+def attend_tile(q, k_base, v_base, bt_row, page_size, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
                 n0, end, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PAGED: tl.constexpr):
     """Online-softmax update of (max, sum, acc) with keys [n0, n0 + BLOCK_N) of a split ending at end.
@@ -46,7 +50,8 @@ def attend_tile(q, k_base, v_base, bt_row, page_size, stride_kb, stride_kn, stri
     offs_d = tl.arange(0, BLOCK_D)
     mask_n = offs_n < end
     mask_d = offs_d < head_dim
-    k_tok, v_tok = token_offsets(offs_n, mask_n, bt_row, page_size, stride_kb, stride_kn, stride_vb, stride_vn, PAGED)
+    k_tok, v_tok = token_offsets(offs_n, mask_n, bt_row, page_size, num_pages, stride_kb, stride_kn, stride_vb,
+                                 stride_vn, PAGED)
     # Masked loads: cache slots past the row's end may hold NaN and are never read.
     kt = tl.load(k_base + k_tok[None, :] + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0)
     s = tl.dot(q, kt.to(q.dtype)) * qk_scale_log2
@@ -100,7 +105,7 @@ def split_kv_kernel(
     stride_ob, stride_om, stride_oh,
     stride_lb, stride_lh,
     stride_btb, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
-    seqlen_q, seqlen_k, num_splits, row_blocks, group, head_dim, page_size, qk_scale_log2,
+    seqlen_q, seqlen_k, num_splits, row_blocks, group, head_dim, page_size, num_pages, qk_scale_log2,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -127,7 +132,7 @@ def split_kv_kernel(
     row_block = tl.program_id(2) % row_blocks
 
     if HAS_SEQLENS:
-        seqlen = tl.load(SEQLENS + b)
+        seqlen = load_seqlen(SEQLENS, b, seqlen_k)
     else:
         seqlen = seqlen_k
     start, end = row_split_range(seqlen, split, num_splits, GRANULE)
@@ -169,13 +174,13 @@ def split_kv_kernel(
         # The CPU interpreter cannot take a loaded length as a range() bound (triton 3.6).
         n0 = start
         while n0 < end:
-            m_i, l_i, acc = attend_tile(q, k_base, v_base, bt_row, page_size, stride_kb, stride_kn, stride_vb,
+            m_i, l_i, acc = attend_tile(q, k_base, v_base, bt_row, page_size, num_pages, stride_kb, stride_kn, stride_vb,
                                         stride_vn, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
                                         BLOCK_N, BLOCK_D, CAUSAL, PAGED)
             n0 += BLOCK_N
     else:
         for n0 in range(start, end, BLOCK_N):
-            m_i, l_i, acc = attend_tile(q, k_base, v_base, bt_row, page_size, stride_kb, stride_kn, stride_vb,
+            m_i, l_i, acc = attend_tile(q, k_base, v_base, bt_row, page_size, num_pages, stride_kb, stride_kn, stride_vb,
                                         stride_vn, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
                                         BLOCK_N, BLOCK_D, CAUSAL, PAGED)
 

@@ -9,6 +9,13 @@ import triton.language as tl
 
 
 @triton.jit
+def load_seqlen(SEQLENS, b, capacity):
+    """Row b's live length, clamped to [0, capacity]: a wrong ``cache_seqlens`` value (which
+    ``decode`` cannot check without a host sync) must not send a kernel past the cache."""
+    return tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), capacity)
+
+
+@triton.jit
 def row_tokens_per_split(seqlen, num_splits, GRANULE: tl.constexpr):
     """Keys per split of a row holding ``seqlen`` keys (a multiple of GRANULE; 0 when empty)."""
     n_granules = tl.cdiv(seqlen, GRANULE)
