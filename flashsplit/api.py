@@ -8,7 +8,7 @@ import math
 import torch
 
 from . import backends  # noqa: F401  (registers the backends)
-from .plan import MAX_SPLITS, SplitPlan, cdiv, choose_num_splits, split_bounds, tokens_per_split, SPLIT_GRANULE
+from .plan import MAX_SPLITS, SplitPlan, cdiv, choose_num_splits, tokens_per_split, SPLIT_GRANULE
 from .problem import DecodeProblem, check_decode_inputs, check_num_splits
 from .registry import Backend, select
 

@@ -1,7 +1,6 @@
 """The shared split plan: boundary rule, heuristic golden tables, plan()."""
 
 import pytest
-import torch
 
 import flashsplit
 from flashsplit.plan import SPLIT_GRANULE, choose_num_splits, split_bounds, splits_used, tokens_per_split

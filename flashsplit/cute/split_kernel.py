@@ -27,7 +27,6 @@ two CTAs per SM already leave the consumer ~200 registers, more than it needs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute

@@ -6,7 +6,6 @@ Triton interpreter. Inputs arrive validated by :func:`flashsplit.problem.check_d
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
