@@ -137,3 +137,11 @@ def test_empty_cache_and_empty_batch():
     k0 = torch.randn(0, 10, 2, 64, device=DEVICE).half()
     out0, lse0 = flashsplit.decode(q0, k0, k0, return_lse=True)
     assert out0.shape == (0, 1, 4, 64) and lse0.shape == (0, 4, 1)
+
+
+@pytest.mark.parametrize("head_dim", [8, 40, 200, 256])
+def test_other_head_dims(head_dim, generator):
+    """Every multiple of 8 up to 256: the smallest, a non-power of two below and above 128, the largest."""
+    case = DecodeCase(batch=2, seqlen_q=3, seqlen_k=300, num_heads_kv=2, group=7, head_dim=head_dim,
+                      dtype=torch.float16, lengths=(300, 129), num_splits=3, causal=True)
+    run_and_check(case, triton_decode, DEVICE, generator)
