@@ -8,6 +8,7 @@ import math
 import torch
 
 from . import backends  # noqa: F401  (registers the backends)
+from . import torch_ops  # registers torch.ops.flashsplit.decode_into (torch.compile)
 from .plan import MAX_SPLITS, SplitPlan, cdiv, choose_num_splits, tokens_per_split, SPLIT_GRANULE
 from .problem import DecodeProblem, check_decode_inputs, check_num_splits
 from .registry import Backend, select
@@ -149,16 +150,56 @@ def decode(
         ``[B, H_q, L_q]`` (natural log).
 
     Never synchronizes with the host, so it can be captured in a CUDA graph; the split count
-    depends on shapes only, so one captured graph serves any ``cache_seqlens``.
+    depends on shapes only, so one captured graph serves any ``cache_seqlens``. Under
+    ``torch.compile`` it runs as the custom operator ``torch.ops.flashsplit.decode_into`` (one
+    opaque graph node, no graph break).
     """
     if page_table is not None:
         if block_table is not None:
             raise ValueError("page_table: an alias of block_table; pass one of them, not both")
         block_table = page_table
-    problem = check_decode_inputs(q, k_cache, v_cache, cache_seqlens, causal, num_splits, out,
-                                  block_table, k_descale, v_descale)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
+    batch, seqlen_q, num_heads, head_dim = q.shape if isinstance(q, torch.Tensor) and q.dim() == 4 else (0,) * 4
+    if out is None and isinstance(q, torch.Tensor):
+        out = torch.empty_like(q)
+    lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
+    if torch.compiler.is_compiling():
+        # Dynamo cannot trace the kernel launchers (nor validate fake tensors' pointers): the
+        # operator validates and launches when the compiled graph runs.
+        torch_ops.decode_into(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse,
+                              softmax_scale, causal, num_splits, backend)
+    else:
+        decode_into(q, k_cache, v_cache, out, lse, cache_seqlens=cache_seqlens, block_table=block_table,
+                    k_descale=k_descale, v_descale=v_descale, softmax_scale=softmax_scale, causal=causal,
+                    num_splits=num_splits, backend=backend)
+    return (out, lse) if return_lse else out
+
+
+def decode_into(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    num_splits: int = 0,
+    backend: str = "auto",
+) -> None:
+    """:func:`decode` writing into given outputs: ``out`` ``[B, L_q, H_q, D]`` (q's dtype) and,
+    unless None, ``lse`` fp32 ``[B, H_q, L_q]``. Validates every argument."""
+    problem = check_decode_inputs(q, k_cache, v_cache, cache_seqlens, causal, num_splits, out,
+                                  block_table, k_descale, v_descale)
+    if lse is not None and (not isinstance(lse, torch.Tensor) or lse.shape != (problem.batch, problem.num_heads,
+                                                                                problem.seqlen_q)
+                            or lse.dtype != torch.float32 or lse.device != q.device):
+        raise ValueError(f"lse: expected fp32 [{problem.batch}, {problem.num_heads}, {problem.seqlen_q}] on {q.device}")
     if softmax_scale is not None and (
         isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale)
     ):
@@ -166,10 +207,7 @@ def decode(
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
     chosen, reason = select(problem, backend)
-    if out is None:
-        out = torch.empty_like(q)
     batch, seqlen_q, num_heads, head_dim = q.shape
-    lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
     if batch > 0 and num_heads > 0:
@@ -181,7 +219,6 @@ def decode(
             the_plan = _make_plan(problem, chosen, reason, num_splits, _num_sms(q.device.type, q.device.index))
             chosen.decode(q, k_cache, v_cache, cache_seqlens, the_plan.num_splits, float(softmax_scale),
                           causal, out, lse, block_table=block_table, k_descale=k_descale, v_descale=v_descale)
-    return (out, lse) if return_lse else out
 
 
 def combine(
