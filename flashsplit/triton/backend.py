@@ -134,9 +134,13 @@ class TritonBackend(Backend):
 
     @staticmethod
     def _alloc_partials(q: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``out_partial`` ``[S, B, L_q, H, D]`` and ``lse_partial`` ``[S, B, H, L_q]``, fp32, both
+        contiguous views of one allocation (one allocator call per decode step instead of two)."""
         batch, seqlen_q, num_heads, head_dim = q.shape
-        out_partial = torch.empty((num_splits, batch, seqlen_q, num_heads, head_dim), dtype=torch.float32, device=q.device)
-        lse_partial = torch.empty((num_splits, batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
+        rows = num_splits * batch * seqlen_q * num_heads
+        buffer = torch.empty(rows * (head_dim + 1), dtype=torch.float32, device=q.device)
+        out_partial = buffer[: rows * head_dim].view(num_splits, batch, seqlen_q, num_heads, head_dim)
+        lse_partial = buffer[rows * head_dim:].view(num_splits, batch, num_heads, seqlen_q)
         return out_partial, lse_partial
 
     # -- Backend interface ---------------------------------------------------------------------
