@@ -34,14 +34,30 @@ def generator(request):
     return g
 
 
+def _enable_unverified(monkeypatch, flag: str):
+    from flashsplit.cute import configs
+    from flashsplit.registry import select
+
+    monkeypatch.setattr(configs, flag, True)
+    select.cache_clear()  # backend choices are cached per problem
+
+
 @pytest.fixture
 def cute_paged_enabled(monkeypatch):
     """Let the cute backend take paged problems while its paged kernel awaits GPU verification
     (flashsplit.cute.configs.PAGED_VERIFIED_ON_GPU); the GPU tests that verify it use this."""
-    from flashsplit.cute import configs
+    _enable_unverified(monkeypatch, "PAGED_VERIFIED_ON_GPU")
+    yield
     from flashsplit.registry import select
 
-    monkeypatch.setattr(configs, "PAGED_VERIFIED_ON_GPU", True)
-    select.cache_clear()  # backend choices are cached per problem
+    select.cache_clear()
+
+
+@pytest.fixture
+def cute_fp8_enabled(monkeypatch):
+    """The same for fp8 caches (flashsplit.cute.configs.FP8_VERIFIED_ON_GPU)."""
+    _enable_unverified(monkeypatch, "FP8_VERIFIED_ON_GPU")
     yield
+    from flashsplit.registry import select
+
     select.cache_clear()

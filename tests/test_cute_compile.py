@@ -5,8 +5,9 @@ it is unset (a GPU machine that already imported cutlass for its own arch skips 
 Every configuration the dispatcher can select is compiled once, its PTX dumped and checked for
 the two instructions the design rests on: ``wgmma.mma_async`` (warpgroup MMA) and
 ``cp.async.bulk.tensor`` (TMA loads); a paged kernel must also feed a page id it loaded from
-global memory (the block table) into its TMA coordinates, and a dense one must not. Compile times
-are printed (``pytest -s``).
+global memory (the block table) into its TMA coordinates, and a dense one must not. An fp8-cache
+kernel must still run 16-bit wgmma (q's dtype) and convert fp8 pairs in registers
+(``cvt.rn.f16x2.e4m3x2`` / ``e5m2x2``). Compile times are printed (``pytest -s``).
 """
 
 from __future__ import annotations
@@ -76,6 +77,15 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
         assert page_ids, "paged kernel: no TMA coordinate comes from a block_table load"
     else:
         assert not page_ids, f"dense kernel: TMA coordinates {page_ids} come from global loads"
+    # wgmma always multiplies q's 16-bit type (never fp8 wgmma); fp8 caches convert in registers.
+    short = {"float16": "f16", "bfloat16": "bf16"}[config.dtype]
+    kinds = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k(\d+)\.f32\.(\w+)\.(\w+)", ptx))
+    assert kinds == {("16", short, short)}, kinds
+    fp8_cvts = set(re.findall(r"cvt\.rn\.f16x2\.(e4m3x2|e5m2x2)", ptx))
+    if config.fp8:
+        assert fp8_cvts == {config.kv_dtype.split("_")[1][:4] + "x2"}, fp8_cvts
+    else:
+        assert not fp8_cvts
 
 
 @needs_cutlass
@@ -100,10 +110,35 @@ def test_configs_fit_shared_memory():
 
 
 def test_all_split_configs_include_paged():
-    configs = all_split_configs()
+    configs = [c for c in all_split_configs() if not c.fp8]
     assert len(configs) == len(set(configs)) == 48
     dense = {c for c in configs if not c.paged}
     assert {c.__class__(**{**c.__dict__, "paged": False}) for c in configs if c.paged} == dense
+
+
+def test_all_split_configs_include_fp8():
+    """Every 16-bit configuration also exists for both fp8 caches, with the same tile and CTAs
+    per SM (more, half-size staging slots)."""
+    configs = all_split_configs()
+    assert len(configs) == len(set(configs)) == 144
+    same = {c for c in configs if not c.fp8}
+    for kv_dtype in ("float8_e4m3fn", "float8_e5m2"):
+        fp8 = [c for c in configs if c.kv_dtype == kv_dtype]
+        assert len(fp8) == 48
+        for c in fp8:
+            base = c.__class__(**{**c.__dict__, "kv_dtype": "same", "stages": {64: 3, 128: 2, 256: 3}[c.head_dim]})
+            assert base in same
+            assert c.stages >= base.stages
+
+
+def test_fp8_configs_keep_two_ctas_per_sm_up_to_d128():
+    from flashsplit.cute.configs import SMEM_PER_SM, SMEM_RESERVED_PER_CTA, split_config
+
+    for d in (64, 128):
+        c = split_config("bfloat16", d, False, True, kv_dtype="float8_e4m3fn")
+        assert c.units_per_sm == 2 and 2 * (c.smem_bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM
+    with pytest.raises(ValueError, match="kv_dtype"):
+        split_config("bfloat16", 128, False, True, kv_dtype="int8")
 
 
 def test_import_does_not_import_cutlass():
@@ -135,7 +170,7 @@ def _problem(**overrides) -> DecodeProblem:
     (dict(page_size=1), "page_size 1"),
     (dict(page_size=96), "page_size 96"),
     (dict(page_size=64, head_dim=64), "multiple of its 128-key tile (TMA); smaller or odd pages use the triton"),
-    (dict(page_size=128, kv_dtype=torch.float8_e4m3fn), "float8_e4m3fn caches"),
+    (dict(page_size=128, kv_dtype=torch.float8_e4m3fn), "fp8 cute kernel is compile-checked but not yet verified"),
     (dict(page_size=16, kv_dtype=torch.float8_e4m3fn), "page_size 16"),
 ])
 def test_supports_reasons_on_cpu_problems(overrides, needle, cute_paged_enabled):
@@ -143,6 +178,33 @@ def test_supports_reasons_on_cpu_problems(overrides, needle, cute_paged_enabled)
         needle = "not installed"
     reason = CuteBackend().supports(_problem(**overrides))
     assert reason is not None and needle in reason, reason
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (dict(kv_dtype=torch.float8_e4m3fn), "CUDA device"),
+    (dict(kv_dtype=torch.float8_e5m2, dtype=torch.float16, head_dim=256), "CUDA device"),
+    (dict(kv_dtype=torch.float8_e4m3fn, page_size=128), "CUDA device"),
+    (dict(kv_dtype=torch.float8_e5m2, page_size=64, head_dim=64), "multiple of its 128-key tile"),
+    (dict(kv_dtype=torch.float8_e4m3fn, head_dim=96), "head_dim 96"),
+])
+def test_supports_fp8_once_enabled(overrides, needle, cute_paged_enabled, monkeypatch):
+    from flashsplit.cute import configs
+
+    monkeypatch.setattr(configs, "FP8_VERIFIED_ON_GPU", True)
+    if not _HAS_CUTLASS and needle == "CUDA device":
+        needle = "not installed"
+    reason = CuteBackend().supports(_problem(**overrides))
+    assert reason is not None and needle in reason, reason
+
+
+def test_fp8_problems_wait_for_gpu_verification():
+    """Until the fp8 kernel has passed on a GPU, auto keeps fp8 caches on Triton."""
+    from flashsplit.cute import configs
+
+    assert configs.FP8_VERIFIED_ON_GPU is False
+    for kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        reason = CuteBackend().supports(_problem(kv_dtype=kv_dtype))
+        assert reason == "the fp8 cute kernel is compile-checked but not yet verified on a GPU; fp8 KV uses triton"
 
 
 def test_paged_problems_wait_for_gpu_verification():
@@ -162,8 +224,8 @@ def test_supports_reason_without_cutlass(monkeypatch):
 
 
 @needs_cutlass
-@pytest.mark.parametrize("paged", [False, True])
-def test_launch_arguments(paged, monkeypatch):
+@pytest.mark.parametrize("paged,fp8", [(False, False), (True, False), (False, True), (True, True)])
+def test_launch_arguments(paged, fp8, monkeypatch):
     """The launcher's positional arguments, named by the kernel's signature (placeholder
     compiles cannot catch two Int32 sizes swapped): a paged launch passes the page size, page
     count, table width and row stride, and the capacity max_pages * page_size."""
@@ -183,9 +245,16 @@ def test_launch_arguments(paged, monkeypatch):
         table = torch.zeros(batch, 6, dtype=torch.int32)[:, :4]  # row stride 6, 4 pages per row
     else:
         k, table = torch.zeros(batch, 700, heads_kv, d, dtype=torch.bfloat16), None
-    out_p, lse_p = CuteBackend().forward_partials(q, k, k, seqlens, 3, 0.1, False, block_table=table)
+    k_descale = v_descale = None
+    if fp8:
+        k = k.to(torch.float8_e5m2)
+        k_descale = torch.ones(1, dtype=torch.float32)
+        v_descale = torch.ones(6, 4, dtype=torch.float32)[:batch, :heads_kv]  # strides (4, 1)
+    out_p, lse_p = CuteBackend().forward_partials(q, k, k, seqlens, 3, 0.1, False, block_table=table,
+                                                  k_descale=k_descale, v_descale=v_descale)
     (config, args), = calls
     assert config.paged == paged and config.write_partials
+    assert config.kv_dtype == ("float8_e5m2" if fp8 else "same")
     names = [n for n in inspect.signature(SplitKVDecodeKernel.__call__).parameters if n != "self"]
     assert len(names) == len(args)
     got = dict(zip(names, args))
@@ -196,7 +265,12 @@ def test_launch_arguments(paged, monkeypatch):
         assert f"{table.data_ptr():016x}" in str(got["block_table_ptr"])  # Ptr<0x...@gmem>
     else:
         want.update(seqlen_k=700, cache_rows=batch, cache_len=700, max_pages=1)
+    want.update(k_descale_stride_b=0, k_descale_stride_h=0, v_descale_stride_b=4 if fp8 else 0,
+                v_descale_stride_h=1 if fp8 else 0)
     assert {n: int(got[n]) for n in want} == want
+    if fp8:
+        assert f"{k_descale.data_ptr():016x}" in str(got["k_descale_ptr"])
+        assert f"{v_descale.data_ptr():016x}" in str(got["v_descale_ptr"])
 
 
 def test_backend_static_facts():

@@ -6,7 +6,8 @@ GQA packing (groups 1/4/5/8 and several 64-row blocks), the last partial KV tile
 1/127/129), empty rows and splits (length 0, 17 splits of a short row), NaN in cache slots
 past the live length (TMA loads them), the compile cache, and paged caches (page sizes that are
 multiples of the KV tile: shuffled and shared pages, NaN in unused pages, garbage page ids past
-each row's last page, a block table rewritten between CUDA-graph replays).
+each row's last page, a block table rewritten between CUDA-graph replays), and fp8 caches
+(e4m3/e5m2 with a bf16/fp16 q, scalar and per-(row, KV head) descales, dense and paged).
 
 Run as a script for a small device-time benchmark: ``python tests/test_cute_gpu.py``.
 """
@@ -379,3 +380,84 @@ if __name__ == "__main__":
                  dict(batch=64, seqlen_k=1024), dict(seqlen_k=131072, head_dim=64), dict(seqlen_k=65536, head_dim=256)):
         for row in bench(**args):
             print("B=%d Lk=%d H=%d/%d d=%d splits=%d: %.1f us, %.2f TB/s" % row, flush=True)
+
+
+# fp8 caches: (head_dim, q dtype, fp8 dtype, per-(row, KV head) descales, seqlen_q, group, causal).
+FP8_CASES = [
+    (64, torch.bfloat16, torch.float8_e4m3fn, False, 1, 4, False),
+    (128, torch.bfloat16, torch.float8_e4m3fn, True, 1, 5, False),
+    (128, torch.float16, torch.float8_e5m2, True, 4, 8, True),
+    (256, torch.float16, torch.float8_e4m3fn, False, 1, 4, False),
+    (256, torch.bfloat16, torch.float8_e5m2, True, 4, 5, True),
+    (64, torch.float16, torch.float8_e5m2, True, 1, 1, False),
+    (128, torch.bfloat16, torch.float8_e5m2, False, 1, 8, False),
+]
+
+
+def _fp8_inputs(case, fp8, per_head, seed):
+    from flashsplit.testing import quantize_fp8
+
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, seqlens = make_inputs(case, "cuda", gen)  # NaN past each row's length
+    k8, k_descale = quantize_fp8(k, fp8, per_head)
+    v8, v_descale = quantize_fp8(v, fp8, per_head)
+    return q, k8, v8, k_descale, v_descale, seqlens, gen
+
+
+def _check_fp8(out, lse, q, k8, v8, k_descale, v_descale, seqlens, causal, scale, what):
+    from flashsplit.reference import dequantize
+
+    k_ref, v_ref = dequantize(k8, k_descale), dequantize(v8, v_descale)  # what the kernel attends to
+    ref, ref_lse = attention_ref(q, k_ref, v_ref, seqlens, causal, scale)
+    ref_lowp, _ = attention_ref(q, k_ref.to(q.dtype), v_ref.to(q.dtype), seqlens, causal, scale, upcast=False)
+    check_output(out, ref, ref_lowp, q.dtype, what)
+    if lse is not None:
+        check_lse(lse, ref_lse)
+
+
+@pytest.mark.parametrize("head_dim,dtype,fp8,per_head,seqlen_q,group,causal", FP8_CASES, ids=str)
+@pytest.mark.parametrize("num_splits", [1, 3, 17])
+def test_fp8_decode_matches_reference(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits,
+                                      cute_fp8_enabled):
+    """Dense fp8 K/V (NaN past each row's length, including the converted tail of the last
+    tile), lengths 0/1/tile-1/tile+1/many, against attention over ``cache * descale``."""
+    lengths = (0, 1, 63, 65, 127, 129, 1000)
+    case = DecodeCase(len(lengths), seqlen_q, SEQLEN_K, 2, group, head_dim, dtype, lengths, num_splits, causal)
+    q, k8, v8, k_descale, v_descale, seqlens, _ = _fp8_inputs(case, fp8, per_head, head_dim + num_splits)
+    scale = 1.0 / math.sqrt(head_dim)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((case.batch, case.num_heads, case.seqlen_q), float("nan"), device="cuda")
+    _backend().decode(q, k8, v8, seqlens, num_splits, scale, causal, out, lse,
+                      k_descale=k_descale, v_descale=v_descale)
+    torch.cuda.synchronize()
+    _check_fp8(out, lse, q, k8, v8, k_descale, v_descale, seqlens, causal, scale, f"fp8 {fp8} {case}")
+
+
+@pytest.mark.parametrize("head_dim,page_size", [(128, 64), (64, 128), (256, 128)])
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_paged_decode_matches_reference(head_dim, page_size, fp8, cute_fp8_enabled, cute_paged_enabled):
+    """Paged fp8 caches (shuffled and shared pages, NaN in unused pages, garbage page ids)."""
+    from flashsplit.testing import to_paged
+
+    lengths = (1000, 2 * page_size + 1, page_size - 1, 129, 1, 0)
+    case = DecodeCase(len(lengths), 1, SEQLEN_K, 2, 4, head_dim, torch.bfloat16, lengths, 3)
+    q, k8, v8, k_descale, v_descale, seqlens, gen = _fp8_inputs(case, fp8, True, page_size)
+    k_pages, v_pages, table, k8, v8 = to_paged(k8, v8, list(lengths), page_size, gen)
+    scale = 1.0 / math.sqrt(head_dim)
+    out = torch.full_like(q, float("nan"))
+    _backend().decode(q, k_pages, v_pages, seqlens, 3, scale, False, out, None, block_table=table,
+                      k_descale=k_descale, v_descale=v_descale)
+    torch.cuda.synchronize()
+    _check_fp8(out, None, q, k8, v8, k_descale, v_descale, seqlens, False, scale, f"paged fp8 {page_size}")
+
+
+def test_fp8_through_decode_api(cute_fp8_enabled):
+    """``flashsplit.decode(backend="cute")`` on an fp8 cache, scalar descales, several splits."""
+    import flashsplit
+
+    case = DecodeCase(3, 1, 2048, 2, 4, 128, torch.bfloat16, (2048, 700, 0), 0)
+    q, k8, v8, k_descale, v_descale, seqlens, _ = _fp8_inputs(case, torch.float8_e4m3fn, False, 3)
+    out, lse = flashsplit.decode(q, k8, v8, cache_seqlens=seqlens, k_descale=k_descale, v_descale=v_descale,
+                                 backend="cute", return_lse=True)
+    torch.cuda.synchronize()
+    _check_fp8(out, lse, q, k8, v8, k_descale, v_descale, seqlens, False, 1.0 / math.sqrt(128), "decode api")

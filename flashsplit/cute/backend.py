@@ -13,12 +13,13 @@ import importlib.util
 
 import torch
 
-from ..problem import DecodeProblem
+from ..problem import FP8_DTYPES, DecodeProblem
 from ..registry import Backend
 from . import configs
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _OUT_DTYPE_NAMES = {**_DTYPE_NAMES, torch.float32: "float32"}  # the combine may write fp32
+_FP8_NAMES = {torch.float8_e4m3fn: "float8_e4m3fn", torch.float8_e5m2: "float8_e5m2"}
 
 
 def cutlass_available() -> bool:
@@ -48,7 +49,9 @@ class CuteBackend(Backend):
                 f"paged KV with page_size {problem.page_size}: the cute kernel needs a multiple of its "
                 f"{tile_n}-key tile (TMA); smaller or odd pages use the triton backend"
             )
-        if problem.cache_dtype != problem.dtype:
+        if problem.cache_dtype in FP8_DTYPES and not configs.FP8_VERIFIED_ON_GPU:
+            return "the fp8 cute kernel is compile-checked but not yet verified on a GPU; fp8 KV uses triton"
+        if problem.cache_dtype != problem.dtype and problem.cache_dtype not in _FP8_NAMES:
             return f"{problem.cache_dtype} caches are not implemented in the cute backend yet"
         if not cutlass_available():
             return "nvidia-cutlass-dsl is not installed"
@@ -70,23 +73,21 @@ class CuteBackend(Backend):
     # ------------------------------------------------------------------ launches
     def decode(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out, lse,
                block_table=None, k_descale=None, v_descale=None) -> None:
-        assert k_descale is None and v_descale is None, "supports() refuses fp8 caches"
         lse_buf = lse if lse is not None else self._lse_scratch(q)
         if num_splits == 1:
             self._launch_split(q, k_cache, v_cache, cache_seqlens, block_table, 1, softmax_scale, causal, out,
-                               lse_buf, False)
+                               lse_buf, False, k_descale, v_descale)
             return
         out_partial, lse_partial = self._alloc_partials(q, num_splits)
         self._launch_split(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, causal,
-                           out_partial, lse_partial, True)
+                           out_partial, lse_partial, True, k_descale, v_descale)
         self.combine(out_partial, lse_partial, out, lse_buf)
 
     def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
                          block_table=None, k_descale=None, v_descale=None):
-        assert k_descale is None and v_descale is None, "supports() refuses fp8 caches"
         out_partial, lse_partial = self._alloc_partials(q, num_splits)
         self._launch_split(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, causal,
-                           out_partial, lse_partial, True)
+                           out_partial, lse_partial, True, k_descale, v_descale)
         return out_partial, lse_partial
 
     def combine(self, out_partial, lse_partial, out, lse) -> None:
@@ -113,7 +114,7 @@ class CuteBackend(Backend):
 
     # ------------------------------------------------------------------ helpers
     def _launch_split(self, q, k, v, cache_seqlens, block_table, num_splits, scale, causal, o, lse,
-                      write_partials) -> None:
+                      write_partials, k_descale=None, v_descale=None) -> None:
         import math
 
         import cutlass
@@ -131,7 +132,8 @@ class CuteBackend(Backend):
             assert configs.paged_supported(cache_len, head_dim), "supports() refuses this page size"
         else:
             seqlen_k, max_pages = cache_len, 1
-        config = configs.split_config(_DTYPE_NAMES[q.dtype], head_dim, causal, write_partials, paged)
+        kv_dtype = _FP8_NAMES.get(k.dtype, "same")
+        config = configs.split_config(_DTYPE_NAMES[q.dtype], head_dim, causal, write_partials, paged, kv_dtype)
         kernel = compile_split(config)
         if cache_seqlens is None:
             cache_seqlens = self._full_length(q.device, batch, seqlen_k)
@@ -142,9 +144,19 @@ class CuteBackend(Backend):
         else:
             o_strides = (0, *o.stride()[:3])
         dt = _cutlass_dtype(q.dtype)
+        kv_dt = _cutlass_dtype(k.dtype)
+        # fp8 descales: one element (strides 0) or [B, H_kv]; a 16-bit launch passes lse (never read).
+        descales = []
+        for t in (k_descale, v_descale):
+            if t is None:
+                descales.append((lse, 0, 0))
+            elif t.numel() == 1:
+                descales.append((t, 0, 0))
+            else:
+                descales.append((t, t.stride(0), t.stride(1)))
         I32, I64 = cutlass.Int32, cutlass.Int64
         kernel(
-            _ptr(q, dt), _ptr(k, dt), _ptr(v, dt),
+            _ptr(q, dt), _ptr(k, kv_dt), _ptr(v, kv_dt),
             _ptr(o, cutlass.Float32, 16) if write_partials else _ptr(o, dt, o.element_size()),
             _ptr(lse, cutlass.Float32, 4), _ptr(cache_seqlens, cutlass.Int32, 4),
             # A dense launch passes cache_seqlens as the (never read) block table.
@@ -156,6 +168,8 @@ class CuteBackend(Backend):
             *(I64(v.stride(i)) for i in (0, 1, 2)),
             *(I64(s) for s in o_strides),
             cutlass.Float32(scale * math.log2(math.e)),
+            *(_ptr(t, cutlass.Float32, 4) for t, _, _ in descales),
+            *(I64(s) for _, sb, sh in descales for s in (sb, sh)),
             _stream(),
         )
 
@@ -202,7 +216,10 @@ def _compact_strides(shape) -> tuple[int, ...]:
 def _cutlass_dtype(dtype: torch.dtype):
     import cutlass
 
-    return {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16, torch.float32: cutlass.Float32}[dtype]
+    return {
+        torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16, torch.float32: cutlass.Float32,
+        torch.float8_e4m3fn: cutlass.Float8E4M3FN, torch.float8_e5m2: cutlass.Float8E5M2,
+    }[dtype]
 
 
 def _ptr(t: torch.Tensor, dtype, align: int = 16):

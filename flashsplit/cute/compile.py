@@ -23,7 +23,10 @@ _LOCK = threading.Lock()
 
 
 def cutlass_dtype(name: str):
-    return {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}[name]
+    return {
+        "float16": cutlass.Float16, "bfloat16": cutlass.BFloat16, "float32": cutlass.Float32,
+        "float8_e4m3fn": cutlass.Float8E4M3FN, "float8_e5m2": cutlass.Float8E5M2,
+    }[name]
 
 
 def _ptr(dtype, align: int = 16):
@@ -49,15 +52,18 @@ def compile_split(config: SplitConfig, options: str | None = None):
     kernel = SplitKVDecodeKernel(config)
     dt = cutlass_dtype(config.dtype)
     out_dt = cutlass.Float32 if config.write_partials else dt
+    kv_dt = dt if config.kv_dtype == "same" else cutlass_dtype(config.kv_dtype)
     i32, i64 = cutlass.Int32(1), cutlass.Int64(1)
     args = (
-        _ptr(dt), _ptr(dt), _ptr(dt), _ptr(out_dt), _ptr(cutlass.Float32, 4), _ptr(cutlass.Int32, 4),
+        _ptr(dt), _ptr(kv_dt), _ptr(kv_dt), _ptr(out_dt), _ptr(cutlass.Float32, 4), _ptr(cutlass.Int32, 4),
         _ptr(cutlass.Int32, 4),  # block_table (read only by a paged config)
         i32, i32, i32, i32, i32, i32,  # batch, seqlen_q, seqlen_k, heads, heads_kv, splits
         i32, i32, i32, i64,  # cache rows, cache len, max pages, block_table row stride
         i64, i64, i64, i64, i64, i64, i64, i64, i64,  # q, k, v strides (b, l, h)
         i64, i64, i64, i64,  # out strides (split, b, l, h)
         cutlass.Float32(1.0),
+        _ptr(cutlass.Float32, 4), _ptr(cutlass.Float32, 4),  # k/v descales (read only by fp8 configs)
+        i64, i64, i64, i64,  # k_descale strides (b, h), v_descale strides (b, h)
         make_fake_stream(),
     )
     return _compile(config, kernel, args, options)

@@ -18,6 +18,9 @@ HEAD_DIMS = (64, 128, 256)
 DTYPES = ("float16", "bfloat16")
 #: The combine also writes fp32 (flashsplit.combine's default, and mix-and-match checks).
 COMBINE_OUT_DTYPES = DTYPES + ("float32",)
+#: KV cache element types of the split kernel: "same" (q's 16-bit dtype) or an fp8 cache that
+#: the consumer converts to q's dtype in shared memory (wgmma runs in 16 bits).
+KV_DTYPES = ("same", "float8_e4m3fn", "float8_e5m2")
 
 
 @dataclass(frozen=True)
@@ -34,15 +37,28 @@ class SplitConfig:
     #: K/V tiles addressed through a block_table (page size a multiple of tile_n); the page size
     #: and page counts stay runtime values.
     paged: bool = False
+    #: "same": K/V in q's dtype, loaded by TMA straight into the wgmma operand stages. An fp8
+    #: name: TMA loads fp8 tiles into ``stages`` staging slots and the consumer converts each
+    #: tile into one 16-bit K and one 16-bit V operand buffer.
+    kv_dtype: str = "same"
+
+    @property
+    def fp8(self) -> bool:
+        return self.kv_dtype != "same"
 
     @property
     def smem_bytes(self) -> int:
         """Shared memory of one CTA, as the kernel's struct lays it out: the Q tile, the K and V
-        stages (each 1 KiB aligned, all multiples of 1 KiB) and one full/empty mbarrier pair per
-        stage. The dynamic shared memory base is 1 KiB aligned, so nothing else is added."""
+        stages (each 1 KiB aligned, all multiples of 1 KiB; fp8: the fp8 staging slots plus one
+        16-bit K and V operand buffer) and one full/empty mbarrier pair per stage. The dynamic
+        shared memory base is 1 KiB aligned, so nothing else is added."""
         itemsize = 2
+        tile = self.tile_n * self.head_dim
         q = 64 * self.head_dim * itemsize
-        kv = 2 * self.stages * self.tile_n * self.head_dim * itemsize
+        if self.fp8:
+            kv = 2 * self.stages * tile + 2 * tile * itemsize
+        else:
+            kv = 2 * self.stages * tile * itemsize
         return q + kv + 16 * self.stages
 
 
@@ -75,15 +91,37 @@ def split_tile(head_dim: int) -> tuple[int, int, int]:
     raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {head_dim}")
 
 
-def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, paged: bool = False) -> SplitConfig:
+def fp8_stages(head_dim: int) -> int:
+    """fp8 staging slots per CTA (same tile and CTAs/SM as the 16-bit kernel). An fp8 slot is
+    half a 16-bit stage, and the 16-bit operand buffers take one 16-bit stage's room, so: d=64
+    4 slots (104 KiB, 2 CTAs/SM), d=128 4 slots (112 KiB, 2 CTAs/SM), d=256 3 slots (192 KiB).
+
+    >>> fp8_stages(128)
+    4
+    """
+    split_tile(head_dim)  # validates head_dim
+    return 3 if head_dim == 256 else 4
+
+
+def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, paged: bool = False,
+                 kv_dtype: str = "same") -> SplitConfig:
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype: expected one of {KV_DTYPES}, got {kv_dtype!r}")
     tile_n, stages, units = split_tile(head_dim)
-    return SplitConfig(dtype, head_dim, tile_n, stages, causal, write_partials, units, paged)
+    if kv_dtype != "same":
+        stages = fp8_stages(head_dim)
+    return SplitConfig(dtype, head_dim, tile_n, stages, causal, write_partials, units, paged, kv_dtype)
 
 
 #: The paged kernel compiles (checked in CI) but has not yet run on a GPU. Until an H200 run of
 #: ``pytest tests/test_cute_gpu.py tests/test_gpu.py -k paged`` passes (those tests switch this on
 #: for themselves), ``supports()`` refuses paged problems so ``"auto"`` keeps them on Triton.
 PAGED_VERIFIED_ON_GPU = False
+
+#: The fp8-cache kernel compiles (checked in CI) but has not yet run on a GPU. Until an H200 run
+#: of ``pytest tests/test_cute_gpu.py -k fp8`` passes (those tests switch this on for themselves),
+#: ``supports()`` refuses fp8 caches so ``"auto"`` keeps them on Triton.
+FP8_VERIFIED_ON_GPU = False
 
 
 def paged_supported(page_size: int, head_dim: int) -> bool:
@@ -97,9 +135,11 @@ def paged_supported(page_size: int, head_dim: int) -> bool:
 
 
 def all_split_configs() -> list[SplitConfig]:
-    """Every split-kernel configuration the backend can select (what the compile check builds)."""
+    """Every split-kernel configuration the backend can select (what the compile check builds):
+    48 with 16-bit caches and 96 with fp8 caches (two fp8 types)."""
     return [
-        split_config(dtype, head_dim, causal, write_partials, paged)
+        split_config(dtype, head_dim, causal, write_partials, paged, kv_dtype)
+        for kv_dtype in KV_DTYPES
         for dtype in DTYPES
         for head_dim in HEAD_DIMS
         for causal in (False, True)

@@ -62,6 +62,12 @@ class SplitKVDecodeKernel:
         self.write_partials = config.write_partials
         self.units_per_sm = config.units_per_sm
         self.paged = config.paged
+        self.fp8 = config.fp8
+        self.kv_dtype = {
+            "same": self.dtype, "float8_e4m3fn": cutlass.Float8E4M3FN, "float8_e5m2": cutlass.Float8E5M2,
+        }[config.kv_dtype]
+        # 16-bit operand stages: the TMA stages, or one buffer the consumer converts fp8 tiles into.
+        self.operand_stages = 1 if self.fp8 else self.stages
 
     @staticmethod
     def can_implement(head_dim: int, tile_n: int) -> str | None:
@@ -108,6 +114,12 @@ class SplitKVDecodeKernel:
         o_stride_l: Int64,
         o_stride_h: Int64,
         softmax_scale_log2: Float32,
+        k_descale_ptr: cute.Pointer,
+        v_descale_ptr: cute.Pointer,
+        k_descale_stride_b: Int64,
+        k_descale_stride_h: Int64,
+        v_descale_stride_b: Int64,
+        v_descale_stride_h: Int64,
         stream,
     ):
         """Launch on raw pointers; sizes and strides are runtime values.
@@ -117,6 +129,8 @@ class SplitKVDecodeKernel:
         ``cache_len = seqlen_k``; paged ``cache_rows = num_pages``, ``cache_len = page_size`` and
         the int32 ``block_table`` is ``[batch, max_pages]`` with row stride
         ``block_table_stride_b`` (a dense launch passes any pointer: it is never read).
+        fp8 caches (``kv_dtype``): fp32 descales indexed ``[b * stride_b + kvh * stride_h]``
+        (strides 0 for a one-element descale); a 16-bit config never reads them.
         """
         D, N, M = self.head_dim, self.tile_n, self.block_m
         group = num_heads // num_heads_kv
@@ -172,32 +186,60 @@ class SplitKVDecodeKernel:
             Float32, (1, 1, 1), pv_tiler[:2], warpgroup.OperandSource.RMEM,
         )
         q_layout = sm90_utils.make_smem_layout_a(k_major, qk_tiler, self.dtype, 1)
-        k_layout = sm90_utils.make_smem_layout_b(k_major, qk_tiler, self.dtype, self.stages)
-        v_layout = sm90_utils.make_smem_layout_b(v_major, pv_tiler, self.dtype, self.stages)
+        k_layout = sm90_utils.make_smem_layout_b(k_major, qk_tiler, self.dtype, self.operand_stages)
+        v_layout = sm90_utils.make_smem_layout_b(v_major, pv_tiler, self.dtype, self.operand_stages)
+        # What TMA lands: the operand stages themselves (16-bit), or plain (unswizzled, d
+        # contiguous) fp8 staging slots that the consumer converts.
+        k_load_layout, v_load_layout = k_layout, v_layout
+        if cutlass.const_expr(self.fp8):
+            k_load_layout = cute.make_layout((N, D, self.stages), stride=(D, 1, N * D))
+            v_load_layout = cute.make_layout((D, N, self.stages), stride=(1, D, N * D))
 
         tma_k, mK_tma = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), mK, cute.slice_(k_layout, (None, None, 0)), (N, D)
+            cpasync.CopyBulkTensorTileG2SOp(), mK, cute.slice_(k_load_layout, (None, None, 0)), (N, D)
         )
         tma_v, mV_tma = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), mV, cute.slice_(v_layout, (None, None, 0)), (D, N)
+            cpasync.CopyBulkTensorTileG2SOp(), mV, cute.slice_(v_load_layout, (None, None, 0)), (D, N)
         )
-        self.tx_bytes = cute.size_in_bytes(self.dtype, cute.slice_(k_layout, (None, None, 0))) + cute.size_in_bytes(
-            self.dtype, cute.slice_(v_layout, (None, None, 0))
-        )
+        self.tx_bytes = cute.size_in_bytes(
+            self.kv_dtype, cute.slice_(k_load_layout, (None, None, 0))
+        ) + cute.size_in_bytes(self.kv_dtype, cute.slice_(v_load_layout, (None, None, 0)))
 
-        @cute.struct
-        class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(k_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(v_layout)], 1024]
-            kv_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+        if cutlass.const_expr(self.fp8):
+
+            @cute.struct
+            class SharedStorage:
+                sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_layout)], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(k_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(v_layout)], 1024]
+                sK8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(k_load_layout)], 1024]
+                sV8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(v_load_layout)], 1024]
+                kv_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+
+            mKDescale = cute.make_tensor(
+                k_descale_ptr, cute.make_layout((batch, num_heads_kv), stride=(k_descale_stride_b, k_descale_stride_h))
+            )
+            mVDescale = cute.make_tensor(
+                v_descale_ptr, cute.make_layout((batch, num_heads_kv), stride=(v_descale_stride_b, v_descale_stride_h))
+            )
+        else:
+
+            @cute.struct
+            class SharedStorage:
+                sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_layout)], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(k_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(v_layout)], 1024]
+                kv_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+
+            mKDescale = None
+            mVDescale = None
 
         self.shared_storage = SharedStorage
 
         self.kernel(
             qk_mma, pv_mma, tma_k, mK_tma, tma_v, mV_tma, mQ, mO, mLSE, mSeqlens, mBlockTable,
             q_layout, k_layout, v_layout, seqlen_q, seqlen_k, group, row_blocks, num_splits, tiles_per_page,
-            softmax_scale_log2,
+            softmax_scale_log2, mKDescale, mVDescale, k_load_layout, v_load_layout,
         ).launch(
             grid=[num_splits, batch, num_heads_kv * row_blocks],
             block=[self.num_threads, 1, 1],
@@ -235,6 +277,10 @@ class SplitKVDecodeKernel:
         num_splits: Int32,
         tiles_per_page: Int32,
         softmax_scale_log2: Float32,
+        mKDescale: cute.Tensor | None,
+        mVDescale: cute.Tensor | None,
+        k_load_layout,
+        v_load_layout,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -249,6 +295,11 @@ class SplitKVDecodeKernel:
         sQ = storage.sQ.get_tensor(q_layout.outer, swizzle=q_layout.inner)
         sK = storage.sK.get_tensor(k_layout.outer, swizzle=k_layout.inner)
         sV = storage.sV.get_tensor(v_layout.outer, swizzle=v_layout.inner)
+        # What TMA writes: the operand stages, or the fp8 staging slots.
+        sK_load, sV_load = sK, sV
+        if cutlass.const_expr(self.fp8):
+            sK_load = storage.sK8.get_tensor(k_load_layout)
+            sV_load = storage.sV8.get_tensor(v_load_layout)
 
         # This CTA's keys, with exactly the rule of flashsplit.plan (granule 128).
         n_keys = cutlass.min(mSeqlens[batch_idx], seqlen_k)
@@ -264,13 +315,22 @@ class SplitKVDecodeKernel:
         cute.arch.sync_threads()
 
         if warp_idx == self.producer_warp:
-            self.load(tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK, sV, kv_pipeline, batch_idx, kvh, first_tile,
-                      num_tiles, tiles_per_page)
+            self.load(tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK_load, sV_load, kv_pipeline, batch_idx, kvh,
+                      first_tile, num_tiles, tiles_per_page)
         if warp_idx < self.producer_warp:
-            self.mma_softmax_epilogue(
-                qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, tidx, split_idx, batch_idx, kvh,
-                row_block, seqlen_q, group, n_keys, start, end, num_tiles, first_tile, softmax_scale_log2,
-            )
+            if cutlass.const_expr(self.fp8):
+                # k_descale folds into the (log2) softmax scale, v_descale into the output.
+                self.mma_softmax_epilogue(
+                    qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, tidx, split_idx, batch_idx, kvh,
+                    row_block, seqlen_q, group, n_keys, start, end, num_tiles, first_tile,
+                    softmax_scale_log2 * mKDescale[batch_idx, kvh], sK_load, sV_load, mVDescale[batch_idx, kvh],
+                )
+            else:
+                self.mma_softmax_epilogue(
+                    qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, tidx, split_idx, batch_idx, kvh,
+                    row_block, seqlen_q, group, n_keys, start, end, num_tiles, first_tile, softmax_scale_log2,
+                    None, None, None,
+                )
 
     def make_kv_pipeline(self, mbar_ptr):
         """Full/empty mbarriers of the K+V stages: one TMA thread produces, 4 consumer warps release."""
@@ -358,9 +418,39 @@ class SplitKVDecodeKernel:
         cute.arch.barrier(barrier_id=self.q_barrier_id, number_of_threads=self.num_consumer_threads)
 
     @cute.jit
+    def convert_kv(self, sK8, sV8, sK, sV, stage, valid, tidx):
+        """fp8 staging slot ``stage`` -> the 16-bit K and V operand buffers (swizzled wgmma
+        layouts), 16 fp8 values (one 16-byte chunk along d) per thread and step. V rows
+        ``>= valid`` are written as 0 (cache slots past the live length may hold NaN)."""
+        D, N = self.head_dim, self.tile_n
+        chunks_per_row = D // 16
+        for i in cutlass.range_constexpr(N * chunks_per_row // self.num_consumer_threads):
+            chunk = tidx + i * self.num_consumer_threads
+            n = chunk // chunks_per_row
+            c = chunk % chunks_per_row
+            k8 = cute.make_rmem_tensor((16,), self.kv_dtype)
+            cute.autovec_copy(cute.local_tile(sK8[n, None, stage], (16,), (c,)), k8)
+            k16 = cute.make_rmem_tensor((16,), self.dtype)
+            k16.store(k8.load().to(self.dtype))
+            for j in cutlass.range_constexpr(16):
+                sK[n, c * 16 + j, 0] = k16[j]
+            v16 = cute.make_rmem_tensor((16,), self.dtype)
+            v16.fill(0.0)
+            if n < valid:
+                v8 = cute.make_rmem_tensor((16,), self.kv_dtype)
+                cute.autovec_copy(cute.local_tile(sV8[None, n, stage], (16,), (c,)), v8)
+                v16.store(v8.load().to(self.dtype))
+            for j in cutlass.range_constexpr(16):
+                sV[c * 16 + j, n, 0] = v16[j]
+        # Generic-proxy smem writes must be visible to wgmma (async proxy) before it reads them.
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=self.q_barrier_id, number_of_threads=self.num_consumer_threads)
+
+    @cute.jit
     def mma_softmax_epilogue(
         self, qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, tidx, split_idx, batch_idx, kvh,
         row_block, seqlen_q, group, n_keys, start, end, num_tiles, first_tile, softmax_scale_log2,
+        sK8, sV8, v_scale,
     ):
         D, N, M = self.head_dim, self.tile_n, self.block_m
         self.load_q(mQ, sQ, tidx, batch_idx, kvh, row_block, seqlen_q, group)
@@ -394,14 +484,24 @@ class SplitKVDecodeKernel:
         for i in cutlass.range(num_tiles, unroll=1):
             tile_start = (first_tile + i) * N
             kv_pipeline.consumer_wait(state)
-            if tile_start + N > end:
-                self.zero_tail_v(sV, state.index, end - tile_start, tidx)
+            op_stage = state.index
+            if cutlass.const_expr(self.fp8):
+                op_stage = 0
+                # Every consumer warp has waited on its wgmmas of the previous tile (they read
+                # the operand buffers) before any overwrites them.
+                cute.arch.barrier(barrier_id=self.q_barrier_id, number_of_threads=self.num_consumer_threads)
+                self.convert_kv(sK8, sV8, sK, sV, state.index, end - tile_start, tidx)
+                # The fp8 slot is consumed: hand it back to the producer now.
+                kv_pipeline.consumer_release(state)
+            else:
+                if tile_start + N > end:
+                    self.zero_tail_v(sV, state.index, end - tile_start, tidx)
 
             acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
             warpgroup.fence()
             for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
                 qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, 0], tSrK[None, None, kb, state.index], acc_s)
+                cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, 0], tSrK[None, None, kb, op_stage], acc_s)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
 
@@ -448,14 +548,15 @@ class SplitKVDecodeKernel:
             warpgroup.fence()
             pv_mma.set(warpgroup.Field.ACCUMULATE, True)
             for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-                cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, state.index], acc_o)
+                cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, op_stage], acc_o)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
-            kv_pipeline.consumer_release(state)
+            if cutlass.const_expr(not self.fp8):
+                kv_pipeline.consumer_release(state)
             state.advance()
 
         self.epilogue(acc_o, row_max, row_sum, mO, mLSE, tidx, split_idx, batch_idx, kvh, row_block,
-                      seqlen_q, group, num_tiles)
+                      seqlen_q, group, num_tiles, v_scale)
 
     @staticmethod
     def p_layout(acc_layout):
@@ -471,8 +572,9 @@ class SplitKVDecodeKernel:
 
     @cute.jit
     def epilogue(self, acc_o, row_max, row_sum, mO, mLSE, tidx, split_idx, batch_idx, kvh, row_block,
-                 seqlen_q, group, num_tiles):
-        """Normalize and write O and the natural-log LSE straight from registers."""
+                 seqlen_q, group, num_tiles, v_scale):
+        """Normalize and write O and the natural-log LSE straight from registers (an fp8 cache:
+        O times ``v_scale``, the V descale)."""
         D, M = self.head_dim, self.block_m
         lane = tidx % 32
         warp = tidx // 32
@@ -485,7 +587,10 @@ class SplitKVDecodeKernel:
             inv = Float32(0.0)
             if total > 0.0:
                 lse = (row_max[r] + cute.math.log2(total, fastmath=False)) * LN_2
-                inv = 1.0 / total
+                if cutlass.const_expr(self.fp8):
+                    inv = v_scale / total
+                else:
+                    inv = 1.0 / total
             packed = row_block * M + warp * 16 + lane // 4 + 8 * r
             if packed < num_rows:
                 m = packed // group
