@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One H200 call: the whole test suite (three pytest processes in parallel, to overlap kernel
+# One H200 call: the whole test suite (four pytest processes in parallel, to overlap kernel
 # compilation on the host's cores), the SASS of one cute kernel, then the benchmark.
 # Usage on the device machine, from the repo root:
 #   source .gpu/cutedsl/install.sh && bash scripts/h200_check.sh [bench options...]
@@ -10,9 +10,11 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,nohead
 python -c "import torch, triton, cutlass; print('torch', torch.__version__, 'triton', triton.__version__, 'cutlass-dsl', cutlass.__version__)"
 start=$(date +%s)
 P="python -m pytest -q -p no:cacheprovider -rs --durations=8"
-timeout 330 $P tests/test_gpu.py -k triton > "$OUT/pytest-gpu-triton.log" 2>&1 &
-timeout 330 $P tests/test_gpu.py tests/test_cute_gpu.py -k "not triton" > "$OUT/pytest-gpu-cute.log" 2>&1 &
-timeout 330 $P tests --ignore=tests/test_gpu.py --ignore=tests/test_cute_gpu.py > "$OUT/pytest-rest.log" 2>&1 &
+T=${PYTEST_TIMEOUT:-400}
+timeout $T $P tests/test_gpu.py -k triton > "$OUT/pytest-gpu-triton.log" 2>&1 &
+timeout $T $P tests/test_gpu.py -k "not triton" > "$OUT/pytest-gpu-cute.log" 2>&1 &
+timeout $T $P tests/test_cute_gpu.py > "$OUT/pytest-cute.log" 2>&1 &
+timeout $T $P tests --ignore=tests/test_gpu.py --ignore=tests/test_cute_gpu.py > "$OUT/pytest-rest.log" 2>&1 &
 wait
 for f in "$OUT"/pytest-*.log; do echo "== $f"; grep -E "^(FAILED|ERROR)" "$f" | head -8; tail -1 "$f"; done
 echo "pytest took $(( $(date +%s) - start )) s"
