@@ -20,8 +20,8 @@ OK, SKIPPED, WRONG, ERROR = "ok", "skipped", "wrong", "error"
 
 
 @dataclass
-class BenchRow:
-    """One contender on one case. Times in microseconds per call; None where not measured."""
+class CellFields:
+    """The fields that name one contender on one grid cell; every row type starts with them."""
 
     contender: str
     batch: int
@@ -30,6 +30,12 @@ class BenchRow:
     num_heads_kv: int
     head_dim: int
     dtype: str
+
+
+@dataclass
+class BenchRow(CellFields):
+    """One contender on one case. Times in microseconds per call; None where not measured."""
+
     page_size: int = 0                # keys per page of a paged cache; 0: dense
     kv_dtype: str = ""                # the cache's dtype ("bf16", "fp8e4m3", ...); "" means dtype
     status: str = OK
@@ -54,16 +60,9 @@ class BenchRow:
 
 
 @dataclass
-class SweepSummary:
+class SweepSummary(CellFields):
     """``--sweep-splits`` for one flashsplit backend on one case: heuristic vs best measured."""
 
-    contender: str
-    batch: int
-    seqlen_k: int
-    num_heads: int
-    num_heads_kv: int
-    head_dim: int
-    dtype: str
     page_size: int = 0
     kv_dtype: str = ""
     heuristic_splits: int | None = None
@@ -75,7 +74,7 @@ class SweepSummary:
 
 
 @dataclass
-class FormatComparison:
+class FormatComparison(CellFields):
     """``--compare-formats``: one flashsplit contender on one cell, a cache format against its baseline.
 
     ``kind`` "paged": a paged cache against the dense one of the same dtype (``ratio`` = paged
@@ -84,13 +83,6 @@ class FormatComparison:
     ``met``: the performance target for this comparison, where one is set (:mod:`.formats`).
     """
 
-    contender: str
-    batch: int
-    seqlen_k: int
-    num_heads: int
-    num_heads_kv: int
-    head_dim: int
-    dtype: str
     kind: str                         # "paged" or "fp8"
     page_size: int = 0                # the format measured
     kv_dtype: str = ""
