@@ -160,10 +160,13 @@ def decode(
         block_table = page_table
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
-    batch, seqlen_q, num_heads, head_dim = q.shape if isinstance(q, torch.Tensor) and q.dim() == 4 else (0,) * 4
-    if out is None and isinstance(q, torch.Tensor):
-        out = torch.empty_like(q)
-    lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
+    lse = None
+    if isinstance(q, torch.Tensor) and q.dim() == 4:  # else decode_into names the problem
+        batch, seqlen_q, num_heads, _ = q.shape
+        if out is None:
+            out = torch.empty_like(q)
+        if return_lse:
+            lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
     if torch.compiler.is_compiling():
         # Dynamo cannot trace the kernel launchers (nor validate fake tensors' pointers): the
         # operator validates and launches when the compiled graph runs.

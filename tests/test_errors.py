@@ -80,3 +80,11 @@ def test_device_mismatch_on_meta():
     q, k, v = _good()
     with pytest.raises(ValueError, match="v_cache: expected q's device"):
         flashsplit.decode(q, k, v.to("meta"))
+
+
+@pytest.mark.parametrize("q", [[1, 2], torch.randn(2, 8, 64)])
+def test_bad_q_with_return_lse(q):
+    """Outputs are allocated from q before validation; a bad q must still get the clear error."""
+    _, k, v = _good()
+    with pytest.raises((TypeError, ValueError), match="q: expected"):
+        flashsplit.decode(q, k, v, return_lse=True)
