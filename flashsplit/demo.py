@@ -46,19 +46,14 @@ def run_demo(backend: str = "auto") -> int:
           f"max |lse - reference| = {max_abs_err(lse, ref_lse):.2e}")
     print(f"  first call (compile included): {first_call_s:.2f} s")
     if on_gpu:
-        from .bench.timing import TimingConfig, time_graph
+        from .bench.timing import TimingConfig, time_eager, time_graph
 
         # Device time from CUDA-graph replay: events around one eager call would measure the
         # host's launch time whenever that is longer than the kernels. The live KV (234 MB)
         # is 4x the L2, so one input set is not served from cache.
         step = lambda _: decode(q, k, v, cache_seqlens=cache_seqlens, backend=backend)  # noqa: E731
         us = time_graph(step, 1, TimingConfig(), calls=20)
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        for _ in range(50):
-            step(0)
-        torch.cuda.synchronize()
-        eager_us = (time.perf_counter() - started) / 50 * 1e6
+        eager_us = time_eager(step, 1, TimingConfig(), calls=50)
         kv_bytes = 2 * sum(lengths) * heads_kv * dim * q.element_size()
         print(f"  device time per call: {us:.1f} us ({kv_bytes / us / 1e3:.0f} GB/s of live KV read, "
               f"CUDA-graph replay); eager call: {eager_us:.1f} us")

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .timing import _event_times_ms
+
 #: Probe buffer size: >= 4 GB, ~70x the H200's L2.
 PROBE_BYTES = 1 << 32
 #: (BLOCK, TILES_PER_PROGRAM, num_warps) tried by the read probe.
@@ -57,15 +59,10 @@ class Ceiling:
 
 
 def _time_ms(fn, reps: int) -> float:
+    """Median milliseconds of ``fn()`` after one warm-up call (CUDA events, :mod:`.timing`)."""
     fn()
     torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events)
+    return statistics.median(_event_times_ms(fn, reps))
 
 
 def measure_ceiling(probe_bytes: int = PROBE_BYTES, reps: int = 10) -> Ceiling:
