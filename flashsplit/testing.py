@@ -118,6 +118,19 @@ def check_lse(lse: torch.Tensor, ref_lse: torch.Tensor, atol: float = 1e-3, rtol
         torch.testing.assert_close(lse[finite], ref_lse[finite].float(), atol=atol, rtol=rtol)
 
 
+def check_against_reference(out, lse, q, k, v, cache_seqlens=None, causal=False, softmax_scale=None,
+                            what: str = "out") -> float:
+    """Judge ``out`` (and ``lse`` unless None) against :func:`attention_ref` by the error rule;
+    returns out's error. ``k``/``v`` may be a dequantized (fp32) cache: PyTorch's low-precision
+    yardstick then runs on it cast to q's dtype."""
+    ref, ref_lse = attention_ref(q, k, v, cache_seqlens, causal, softmax_scale)
+    ref_lowp, _ = attention_ref(q, k.to(q.dtype), v.to(q.dtype), cache_seqlens, causal, softmax_scale, upcast=False)
+    err = check_output(out, ref.to(out.device), ref_lowp.to(out.device), q.dtype, what)
+    if lse is not None:
+        check_lse(lse, ref_lse)
+    return err
+
+
 def run_and_check(case: DecodeCase, decode_fn, device, generator=None) -> dict:
     """Run ``decode_fn(q, k, v, cache_seqlens=..., causal=..., num_splits=..., return_lse=True, out=...)``
     on fresh inputs, poisoned output, and check ``out`` and ``lse`` against the reference.
@@ -127,10 +140,7 @@ def run_and_check(case: DecodeCase, decode_fn, device, generator=None) -> dict:
     result, lse = decode_fn(q, k, v, cache_seqlens=seqlens, causal=case.causal, num_splits=case.num_splits,
                             return_lse=True, out=out)
     assert result.data_ptr() == out.data_ptr(), "decode did not write into out="
-    ref, ref_lse = attention_ref(q, k, v, seqlens, case.causal, upcast=True)
-    ref_lowp, _ = attention_ref(q, k, v, seqlens, case.causal, upcast=False)
-    err = check_output(out, ref.to(out.device), ref_lowp.to(out.device), case.dtype, f"out[{case}]")
-    check_lse(lse, ref_lse)
+    err = check_against_reference(out, lse, q, k, v, seqlens, case.causal, what=f"out[{case}]")
     return {"q": q, "k": k, "v": v, "cache_seqlens": seqlens, "out": out, "lse": lse, "err": err}
 
 

@@ -7,21 +7,20 @@ row uses, and have garbage page ids past each row's last page.
 
 import pytest
 import torch
-
-import flashsplit
-from flashsplit.reference import attention_ref, dequantize, gather_paged
-from flashsplit.testing import DecodeCase, POISON, check_lse, check_output, make_inputs, quantize_fp8, to_paged
-
 from conftest import DEVICE, HAS_CUDA
 
+import flashsplit
+from flashsplit.reference import dequantize, gather_paged
+from flashsplit.testing import (
+    POISON,
+    DecodeCase,
+    check_against_reference,
+    make_inputs,
+    quantize_fp8,
+    to_paged,
+)
+
 DTYPES = [torch.float16, torch.bfloat16] if HAS_CUDA else [torch.float16]
-
-
-def _check(out, lse, q, k_ref, v_ref, seqlens, causal, dtype):
-    ref, ref_lse = attention_ref(q, k_ref, v_ref, seqlens, causal)
-    ref_lowp, _ = attention_ref(q, k_ref.to(q.dtype), v_ref.to(q.dtype), seqlens, causal, upcast=False)
-    check_output(out, ref, ref_lowp, dtype)
-    check_lse(lse, ref_lse)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -40,7 +39,7 @@ def test_paged_matches_dense(dtype, page_size, lengths, num_splits, causal, gene
     out = torch.full_like(q, POISON)
     result, lse = flashsplit.decode(q, k_pages, v_pages, block_table=table, cache_seqlens=seqlens, causal=causal,
                                     num_splits=num_splits, return_lse=True, out=out)
-    _check(result, lse, q, k, v, seqlens, causal, dtype)
+    check_against_reference(result, lse, q, k, v, seqlens, causal)
     # The reference's own view of the paged cache agrees with the dense one it came from.
     live = torch.arange(k.shape[1], device=k.device)[None, :] < seqlens[:, None]
     assert torch.equal(gather_paged(k_pages, table)[live], k[live])
@@ -80,7 +79,7 @@ def test_fp8_cache(dtype, fp8, per_head, page_size, generator):
     out, lse = flashsplit.decode(q, k8, v8, cache_seqlens=seqlens, k_descale=k_descale, v_descale=v_descale,
                                  num_splits=3, return_lse=True, **extra)
     assert out.dtype == dtype
-    _check(out, lse, q, k_ref, v_ref, seqlens, False, dtype)
+    check_against_reference(out, lse, q, k_ref, v_ref, seqlens, False)
 
 
 @pytest.mark.parametrize("group, seqlen_q", [(3, 1), (5, 2), (6, 1), (7, 3), (16, 4), (32, 4), (64, 1)])
@@ -90,7 +89,7 @@ def test_any_gqa_ratio(group, seqlen_q, generator):
                       dtype=torch.float16, lengths=(300, 77), num_splits=3, causal=seqlen_q > 1)
     q, k, v, seqlens = make_inputs(case, DEVICE, generator)
     out, lse = flashsplit.decode(q, k, v, cache_seqlens=seqlens, causal=case.causal, num_splits=3, return_lse=True)
-    _check(out, lse, q, k, v, seqlens, case.causal, torch.float16)
+    check_against_reference(out, lse, q, k, v, seqlens, case.causal)
 
 
 def _paged_inputs():

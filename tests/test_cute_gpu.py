@@ -22,7 +22,12 @@ import torch
 
 from flashsplit.plan import split_bounds
 from flashsplit.reference import attention_ref, split_partials_ref
-from flashsplit.testing import DecodeCase, check_lse, check_output, make_inputs
+from flashsplit.testing import (
+    DecodeCase,
+    check_against_reference,
+    check_lse,
+    make_inputs,
+)
 
 _HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 _HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
@@ -67,10 +72,7 @@ def test_decode_matches_reference(case):
     lse = torch.full((case.batch, case.num_heads, case.seqlen_q), float("nan"), device="cuda")
     _backend().decode(q, k, v, seqlens, case.num_splits, scale, case.causal, out, lse)
     torch.cuda.synchronize()
-    ref, ref_lse = attention_ref(q, k, v, seqlens, case.causal, scale)
-    ref_lowp, _ = attention_ref(q, k, v, seqlens, case.causal, scale, upcast=False)
-    check_output(out, ref, ref_lowp, case.dtype)
-    check_lse(lse, ref_lse)
+    check_against_reference(out, lse, q, k, v, seqlens, case.causal, scale)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -145,10 +147,7 @@ def test_paged_decode_matches_reference(head_dim, page_size, seqlen_q, group, ca
     lse = torch.full((case.batch, case.num_heads, case.seqlen_q), float("nan"), device="cuda")
     _backend().decode(q, k_pages, v_pages, seqlens, num_splits, scale, causal, out, lse, block_table=table)
     torch.cuda.synchronize()
-    ref, ref_lse = attention_ref(q, k, v, seqlens, causal, scale)
-    ref_lowp, _ = attention_ref(q, k, v, seqlens, causal, scale, upcast=False)
-    check_output(out, ref, ref_lowp, case.dtype, f"paged {page_size} {case}")
-    check_lse(lse, ref_lse)
+    check_against_reference(out, lse, q, k, v, seqlens, causal, scale, what=f"paged {page_size} {case}")
 
 
 @pytest.mark.parametrize("page_size", [64, 256])
@@ -166,9 +165,7 @@ def test_paged_full_capacity_and_partials(page_size, cute_paged_enabled):
     _backend().decode(q, k_pages, v_pages, None, 5, scale, False, out, None, block_table=table)
     out_p, lse_p = _backend().forward_partials(q, k_pages, v_pages, None, 5, scale, False, block_table=table)
     torch.cuda.synchronize()
-    ref, _ = attention_ref(q, k, v, None, False, scale)
-    ref_lowp, _ = attention_ref(q, k, v, None, False, scale, upcast=False)
-    check_output(out, ref, ref_lowp, case.dtype)
+    check_against_reference(out, None, q, k, v, None, False, scale)
     ref_p, ref_lse_p = split_partials_ref(q, k, v, None, 5, False, scale)
     for s in range(5):  # 4 pages x page_size keys in 5 splits: the last ones may be empty
         check_lse(lse_p[s], ref_lse_p[s])
@@ -213,9 +210,7 @@ def test_paged_compile_cache_and_graph_replay_with_new_table(cute_paged_enabled)
     graph.replay()
     torch.cuda.synchronize()
     k_ref, v_ref = k.flip(0), v.flip(0)
-    ref, _ = attention_ref(q, k_ref, v_ref, seqlens, False, 0.1)
-    ref_lowp, _ = attention_ref(q, k_ref, v_ref, seqlens, False, 0.1, upcast=False)
-    check_output(out, ref, ref_lowp, case.dtype)
+    check_against_reference(out, None, q, k_ref, v_ref, seqlens, False, 0.1)
 
 
 def test_compile_cache_reused_across_runtime_shapes():
@@ -244,9 +239,7 @@ def test_cuda_graph_capture():
     seqlens.copy_(torch.tensor([50, 3000], dtype=torch.int32))
     graph.replay()
     torch.cuda.synchronize()
-    ref, _ = attention_ref(q, k, v, seqlens, False, 0.1)
-    ref_lowp, _ = attention_ref(q, k, v, seqlens, False, 0.1, upcast=False)
-    check_output(out, ref, ref_lowp, case.dtype)
+    check_against_reference(out, None, q, k, v, seqlens, False, 0.1)
 
 
 def bench(batch=1, seqlen_k=131072, heads=32, heads_kv=8, head_dim=128, splits=(0,), reps=20):
@@ -330,9 +323,7 @@ def bench_variants():
                 q, k, v, seqlens = make_inputs(case, "cuda")
                 out = torch.full_like(q, float("nan"))
                 _backend().decode(q, k, v, seqlens, case.num_splits, 0.1, case.causal, out, None)
-                ref, _ = attention_ref(q, k, v, seqlens, case.causal, 0.1)
-                ref_lowp, _ = attention_ref(q, k, v, seqlens, case.causal, 0.1, upcast=False)
-                check_output(out, ref, ref_lowp, case.dtype)
+                check_against_reference(out, None, q, k, v, seqlens, case.causal, 0.1)
             splits = (29, 32, 33) if units == 2 else (15, 16, 17, 32)
             for row in bench(seqlen_k=131072, head_dim=head_dim, splits=splits):
                 print((tile_n, stages, units), "B=%d Lk=%d H=%d/%d d=%d splits=%d: %.1f us, %.2f TB/s" % row, flush=True)
@@ -408,11 +399,7 @@ def _check_fp8(out, lse, q, k8, v8, k_descale, v_descale, seqlens, causal, scale
     from flashsplit.reference import dequantize
 
     k_ref, v_ref = dequantize(k8, k_descale), dequantize(v8, v_descale)  # what the kernel attends to
-    ref, ref_lse = attention_ref(q, k_ref, v_ref, seqlens, causal, scale)
-    ref_lowp, _ = attention_ref(q, k_ref.to(q.dtype), v_ref.to(q.dtype), seqlens, causal, scale, upcast=False)
-    check_output(out, ref, ref_lowp, q.dtype, what)
-    if lse is not None:
-        check_lse(lse, ref_lse)
+    check_against_reference(out, lse, q, k_ref, v_ref, seqlens, causal, scale, what=what)
 
 
 @pytest.mark.parametrize("head_dim,dtype,fp8,per_head,seqlen_q,group,causal", FP8_CASES, ids=str)

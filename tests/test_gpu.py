@@ -16,7 +16,13 @@ import flashsplit
 from flashsplit.problem import check_decode_inputs
 from flashsplit.reference import attention_ref, split_partials_ref
 from flashsplit.registry import get, names
-from flashsplit.testing import DecodeCase, check_lse, check_output, make_inputs, run_and_check
+from flashsplit.testing import (
+    DecodeCase,
+    check_against_reference,
+    check_lse,
+    make_inputs,
+    run_and_check,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -89,10 +95,7 @@ def test_cache_over_2_31_elements(backend, generator):
     out, lse = flashsplit.decode(q, k, v, cache_seqlens=lengths, num_splits=7, return_lse=True, backend=backend)
     # Check the short rows against the reference on the live prefix, the full row on its tail.
     short = slice(0, 4)
-    ref, ref_lse = attention_ref(q[short], k[short, :4000], v[short, :4000], lengths[short])
-    ref_lowp, _ = attention_ref(q[short], k[short, :4000], v[short, :4000], lengths[short], upcast=False)
-    check_output(out[short], ref, ref_lowp, torch.bfloat16, "out[rows 0-3]")
-    check_lse(lse[short], ref_lse)
+    check_against_reference(out[short], lse[short], q[short], k[short, :4000], v[short, :4000], lengths[short], what="out[rows 0-3]")
     full_ref, full_lse = attention_ref(q[4:], k[4:], v[4:])
     torch.testing.assert_close(out[4:].double(), full_ref, atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(lse[4:], full_lse, atol=1e-3, rtol=1e-3)
@@ -138,9 +141,7 @@ def test_cuda_graph_replay_with_new_seqlens(backend, generator):
         eager, eager_lse = flashsplit.decode(q, k, v, cache_seqlens=seqlens, return_lse=True, backend=backend)
         assert torch.equal(out, eager), f"graph replay differs from eager for lengths {new_lengths}"
         torch.testing.assert_close(lse, eager_lse, atol=0, rtol=0)
-        ref, _ = attention_ref(q, k, v, seqlens)
-        ref_lowp, _ = attention_ref(q, k, v, seqlens, upcast=False)
-        check_output(out, ref, ref_lowp, torch.bfloat16, f"graph out {new_lengths}")
+        check_against_reference(out, None, q, k, v, seqlens, what=f"graph out {new_lengths}")
 
 
 @pytest.mark.parametrize("producer, merger", list(itertools.product(BACKENDS, BACKENDS)))
@@ -190,7 +191,4 @@ def test_paged_and_fp8_matrix(backend, page_size, fp8, generator, cute_paged_ena
                                  backend=backend, **scales)
     k_ref = dequantize(k, scales.get("k_descale"))
     v_ref = dequantize(v, scales.get("v_descale"))
-    ref, ref_lse = attention_ref(q, k_ref, v_ref, seqlens)
-    ref_lowp, _ = attention_ref(q, k_ref.to(q.dtype), v_ref.to(q.dtype), seqlens, upcast=False)
-    check_output(out, ref, ref_lowp, torch.bfloat16, f"paged {page_size} {fp8}")
-    check_lse(lse, ref_lse)
+    check_against_reference(out, lse, q, k_ref, v_ref, seqlens, what=f"paged {page_size} {fp8}")

@@ -11,12 +11,17 @@ import itertools
 
 import pytest
 import torch
+from conftest import DEVICE
 
 import flashsplit
-from flashsplit.testing import DecodeCase, POISON, check_lse, check_output, make_inputs, run_and_check
-from flashsplit.reference import attention_ref
-
-from conftest import DEVICE
+from flashsplit.testing import (
+    POISON,
+    DecodeCase,
+    check_against_reference,
+    check_lse,
+    make_inputs,
+    run_and_check,
+)
 
 BLOCK_N = 64  # the Triton kernel's key tile
 LENGTHS = [0, 1, BLOCK_N - 1, BLOCK_N + 1, 127, 129, 300, 517]
@@ -79,9 +84,7 @@ def test_return_lse_false_and_fresh_out(generator):
     q, k, v, seqlens = make_inputs(case, DEVICE, generator)
     out = flashsplit.decode(q, k, v, cache_seqlens=seqlens, num_splits=3, backend="triton")
     assert isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype
-    ref, _ = attention_ref(q, k, v, seqlens)
-    ref_lowp, _ = attention_ref(q, k, v, seqlens, upcast=False)
-    check_output(out, ref, ref_lowp, torch.float16)
+    check_against_reference(out, None, q, k, v, seqlens)
 
 
 def test_strided_inputs_and_output(generator):
@@ -97,20 +100,14 @@ def test_strided_inputs_and_output(generator):
     out = out_buf.transpose(1, 2)
     result, lse = flashsplit.decode(q, k, v, cache_seqlens=seqlens, num_splits=3, out=out, return_lse=True,
                                     backend="triton")
-    ref, ref_lse = attention_ref(q, k, v, seqlens)
-    ref_lowp, _ = attention_ref(q, k, v, seqlens, upcast=False)
-    check_output(result, ref, ref_lowp, torch.float16)
-    check_lse(lse, ref_lse)
+    check_against_reference(result, lse, q, k, v, seqlens)
 
 
 def test_softmax_scale(generator):
     case = DecodeCase(batch=1, seqlen_q=1, seqlen_k=200, num_heads_kv=1, group=4, head_dim=64, dtype=torch.float16)
     q, k, v, _ = make_inputs(case, DEVICE, generator)
     out, lse = flashsplit.decode(q, k, v, softmax_scale=0.3, num_splits=2, return_lse=True, backend="triton")
-    ref, ref_lse = attention_ref(q, k, v, softmax_scale=0.3)
-    ref_lowp, _ = attention_ref(q, k, v, softmax_scale=0.3, upcast=False)
-    check_output(out, ref, ref_lowp, torch.float16)
-    check_lse(lse, ref_lse)
+    check_against_reference(out, lse, q, k, v, softmax_scale=0.3)
 
 
 @pytest.mark.parametrize("num_splits", [3, 17])
