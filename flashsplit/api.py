@@ -196,7 +196,55 @@ def decode_into(
     backend: str = "auto",
 ) -> None:
     """:func:`decode` writing into given outputs: ``out`` ``[B, L_q, H_q, D]`` (q's dtype) and,
-    unless None, ``lse`` fp32 ``[B, H_q, L_q]``. Validates every argument."""
+    unless None, ``lse`` fp32 ``[B, H_q, L_q]``. Validates every argument.
+
+    The validation, backend choice and plan depend only on static facts of the arguments, so
+    they run once per call signature (:func:`_signature`) and are cached with the backend's
+    prepared launcher; a decode loop pays them on its first step only.
+    """
+    key = _signature(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale,
+                     softmax_scale, causal, num_splits, backend)
+    run = _PREPARED.get(key) if key is not None else None
+    if run is None:
+        run = _prepare(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale,
+                       softmax_scale, causal, num_splits, backend)
+        if key is not None:
+            if len(_PREPARED) >= _MAX_PREPARED:
+                _PREPARED.clear()
+            _PREPARED[key] = run
+    run(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse)
+
+
+_PREPARED: dict[tuple, object] = {}
+_MAX_PREPARED = 4096
+
+
+def _tensor_facts(t):
+    """What validation and the kernels' specialization read of a tensor argument: everything
+    but its values and its address (beyond 16-byte alignment)."""
+    if t is None:
+        return None
+    if type(t) is not torch.Tensor and not isinstance(t, torch.Tensor):
+        raise TypeError  # validation names it
+    return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16
+
+
+def _signature(*args) -> tuple | None:
+    """A hashable key of one decode call's static facts, or None (then nothing is cached)."""
+    try:
+        tensors = tuple(_tensor_facts(t) for t in args[:9])
+        scalars = tuple((type(x), x) for x in args[9:])
+        key = (tensors, scalars)
+        hash(key)
+        return key
+    except Exception:  # an argument of a wrong type, a sparse tensor, ...: validation explains
+        return None
+
+
+def _prepare(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, softmax_scale,
+             causal, num_splits, backend):
+    """Validate one call and return ``run(q, k, v, cache_seqlens, block_table, k_descale, v_descale,
+    out, lse)`` that decodes every call with the same static facts."""
     problem = check_decode_inputs(q, k_cache, v_cache, cache_seqlens, causal, num_splits, out,
                                   block_table, k_descale, v_descale)
     if lse is not None and (not isinstance(lse, torch.Tensor) or lse.shape != (problem.batch, problem.num_heads,
@@ -213,15 +261,23 @@ def decode_into(
     batch, seqlen_q, num_heads, head_dim = q.shape
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
-    if batch > 0 and num_heads > 0:
-        if problem.seqlen_k == 0:
-            out.zero_()  # no keys at all: every row is empty
-            if lse is not None:
-                lse.fill_(float("-inf"))
-        else:
-            the_plan = _make_plan(problem, chosen, reason, num_splits, _num_sms(q.device.type, q.device.index))
-            chosen.decode(q, k_cache, v_cache, cache_seqlens, the_plan.num_splits, float(softmax_scale),
-                          causal, out, lse, block_table=block_table, k_descale=k_descale, v_descale=v_descale)
+    if batch == 0 or num_heads == 0:
+        return _nothing_to_do
+    if problem.seqlen_k == 0:
+        return _no_keys
+    the_plan = _make_plan(problem, chosen, reason, num_splits, _num_sms(q.device.type, q.device.index))
+    return chosen.prepare(problem, the_plan.num_splits, float(softmax_scale), causal)
+
+
+def _nothing_to_do(*args) -> None:
+    pass
+
+
+def _no_keys(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse) -> None:
+    """A cache with no slots: every row is empty (O = 0, LSE = -inf)."""
+    out.zero_()
+    if lse is not None:
+        lse.fill_(float("-inf"))
 
 
 def combine(

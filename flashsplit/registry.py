@@ -67,6 +67,17 @@ class Backend(abc.ABC):
         that use a single split may also skip the partials and write ``out`` directly.
         """
 
+    def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float, causal: bool):
+        """A callable ``(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse)``
+        that runs :meth:`decode` for calls with ``problem``'s static facts (the api caches it per
+        call signature, so a backend may keep launch handles in it)."""
+
+        def run(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse):
+            self.decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out, lse,
+                        block_table=block_table, k_descale=k_descale, v_descale=v_descale)
+
+        return run
+
     @abc.abstractmethod
     def forward_partials(
         self,

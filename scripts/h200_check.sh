@@ -9,12 +9,13 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
 python -c "import torch, triton, cutlass; print('torch', torch.__version__, 'triton', triton.__version__, 'cutlass-dsl', cutlass.__version__)"
 start=$(date +%s)
-P="python -m pytest -q -p no:cacheprovider -rs --durations=8"
+P="python -m pytest -q -p no:cacheprovider -rfEs --durations=8"
 T=${PYTEST_TIMEOUT:-400}
 timeout $T $P tests/test_gpu.py -k triton > "$OUT/pytest-gpu-triton.log" 2>&1 &
 timeout $T $P tests/test_gpu.py -k "not triton" > "$OUT/pytest-gpu-cute.log" 2>&1 &
 timeout $T $P tests/test_cute_gpu.py > "$OUT/pytest-cute.log" 2>&1 &
-timeout $T $P tests --ignore=tests/test_gpu.py --ignore=tests/test_cute_gpu.py > "$OUT/pytest-rest.log" 2>&1 &
+# The rest holds the CPU compile checks of every CuteDSL configuration: spread over 6 workers.
+timeout $T $P -n 6 tests --ignore=tests/test_gpu.py --ignore=tests/test_cute_gpu.py > "$OUT/pytest-rest.log" 2>&1 &
 wait
 for f in "$OUT"/pytest-*.log; do echo "== $f"; grep -E "^(FAILED|ERROR)" "$f" | head -8; tail -1 "$f"; done
 echo "pytest took $(( $(date +%s) - start )) s"

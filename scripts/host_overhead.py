@@ -1,71 +1,72 @@
-"""Where an eager ``flashsplit.decode`` call spends its host time, stage by stage.
+"""Host time of an eager ``flashsplit.decode`` call, per backend, stage by stage.
 
-Wraps the Triton backend's stages (validation + plan in ``decode`` itself, partial-buffer
-allocation, split launch, combine launch) with host timers and runs many back-to-back calls
-without synchronizing, so each stage's figure is its host cost (the GPU runs behind).
+Runs many back-to-back calls without synchronizing, so each figure is host cost (the GPU runs
+behind): the whole ``decode`` call; the backend's prepared launcher alone (the api's cached
+validation/plan skipped); ``torch.empty_like(q)`` (the output allocation) for scale; and torch
+SDPA (cuDNN) as the peer a user would otherwise call.
 
     python scripts/host_overhead.py            # on a GPU: B=1, 32/8 heads, d=128, 16k keys
 """
 
 from __future__ import annotations
 
-import collections
 import time
 
 import torch
 
 import flashsplit
-from flashsplit.registry import get
+from flashsplit import api
 
 
-def main(calls: int = 300) -> None:
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float16
-    batch, seqlen_k = (1, 16384) if device == "cuda" else (1, 512)
+def per_call_us(fn, calls: int) -> float:
+    for _ in range(5):
+        fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = time.perf_counter() - started
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return host / calls * 1e6
+
+
+def main(calls: int = 500) -> None:
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    dtype = torch.bfloat16 if cuda else torch.float16
+    batch, seqlen_k = (1, 16384) if cuda else (1, 256)
+    calls = calls if cuda else 3  # the interpreter: only proves the script runs
     q = torch.randn(batch, 1, 32, 128, device=device, dtype=dtype)
     k = torch.randn(batch, seqlen_k, 8, 128, device=device, dtype=dtype)
     v = torch.randn_like(k)
     lens = torch.full((batch,), seqlen_k, dtype=torch.int32, device=device)
-    if device == "cpu":
-        calls = 3  # the interpreter: only proves the script runs
+    out = torch.empty_like(q)
+    print(f"{device}: B={batch} L_k={seqlen_k} 32/8 d=128, {calls} eager calls, host us per call (no sync)")
+    print(f"  torch.empty_like(q)                      {per_call_us(lambda: torch.empty_like(q), calls):8.1f}")
+    backends = ["triton", "cute"] if cuda else ["triton"]
+    for name in backends:
+        try:
+            flashsplit.decode(q, k, v, cache_seqlens=lens, backend=name)
+        except ValueError as e:
+            print(f"  {name}: {e}")
+            continue
+        whole = per_call_us(lambda name=name: flashsplit.decode(q, k, v, cache_seqlens=lens, backend=name), calls)
+        into = per_call_us(lambda name=name: api.decode_into(q, k, v, out, None, cache_seqlens=lens, backend=name),
+                           calls)
+        key = api._signature(q, k, v, out, None, lens, None, None, None, None, False, 0, name)
+        run = api._PREPARED[key]
+        launch = per_call_us(lambda run=run: run(q, k, v, lens, None, None, None, out, None), calls)
+        print(f"  {name:7s} decode() {whole:8.1f}   decode_into() {into:8.1f}   prepared launcher alone {launch:8.1f}")
+    if cuda:
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    totals: dict[str, float] = collections.defaultdict(float)
-    backend = get("triton")
-
-    def timed(name, fn):
-        def wrapper(*args, **kwargs):
-            started = time.perf_counter()
-            result = fn(*args, **kwargs)
-            totals[name] += time.perf_counter() - started
-            return result
-        return wrapper
-
-    originals = {name: getattr(backend, name) for name in ("_alloc_partials", "_launch_split", "_launch_combine", "decode")}
-    for name, fn in originals.items():
-        setattr(backend, name, timed(name, fn))
-    try:
-        for _ in range(5):
-            flashsplit.decode(q, k, v, cache_seqlens=lens, backend="triton")
-        if device == "cuda":
-            torch.cuda.synchronize()
-        totals.clear()
-        started = time.perf_counter()
-        for _ in range(calls):
-            flashsplit.decode(q, k, v, cache_seqlens=lens, backend="triton")
-        host = time.perf_counter() - started
-        if device == "cuda":
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - started
-    finally:
-        for name, fn in originals.items():
-            setattr(backend, name, fn)
-    per_call = lambda seconds: seconds / calls * 1e6  # noqa: E731
-    print(f"{device}: B={batch} L_k={seqlen_k} 32/8 d=128, {calls} eager calls")
-    print(f"  host time per call (no sync)   {per_call(host):8.1f} us   wall with the final sync {per_call(wall):8.1f} us")
-    print(f"  decode() before the backend    {per_call(host - totals['decode']):8.1f} us  (validation, select, plan, out)")
-    print(f"  backend.decode total           {per_call(totals['decode']):8.1f} us")
-    for name in ("_alloc_partials", "_launch_split", "_launch_combine"):
-        print(f"    {name:26s} {per_call(totals[name]):8.1f} us")
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            sdpa = per_call_us(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True),
+                               calls)
+        print(f"  SDPA cuDNN (enable_gqa)                  {sdpa:8.1f}")
 
 
 if __name__ == "__main__":

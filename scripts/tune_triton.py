@@ -34,6 +34,7 @@ def use_tiles(block_n: int, num_warps: int, num_stages: int) -> None:
         return tb.TritonTiles(t.block_m, block_n, t.block_d, num_warps, num_stages)
 
     tb.choose_tiles = choose
+    flashsplit.api._PREPARED.clear()  # prepared launchers keep their compiled kernels: rebuild them
 
 
 _ORIGINAL_CHOOSE = tb.choose_tiles
@@ -53,10 +54,15 @@ def run_cell(batch: int, seqlen_k: int, device: str, check_only: bool) -> list[t
     rows = slice(0, 1)
     ref, _ = attention_ref(inputs[0][0][rows], inputs[0][1][rows], inputs[0][2][rows], lens[rows])
     chosen = flashsplit.plan(batch, seqlen_k, heads, heads_kv, dim, backend="triton", device=device).num_splits
-    # A few split counts around the heuristic's (one is enough to exercise the plumbing).
-    splits = [chosen] if check_only else sorted({chosen, max(1, chosen // 2), chosen + chosen // 4, 2 * chosen, 1})
+    # Split counts around the heuristic's with the default tiles, then every tile variant at the
+    # heuristic's count (one of each is enough to exercise the plumbing on the CPU).
+    default = _ORIGINAL_CHOOSE(heads // heads_kv, dim)
+    default = (default.block_n, default.num_warps, default.num_stages)
+    splits = {chosen} if check_only else {max(1, chosen * f // 4) for f in (2, 3, 4, 5, 6, 8)} | {16, 24, 32, 48, 64}
+    runs = [(default, s) for s in sorted(x for x in splits if x <= 256)]
+    runs += [(variant, chosen) for variant in (VARIANTS[:1] if check_only else VARIANTS) if variant != default]
     results = []
-    for (block_n, warps, stages), num_splits in itertools.product(VARIANTS, splits):
+    for (block_n, warps, stages), num_splits in runs:
         use_tiles(block_n, warps, stages)
         step = lambda i: flashsplit.decode(*inputs[i % sets], cache_seqlens=lens, num_splits=num_splits,  # noqa: E731
                                             backend="triton")

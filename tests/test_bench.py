@@ -712,6 +712,7 @@ def test_dry_run_lists_cache_formats(monkeypatch, capsys):
            "paged/1 bf16, paged/16 bf16" in out
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="runs the Triton interpreter on CPU tensors (CPU machines only)")
 def test_compare_formats_end_to_end_with_a_fake_gpu(monkeypatch, tmp_path, capsys):
     """The whole --compare-formats run (rows, comparison table, JSON, CSV) on CPU tensors: the
     Triton interpreter computes, a fake timer makes paged 5% and fp8 2x."""

@@ -68,6 +68,7 @@ def main() -> int:
             kv = dtype if kv == "same" else kv
             flags.setdefault("PAGED", False)
             flags["HAS_DESCALE"] = kv != dtype
+            flags["LAUNCH_DEPENDENTS"] = flags["HAS_PARTIALS"] and has_out  # decode: the combine follows (PDL)
             pointers = {"Q": f"*{dtype}", "K": f"*{kv}", "V": f"*{kv}", "OUT": f"*{dtype}" if has_out else None,
                         "BLOCK_TABLE": "*i32" if flags["PAGED"] else None,
                         "K_DESCALE": "*fp32" if flags["HAS_DESCALE"] else None,
@@ -82,11 +83,14 @@ def main() -> int:
             assert "mma" in ptx, "the split kernel's dots should use tensor cores"
             print(f"split {dtype} {flags}: {time.perf_counter() - started:.2f} s", flush=True)
             count += 1
-        for skip, write_lse, block_d in itertools.product([False, True], [False, True], [64, 128, 256]):
+        for skip, write_lse, block_d, chunk in itertools.product([False, True], [False, True], [64, 128, 256],
+                                                                 [32, 8]):
             pointers = {"OUT_PARTIAL": "*fp32", "LSE_PARTIAL": "*fp32", "OUT": f"*{dtype}",
                         "SEQLENS": "*i32" if skip else None, "LSE": "*fp32" if write_lse else None}
-            compile_variant(combine_kernel, pointers, dict(BLOCK_D=block_d, BLOCK_S=32, CHUNK_S=8, GRANULE=128,
-                                                           SKIP_SINGLE_SPLIT_ROWS=skip, WRITE_LSE=write_lse))
+            # BLOCK_S 32: one chunk (CHUNK_S 32) or a loop over chunks (8); decode waits on the split (PDL).
+            compile_variant(combine_kernel, pointers, dict(BLOCK_D=block_d, BLOCK_S=32, CHUNK_S=chunk, GRANULE=128,
+                                                           SKIP_SINGLE_SPLIT_ROWS=skip, WRITE_LSE=write_lse,
+                                                           WAIT_FOR_PRIOR_GRID=skip))
             count += 1
     print(f"compiled {count} Triton kernel variants for sm_90")
     return 0

@@ -6,6 +6,7 @@ Triton interpreter. Inputs arrive validated by :func:`flashsplit.problem.check_d
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -14,8 +15,10 @@ import triton
 from ..plan import SPLIT_GRANULE, cdiv, splits_used
 from ..problem import DecodeProblem
 from ..registry import Backend
+from ..workspace import Workspace
 from . import interpreter_active
 from .combine_kernel import combine_kernel
+from .launch import Relaunch, launch
 from .split_kernel import LOG2E, split_kv_kernel
 
 
@@ -60,6 +63,9 @@ class TritonBackend(Backend):
     name = "triton"
     priority = 0
 
+    def __init__(self) -> None:
+        self._workspace = Workspace()
+
     def supports(self, problem: DecodeProblem) -> str | None:
         if problem.device_type == "cuda":
             return None
@@ -80,7 +86,7 @@ class TritonBackend(Backend):
 
     def _launch_split(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
                       out_partial, lse_partial, out, lse, final_for_single_split_rows: bool,
-                      block_table=None, k_descale=None, v_descale=None) -> None:
+                      block_table=None, k_descale=None, v_descale=None) -> Relaunch | None:
         batch, seqlen_q, num_heads, head_dim = q.shape
         num_heads_kv = k_cache.shape[2]
         seqlen_k = _capacity(k_cache, block_table)
@@ -89,9 +95,9 @@ class TritonBackend(Backend):
         tiles = choose_tiles(seqlen_q * group, head_dim)
         row_blocks = cdiv(seqlen_q * group, tiles.block_m)
         grid = (num_splits, batch, num_heads_kv * row_blocks)
-        split_kv_kernel[grid](
-            q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale,
-            out_partial, lse_partial, out, lse,
+        tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale,
+                   out_partial, lse_partial, out, lse)
+        tail = (
             *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
             *_strides(out_partial, 4), *_strides(lse_partial, 3),
             *_strides(out, 3), *_strides(lse, 2),
@@ -99,72 +105,69 @@ class TritonBackend(Backend):
             # group, head_dim, page_size are runtime values (masks, index math): fewer compiled variants.
             seqlen_q, seqlen_k, num_splits, row_blocks, group, head_dim, page_size, k_cache.shape[0],
             softmax_scale * LOG2E,
-            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d,
-            GRANULE=SPLIT_GRANULE,
-            HAS_SEQLENS=cache_seqlens is not None,
-            HAS_PARTIALS=out_partial is not None,
-            PAGED=block_table is not None,
-            HAS_DESCALE=k_descale is not None,
-            CAUSAL=causal and seqlen_q > 1,
-            FINAL_FOR_SINGLE_SPLIT_ROWS=final_for_single_split_rows,
-            WRITE_LSE=lse is not None,
-            RUNTIME_BOUND_WHILE=interpreter_active(),
-            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+            # constexprs, in the kernel's order (a Relaunch passes every argument positionally)
+            tiles.block_m, tiles.block_n, tiles.block_d, SPLIT_GRANULE,
+            cache_seqlens is not None,  # HAS_SEQLENS
+            out_partial is not None,  # HAS_PARTIALS
+            block_table is not None,  # PAGED
+            k_descale is not None,  # HAS_DESCALE
+            causal and seqlen_q > 1,  # CAUSAL
+            final_for_single_split_rows,
+            lse is not None,  # WRITE_LSE
+            interpreter_active(),  # RUNTIME_BOUND_WHILE
+            out_partial is not None and _pdl(q),  # LAUNCH_DEPENDENTS: the combine follows
         )
+        return launch(split_kv_kernel, grid, tensors, tail,
+                      dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages))
 
     def _launch_combine(self, out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows: bool,
-                        seqlen_k: int = 0) -> None:
-        """``seqlen_k`` (the cache capacity) clamps ``cache_seqlens`` when rows are skipped."""
+                        seqlen_k: int = 0, after_split: bool = False) -> Relaunch | None:
+        """``seqlen_k`` (the cache capacity) clamps ``cache_seqlens`` when rows are skipped.
+        ``after_split``: launched right behind the split kernel, as its programmatic dependent."""
         num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
-        grid = (batch * seqlen_q * num_heads,)
-        combine_kernel[grid](
-            out_partial, lse_partial, cache_seqlens, out, lse,
+        block_d = max(16, triton.next_power_of_2(head_dim))
+        block_s = max(16, triton.next_power_of_2(num_splits))
+        pdl = after_split and _pdl(out)
+        grid = (batch * seqlen_q * num_heads, 1, 1)
+        tensors = (out_partial, lse_partial, cache_seqlens, out, lse)
+        tail = (
             *out_partial.stride()[:4], *lse_partial.stride()[:3],
             *out.stride()[:3], *_strides(lse, 2),
             seqlen_q, seqlen_k, num_heads, num_splits,
-            HEAD_DIM=head_dim,
-            BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-            BLOCK_S=max(16, triton.next_power_of_2(num_splits)),
-            CHUNK_S=8,
-            GRANULE=SPLIT_GRANULE,
-            SKIP_SINGLE_SPLIT_ROWS=skip_single_split_rows,
-            WRITE_LSE=lse is not None,
-            num_warps=4 if head_dim >= 128 else 2,
+            head_dim, block_d, block_s,
+            # CHUNK_S: all splits in one chunk (one memory round trip) up to 64 fp32 registers a thread
+            min(block_s, max(8, 8192 // block_d)),
+            SPLIT_GRANULE, skip_single_split_rows, lse is not None,
+            pdl,  # WAIT_FOR_PRIOR_GRID
         )
+        return launch(combine_kernel, grid, tensors, tail,
+                      dict(num_warps=4 if head_dim >= 128 else 2, launch_pdl=pdl))
 
-    @staticmethod
-    def _alloc_partials(q: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _alloc_partials(self, q: torch.Tensor, num_splits: int, scratch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """``out_partial`` ``[S, B, L_q, H, D]`` and ``lse_partial`` ``[S, B, H, L_q]``, fp32, both
-        contiguous views of one allocation (one allocator call per decode step instead of two)."""
+        contiguous views of one buffer: with ``scratch``, the stream's reusable workspace."""
         batch, seqlen_q, num_heads, head_dim = q.shape
         rows = num_splits * batch * seqlen_q * num_heads
-        buffer = torch.empty(rows * (head_dim + 1), dtype=torch.float32, device=q.device)
+        numel = rows * (head_dim + 1)
+        buffer = self._workspace.get(q.device, numel) if scratch else torch.empty(numel, dtype=torch.float32,
+                                                                                   device=q.device)
         out_partial = buffer[: rows * head_dim].view(num_splits, batch, seqlen_q, num_heads, head_dim)
-        lse_partial = buffer[rows * head_dim:].view(num_splits, batch, num_heads, seqlen_q)
+        lse_partial = buffer[rows * head_dim: numel].view(num_splits, batch, num_heads, seqlen_q)
         return out_partial, lse_partial
 
     # -- Backend interface ---------------------------------------------------------------------
 
+    def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float, causal: bool):
+        return PreparedDecode(self, problem, num_splits, softmax_scale, causal)
+
     def decode(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out, lse,
                block_table=None, k_descale=None, v_descale=None) -> None:
-        cache = dict(block_table=block_table, k_descale=k_descale, v_descale=v_descale)
-        if cache_seqlens is None and splits_used(_capacity(k_cache, block_table), num_splits) <= 1:
-            num_splits = 1  # every row is full and fits in one split: same result, no combine
-        if num_splits == 1:
-            self._launch_split(q, k_cache, v_cache, cache_seqlens, 1, softmax_scale, causal,
-                               None, None, out, lse, final_for_single_split_rows=True, **cache)
-            return
-        out_partial, lse_partial = self._alloc_partials(q, num_splits)
-        # Rows whose live keys fit in one split skip the partials, and the combine skips them.
-        shortcut = cache_seqlens is not None
-        self._launch_split(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
-                           out_partial, lse_partial, out, lse, final_for_single_split_rows=shortcut, **cache)
-        self._launch_combine(out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows=shortcut,
-                             seqlen_k=_capacity(k_cache, block_table))
+        PreparedDecode(self, None, num_splits, softmax_scale, causal)(
+            q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse)
 
     def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
                          block_table=None, k_descale=None, v_descale=None):
-        out_partial, lse_partial = self._alloc_partials(q, num_splits)
+        out_partial, lse_partial = self._alloc_partials(q, num_splits, scratch=False)
         self._launch_split(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
                            out_partial, lse_partial, None, None, final_for_single_split_rows=False,
                            block_table=block_table, k_descale=k_descale, v_descale=v_descale)
@@ -172,3 +175,63 @@ class TritonBackend(Backend):
 
     def combine(self, out_partial, lse_partial, out, lse) -> None:
         self._launch_combine(out_partial, lse_partial, None, out, lse, skip_single_split_rows=False)
+
+
+class PreparedDecode:
+    """Decode for one static configuration (the api caches one per call signature).
+
+    The first call launches through Triton and keeps :class:`~flashsplit.triton.launch.Relaunch`
+    handles; later calls replay them with the new tensors, and take the partial buffers from
+    the stream's workspace (a fresh allocation while a CUDA graph is being captured).
+    """
+
+    def __init__(self, backend: TritonBackend, problem: DecodeProblem | None, num_splits: int,
+                 softmax_scale: float, causal: bool):
+        self.backend = backend
+        self.num_splits = num_splits
+        self.softmax_scale = softmax_scale
+        self.causal = causal
+        self.split: Relaunch | None = None
+        self.combine: Relaunch | None = None
+        if problem is not None and not problem.has_cache_seqlens and splits_used(problem.seqlen_k, num_splits) <= 1:
+            self.num_splits = 1  # every row is full and fits in one split: same result, no combine
+
+    def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse) -> None:
+        num_splits = self.num_splits
+        if cache_seqlens is None and num_splits > 1 and splits_used(_capacity(k_cache, block_table), num_splits) <= 1:
+            num_splits = 1  # (direct backend.decode calls: no problem given)
+        if num_splits == 1:
+            tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, None, None, out, lse)
+            if self.split is not None:
+                self.split(tensors)
+            else:
+                self.split = self.backend._launch_split(
+                    q, k_cache, v_cache, cache_seqlens, 1, self.softmax_scale, self.causal, None, None, out, lse,
+                    final_for_single_split_rows=True, block_table=block_table, k_descale=k_descale,
+                    v_descale=v_descale)
+            return
+        out_partial, lse_partial = self.backend._alloc_partials(q, num_splits)
+        # Rows whose live keys fit in one split skip the partials, and the combine skips them.
+        shortcut = cache_seqlens is not None
+        if self.split is not None and self.combine is not None:
+            self.split((q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale,
+                        out_partial, lse_partial, out, lse))
+            self.combine((out_partial, lse_partial, cache_seqlens, out, lse))
+            return
+        self.split = self.backend._launch_split(
+            q, k_cache, v_cache, cache_seqlens, num_splits, self.softmax_scale, self.causal, out_partial,
+            lse_partial, out, lse, final_for_single_split_rows=shortcut, block_table=block_table,
+            k_descale=k_descale, v_descale=v_descale)
+        self.combine = self.backend._launch_combine(
+            out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows=shortcut,
+            seqlen_k=_capacity(k_cache, block_table), after_split=True)
+
+
+def _pdl(t: torch.Tensor) -> bool:
+    """Programmatic dependent launch of the combine: Hopper (sm_90) and later, not the interpreter."""
+    return t.device.type == "cuda" and not interpreter_active() and _capability(t.device.index)[0] >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int | None) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)

@@ -8,6 +8,7 @@ Device code only. One program per (batch row, query position, q head)::
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from .split_rule import load_seqlen, row_splits_used
 
@@ -27,6 +28,7 @@ def combine_kernel(
     GRANULE: tl.constexpr,
     SKIP_SINGLE_SPLIT_ROWS: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    WAIT_FOR_PRIOR_GRID: tl.constexpr = False,
 ):
     """Writes ``OUT[b, m, h, :]`` (OUT's dtype) and ``LSE[b, h, m]`` (fp32, natural log).
 
@@ -40,31 +42,52 @@ def combine_kernel(
     if SKIP_SINGLE_SPLIT_ROWS:
         if row_splits_used(load_seqlen(SEQLENS, b, seqlen_k), num_splits, GRANULE) <= 1:
             return
+    if WAIT_FOR_PRIOR_GRID:
+        # Launched as a programmatic dependent of the split kernel: wait until its partials are
+        # written and visible (a no-op without programmatic dependence). The lengths above were
+        # written before the split kernel started, so reading them before the wait is safe and
+        # overlaps that load with the wait.
+        gdc_wait()
 
     lse_base = LSE_PARTIAL + b * stride_lpb + h * stride_lph + m
+    o_base = OUT_PARTIAL + b * stride_opb + m * stride_opm + h * stride_oph
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
     offs_s = tl.arange(0, BLOCK_S)
+    # The partials are loaded without waiting for the LSEs (a live-split mask would make the
+    # second load wait for the first): one memory round trip when the splits fit one chunk.
+    # Slices of empty splits hold garbage (never written) and are dropped by a select below.
     lse_s = tl.load(lse_base + offs_s.to(tl.int64) * stride_lps, mask=offs_s < num_splits, other=float("-inf"))
+    if BLOCK_S == CHUNK_S:
+        o_first = tl.load(
+            o_base + offs_s[:, None].to(tl.int64) * stride_ops + offs_d[None, :],
+            mask=(offs_s < num_splits)[:, None] & mask_d[None, :],
+            other=0.0,
+        )
     lse_max = tl.max(lse_s, axis=0)
     shift = tl.where(lse_max == float("-inf"), 0.0, lse_max)
     total = tl.sum(tl.exp(lse_s - shift), axis=0)
     has_keys = total > 0.0
     lse = tl.where(has_keys, shift + tl.log(tl.where(has_keys, total, 1.0)), float("-inf"))
 
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < HEAD_DIM
-    o_base = OUT_PARTIAL + b * stride_opb + m * stride_opm + h * stride_oph
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    for s0 in range(0, BLOCK_S, CHUNK_S):  # static bound: BLOCK_S >= num_splits
-        offs_c = s0 + tl.arange(0, CHUNK_S)
-        lse_c = tl.load(lse_base + offs_c.to(tl.int64) * stride_lps, mask=offs_c < num_splits, other=float("-inf"))
-        live = lse_c > float("-inf")
-        weight = tl.where(live, tl.exp(lse_c - lse), 0.0)
-        o = tl.load(
-            o_base + offs_c[:, None].to(tl.int64) * stride_ops + offs_d[None, :],
-            mask=live[:, None] & mask_d[None, :],
-            other=0.0,
-        )
-        acc += tl.sum(weight[:, None] * o, axis=0)
+    if BLOCK_S == CHUNK_S:
+        live = lse_s > float("-inf")
+        weight = tl.where(live, tl.exp(lse_s - lse), 0.0)
+        acc = tl.sum(tl.where(live[:, None], weight[:, None] * o_first, 0.0), axis=0)
+    else:
+        acc = tl.zeros([BLOCK_D], tl.float32)
+        for s0 in range(0, BLOCK_S, CHUNK_S):  # static bound: BLOCK_S >= num_splits
+            offs_c = s0 + tl.arange(0, CHUNK_S)
+            lse_c = tl.load(lse_base + offs_c.to(tl.int64) * stride_lps, mask=offs_c < num_splits,
+                            other=float("-inf"))
+            live = lse_c > float("-inf")
+            weight = tl.where(live, tl.exp(lse_c - lse), 0.0)
+            o = tl.load(
+                o_base + offs_c[:, None].to(tl.int64) * stride_ops + offs_d[None, :],
+                mask=live[:, None] & mask_d[None, :],
+                other=0.0,
+            )
+            acc += tl.sum(weight[:, None] * o, axis=0)
     tl.store(OUT + b * stride_ob + m * stride_om + h * stride_oh + offs_d, acc.to(OUT.dtype.element_ty), mask=mask_d)
     if WRITE_LSE:
         tl.store(LSE + b * stride_lb + h * stride_lh + m, lse)

@@ -9,6 +9,7 @@ per KV head instead of once per q head.
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from .split_rule import load_seqlen, row_split_range, row_splits_used
 
@@ -118,6 +119,7 @@ def split_kv_kernel(
     FINAL_FOR_SINGLE_SPLIT_ROWS: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     RUNTIME_BOUND_WHILE: tl.constexpr,
+    LAUNCH_DEPENDENTS: tl.constexpr = False,
 ):
     """Attention of one split of one row's keys for one tile of packed (query, q head) rows.
 
@@ -126,6 +128,10 @@ def split_kv_kernel(
     keys fit in one split instead gets its final ``OUT[b, m, hq, :]`` (q dtype) and
     ``LSE[b, hq, m]`` from split 0, and the combine skips it.
     """
+    if LAUNCH_DEPENDENTS:
+        # Programmatic dependent launch (sm_90+): once every program has started, the combine
+        # may be scheduled; it waits (griddepcontrol.wait) for this grid's writes before reading.
+        gdc_launch_dependents()
     split = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     kvh = (tl.program_id(2) // row_blocks).to(tl.int64)

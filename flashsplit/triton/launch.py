@@ -1,0 +1,64 @@
+"""Launch a Triton kernel once through Triton, then replay that launch with new tensors cheaply.
+
+``fn[grid](*args)`` binds and specializes every argument on every call (each integer is tested
+for divisibility by 16, each tensor for alignment, then a cache key is hashed): tens of
+microseconds for the split kernel's ~60 arguments. A decode step of a fixed configuration
+changes only the tensors' addresses; the caller (:mod:`flashsplit.api`) caches by everything
+Triton specializes on (shapes, strides, dtypes, 16-byte alignment), so the compiled kernel can
+be called directly with the new tensors. Relies on triton 3.6's ``CompiledKernel.run``
+signature (checked here; other versions take Triton's own path every call).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import triton
+
+from . import interpreter_active
+
+_RUN_SIGNATURE_VERSIONS = ("3.6.",)  # CompiledKernel.run(gx, gy, gz, stream, function, packed_metadata,
+#                                      launch_metadata, enter_hook, exit_hook, *args)
+
+
+def fast_relaunch_available() -> bool:
+    return not interpreter_active() and triton.__version__.startswith(_RUN_SIGNATURE_VERSIONS)
+
+
+class Relaunch:
+    """The launch of one compiled kernel with its grid and non-tensor arguments fixed.
+
+    ``self(tensors)`` launches it on the current stream with ``tensors`` as the leading
+    arguments (the kernels list their pointers first). The caller guarantees that they match
+    the first launch's tensors in dtype, shape, strides and 16-byte alignment.
+    """
+
+    __slots__ = ("_compiled", "_run", "_function", "_packed", "_grid", "_tail", "_device")
+
+    def __init__(self, compiled, grid: tuple[int, int, int], tail: Sequence, device: int):
+        self._compiled = compiled
+        self._run = compiled.run
+        self._function = compiled.function
+        self._packed = compiled.packed_metadata
+        self._grid = grid
+        self._tail = tuple(tail)
+        self._device = device
+
+    def __call__(self, tensors: Sequence) -> None:
+        args = (*tensors, *self._tail)
+        stream = torch._C._cuda_getCurrentRawStream(self._device)
+        hooks = triton.knobs.runtime
+        enter = hooks.launch_enter_hook
+        metadata = self._compiled.launch_metadata(self._grid, stream, *args) if enter is not None else None
+        gx, gy, gz = self._grid
+        self._run(gx, gy, gz, stream, self._function, self._packed, metadata, enter, hooks.launch_exit_hook, *args)
+
+
+def launch(fn, grid: tuple[int, int, int], tensors: Sequence, tail: Sequence, options: dict) -> Relaunch | None:
+    """``fn[grid](*tensors, *tail, **options)``; returns a :class:`Relaunch` of it, or None where
+    replaying is not possible (the interpreter, another triton version)."""
+    compiled = fn[grid](*tensors, *tail, **options)
+    if compiled is None or not fast_relaunch_available():
+        return None
+    return Relaunch(compiled, grid, tail, torch.cuda.current_device())

@@ -1,0 +1,117 @@
+"""The api's per-signature cache of validation + plan + prepared launcher, and the workspace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flashsplit
+from flashsplit import api
+from flashsplit.reference import attention_ref
+from flashsplit.workspace import Workspace
+
+
+def _inputs(generator, batch=2, seqlen_k=300, heads=(8, 2), dim=32, dtype=torch.float16):
+    q = torch.randn(batch, 1, heads[0], dim, generator=generator).to(dtype)
+    k = torch.randn(batch, seqlen_k, heads[1], dim, generator=generator).to(dtype)
+    v = torch.randn(batch, seqlen_k, heads[1], dim, generator=generator).to(dtype)
+    return q, k, v
+
+
+def _signature(q, k, v, out, lens, **scalars):
+    s = dict(softmax_scale=None, causal=False, num_splits=0, backend="auto") | scalars
+    return api._signature(q, k, v, out, None, lens, None, None, None, s["softmax_scale"], s["causal"],
+                          s["num_splits"], s["backend"])
+
+
+def test_repeated_signature_reuses_the_prepared_launcher_and_stays_exact(generator):
+    lens = torch.tensor([300, 129], dtype=torch.int32)
+    api._PREPARED.clear()
+    for step in range(3):  # new values each step, same static facts
+        q, k, v = _inputs(generator)
+        lens[1] = 100 + 50 * step
+        out = torch.full_like(q, float("nan"))
+        flashsplit.decode(q, k, v, cache_seqlens=lens, num_splits=3, out=out, backend="triton")
+        ref, _ = attention_ref(q, k, v, lens)
+        torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
+    assert len(api._PREPARED) == 1
+
+
+def test_cached_signature_still_rejects_bad_inputs(generator):
+    q, k, v = _inputs(generator)
+    lens = torch.tensor([300, 7], dtype=torch.int32)
+    flashsplit.decode(q, k, v, cache_seqlens=lens, backend="triton")
+    with pytest.raises(TypeError, match="cache_seqlens"):
+        flashsplit.decode(q, k, v, cache_seqlens=lens.long(), backend="triton")
+    with pytest.raises(ValueError, match="k_cache"):
+        flashsplit.decode(q, k[:, :, :1], v, cache_seqlens=lens, backend="triton")
+    with pytest.raises(TypeError, match="softmax_scale"):
+        flashsplit.decode(q, k, v, cache_seqlens=lens, softmax_scale=True, backend="triton")
+
+
+def test_signature_tells_apart_what_validation_and_specialization_read(generator):
+    q, k, v = _inputs(generator)
+    out = torch.empty_like(q)
+    lens = torch.tensor([300, 7], dtype=torch.int32)
+    base = _signature(q, k, v, out, lens)
+    assert base == _signature(q.clone(), k.clone(), v.clone(), torch.empty_like(q), lens.clone())
+    wide = torch.randn(2, 300, 2, 40, generator=generator).to(torch.float16)
+    different = [
+        _signature(q, k, v, out, None),  # no cache_seqlens
+        _signature(q, k, v, out, lens.long()),  # dtype
+        _signature(q, k[:, :200], v[:, :200], out, lens),  # shape
+        _signature(q, wide[..., 4:36], v, out, lens),  # strides and a pointer off 16-byte alignment
+        _signature(q, k, v, out, lens, causal=0),  # a non-bool causal is validated, not cached as False
+        _signature(q, k, v, out, lens, num_splits=True),
+        _signature(q, k, v, out, lens, softmax_scale=0.5),
+        _signature(q, k, v, out, lens, backend="triton"),
+    ]
+    assert all(d != base for d in different)
+    assert len(set(different)) == len(different)
+    assert _signature([1], k, v, out, lens) is None  # a wrong type is never cached: validation names it
+
+
+def test_workspace_reuses_memory_on_the_cpu_only_per_call():
+    ws = Workspace()
+    a, b = ws.get(torch.device("cpu"), 10), ws.get(torch.device("cpu"), 10)
+    assert a.numel() == b.numel() == 10 and a.data_ptr() != b.data_ptr()  # no reuse off CUDA
+
+
+@pytest.mark.gpu
+def test_workspace_is_per_stream_and_fresh_during_capture():
+    ws = Workspace()
+    device = torch.device("cuda")
+    a, b = ws.get(device, 100), ws.get(device, 50)
+    assert a.data_ptr() == b.data_ptr() and b.numel() == 50
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        c = ws.get(device, 100)
+    assert c.data_ptr() != a.data_ptr()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        d = ws.get(device, 100)
+    assert d.data_ptr() not in (a.data_ptr(), c.data_ptr())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [1, 5, 0])
+def test_triton_relaunch_replays_with_new_tensors(num_splits):
+    """From the second call on, the Triton launcher replays the compiled kernels directly."""
+    from flashsplit.triton.launch import Relaunch, fast_relaunch_available
+
+    gen = torch.Generator(device="cuda").manual_seed(num_splits)
+    lens = torch.tensor([4000, 1, 129, 0], dtype=torch.int32, device="cuda")
+    for step in range(3):
+        q = torch.randn(4, 1, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+        k = torch.randn(4, 4096, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+        v = torch.randn(4, 4096, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+        lens[0] = 4000 + step
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((4, 32, 1), float("nan"), device="cuda")
+        api.decode_into(q, k, v, out, lse, cache_seqlens=lens, num_splits=num_splits, backend="triton")
+        ref, ref_lse = attention_ref(q, k, v, lens)
+        torch.testing.assert_close(out.double(), ref, atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(lse.double(), ref_lse, atol=1e-3, rtol=1e-3)
+    run = api._PREPARED[api._signature(q, k, v, out, lse, lens, None, None, None, None, False, num_splits, "triton")]
+    if fast_relaunch_available():
+        assert isinstance(run.split, Relaunch)
