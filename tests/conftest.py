@@ -40,6 +40,7 @@ def _enable_unverified(monkeypatch, flag: str):
 
     monkeypatch.setattr(configs, flag, True)
     select.cache_clear()  # backend choices are cached per problem
+    flashsplit.api._PREPARED.clear()  # and per call signature
 
 
 @pytest.fixture
@@ -51,6 +52,7 @@ def cute_paged_enabled(monkeypatch):
     from flashsplit.registry import select
 
     select.cache_clear()
+    flashsplit.api._PREPARED.clear()
 
 
 @pytest.fixture
@@ -61,3 +63,4 @@ def cute_fp8_enabled(monkeypatch):
     from flashsplit.registry import select
 
     select.cache_clear()
+    flashsplit.api._PREPARED.clear()

@@ -98,7 +98,22 @@ def test_combine_kernel_compiles(config, tmp_path):
     t0 = time.perf_counter()
     compile_combine(config, options=f"--keep-ptx --dump-dir={tmp_path}")
     print(f"\ncompile {config}: {time.perf_counter() - t0:.2f} s")
-    assert ".entry" in _ptx(tmp_path)
+    ptx = _ptx(tmp_path)
+    assert ".entry" in ptx
+    _check_combine_loads_first(ptx, config)
+
+
+def _check_combine_loads_first(ptx: str, config) -> None:
+    """The combine's latency rests on one memory round trip: on its aligned path (first in the
+    PTX) a warp's first chunk of partials loads as 8/16-byte vectors, all issued before the
+    first shuffle of the LSE reduction, i.e. before anything waits on a load."""
+    from flashsplit.cute.combine_kernel import CombineKernel
+
+    kernel = CombineKernel(config)
+    body = ptx[ptx.index(".entry"):]
+    head = body[:body.index("shfl.sync.bfly")]
+    vectors = len(re.findall(rf"ld\.global\.v{kernel.vec}\.b32", head))
+    assert vectors == kernel.chunk * kernel.cols_per_lane // kernel.vec, vectors
 
 
 def test_configs_fit_shared_memory():
@@ -170,7 +185,7 @@ def _problem(**overrides) -> DecodeProblem:
     (dict(page_size=1), "page_size 1"),
     (dict(page_size=96), "page_size 96"),
     (dict(page_size=64, head_dim=64), "multiple of its 128-key tile (TMA); smaller or odd pages use the triton"),
-    (dict(page_size=128, kv_dtype=torch.float8_e4m3fn), "fp8 cute kernel is compile-checked but not yet verified"),
+    (dict(page_size=128, kv_dtype=torch.float8_e4m3fn), "CUDA device"),
     (dict(page_size=16, kv_dtype=torch.float8_e4m3fn), "page_size 16"),
 ])
 def test_supports_reasons_on_cpu_problems(overrides, needle, cute_paged_enabled):
@@ -197,22 +212,15 @@ def test_supports_fp8_once_enabled(overrides, needle, cute_paged_enabled, monkey
     assert reason is not None and needle in reason, reason
 
 
-def test_fp8_problems_wait_for_gpu_verification():
-    """Until the fp8 kernel has passed on a GPU, auto keeps fp8 caches on Triton."""
+@pytest.mark.parametrize("flag, overrides", [("FP8_VERIFIED_ON_GPU", dict(kv_dtype=torch.float8_e4m3fn)),
+                                            ("PAGED_VERIFIED_ON_GPU", dict(page_size=128))])
+def test_unverified_cache_formats_stay_on_triton(flag, overrides, monkeypatch):
+    """Both formats passed on the H200; switching a flag off sends that format back to Triton."""
     from flashsplit.cute import configs
 
-    assert configs.FP8_VERIFIED_ON_GPU is False
-    for kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        reason = CuteBackend().supports(_problem(kv_dtype=kv_dtype))
-        assert reason == "the fp8 cute kernel is compile-checked but not yet verified on a GPU; fp8 KV uses triton"
-
-
-def test_paged_problems_wait_for_gpu_verification():
-    """Until the paged kernel has passed on a GPU, auto keeps paged caches on Triton."""
-    from flashsplit.cute import configs
-
-    assert configs.PAGED_VERIFIED_ON_GPU is False
-    reason = CuteBackend().supports(_problem(page_size=128))
+    assert getattr(configs, flag) is True
+    monkeypatch.setattr(configs, flag, False)
+    reason = CuteBackend().supports(_problem(**overrides))
     assert reason is not None and "not yet verified on a GPU" in reason
 
 

@@ -10,11 +10,13 @@ from flashsplit import api
 from flashsplit.reference import attention_ref
 from flashsplit.workspace import Workspace
 
+from conftest import DEVICE
+
 
 def _inputs(generator, batch=2, seqlen_k=300, heads=(8, 2), dim=32, dtype=torch.float16):
-    q = torch.randn(batch, 1, heads[0], dim, generator=generator).to(dtype)
-    k = torch.randn(batch, seqlen_k, heads[1], dim, generator=generator).to(dtype)
-    v = torch.randn(batch, seqlen_k, heads[1], dim, generator=generator).to(dtype)
+    q = torch.randn(batch, 1, heads[0], dim, generator=generator).to(DEVICE, dtype)
+    k = torch.randn(batch, seqlen_k, heads[1], dim, generator=generator).to(DEVICE, dtype)
+    v = torch.randn(batch, seqlen_k, heads[1], dim, generator=generator).to(DEVICE, dtype)
     return q, k, v
 
 
@@ -25,7 +27,7 @@ def _signature(q, k, v, out, lens, **scalars):
 
 
 def test_repeated_signature_reuses_the_prepared_launcher_and_stays_exact(generator):
-    lens = torch.tensor([300, 129], dtype=torch.int32)
+    lens = torch.tensor([300, 129], dtype=torch.int32, device=DEVICE)
     api._PREPARED.clear()
     for step in range(3):  # new values each step, same static facts
         q, k, v = _inputs(generator)
@@ -39,7 +41,7 @@ def test_repeated_signature_reuses_the_prepared_launcher_and_stays_exact(generat
 
 def test_cached_signature_still_rejects_bad_inputs(generator):
     q, k, v = _inputs(generator)
-    lens = torch.tensor([300, 7], dtype=torch.int32)
+    lens = torch.tensor([300, 7], dtype=torch.int32, device=DEVICE)
     flashsplit.decode(q, k, v, cache_seqlens=lens, backend="triton")
     with pytest.raises(TypeError, match="cache_seqlens"):
         flashsplit.decode(q, k, v, cache_seqlens=lens.long(), backend="triton")
@@ -52,10 +54,10 @@ def test_cached_signature_still_rejects_bad_inputs(generator):
 def test_signature_tells_apart_what_validation_and_specialization_read(generator):
     q, k, v = _inputs(generator)
     out = torch.empty_like(q)
-    lens = torch.tensor([300, 7], dtype=torch.int32)
+    lens = torch.tensor([300, 7], dtype=torch.int32, device=DEVICE)
     base = _signature(q, k, v, out, lens)
     assert base == _signature(q.clone(), k.clone(), v.clone(), torch.empty_like(q), lens.clone())
-    wide = torch.randn(2, 300, 2, 40, generator=generator).to(torch.float16)
+    wide = torch.randn(2, 300, 2, 40, generator=generator).to(DEVICE, torch.float16)
     different = [
         _signature(q, k, v, out, None),  # no cache_seqlens
         _signature(q, k, v, out, lens.long()),  # dtype
@@ -111,7 +113,7 @@ def test_triton_relaunch_replays_with_new_tensors(num_splits):
         api.decode_into(q, k, v, out, lse, cache_seqlens=lens, num_splits=num_splits, backend="triton")
         ref, ref_lse = attention_ref(q, k, v, lens)
         torch.testing.assert_close(out.double(), ref, atol=1e-2, rtol=1e-2)
-        torch.testing.assert_close(lse.double(), ref_lse, atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(lse.double(), ref_lse.double(), atol=1e-3, rtol=1e-3)
     run = api._PREPARED[api._signature(q, k, v, out, lse, lens, None, None, None, None, False, num_splits, "triton")]
     if fast_relaunch_available():
         assert isinstance(run.split, Relaunch)

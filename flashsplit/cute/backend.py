@@ -101,16 +101,26 @@ class CuteBackend(Backend):
         lse_buf = lse if lse is not None else self._lse_scratch(out)
         if lse_buf.stride() != _compact_strides(lse_buf.shape):
             raise ValueError(f"lse: expected a contiguous [B, H, L_q] tensor, got strides {lse_buf.stride()}")
-        I32, I64 = cutlass.Int32, cutlass.Int64
-        kernel(
-            _ptr(out_partial, cutlass.Float32, 4), _ptr(lse_partial, cutlass.Float32, 4),
-            _ptr(out, _cutlass_dtype(out.dtype), out.element_size()), _ptr(lse_buf, cutlass.Float32, 4),
-            I32(num_splits), I32(batch), I32(seqlen_q), I32(num_heads),
-            *(I64(s) for s in out_partial.stride()[:4]),
-            *(I64(s) for s in lse_partial.stride()),
-            *(I64(s) for s in out.stride()[:3]),
-            _stream(),
+        raw = (
+            out_partial.data_ptr(), lse_partial.data_ptr(), out.data_ptr(), lse_buf.data_ptr(),
+            num_splits, batch, seqlen_q, num_heads,
+            *out_partial.stride()[:4], *lse_partial.stride(), *out.stride()[:3],
+            _raw_stream(out),
         )
+
+        def library_args():
+            I32, I64 = cutlass.Int32, cutlass.Int64
+            return (
+                _ptr(out_partial, cutlass.Float32, 4), _ptr(lse_partial, cutlass.Float32, 4),
+                _ptr(out, _cutlass_dtype(out.dtype), out.element_size()), _ptr(lse_buf, cutlass.Float32, 4),
+                I32(num_splits), I32(batch), I32(seqlen_q), I32(num_heads),
+                *(I64(s) for s in out_partial.stride()[:4]),
+                *(I64(s) for s in lse_partial.stride()),
+                *(I64(s) for s in out.stride()[:3]),
+                _stream(),
+            )
+
+        _run(kernel, raw, library_args)
 
     # ------------------------------------------------------------------ helpers
     def _launch_split(self, q, k, v, cache_seqlens, block_table, num_splits, scale, causal, o, lse,
@@ -154,24 +164,39 @@ class CuteBackend(Backend):
                 descales.append((t, 0, 0))
             else:
                 descales.append((t, t.stride(0), t.stride(1)))
-        I32, I64 = cutlass.Int32, cutlass.Int64
-        kernel(
-            _ptr(q, dt), _ptr(k, kv_dt), _ptr(v, kv_dt),
-            _ptr(o, cutlass.Float32, 16) if write_partials else _ptr(o, dt, o.element_size()),
-            _ptr(lse, cutlass.Float32, 4), _ptr(cache_seqlens, cutlass.Int32, 4),
-            # A dense launch passes cache_seqlens as the (never read) block table.
-            _ptr(block_table if paged else cache_seqlens, cutlass.Int32, 4),
-            I32(batch), I32(seqlen_q), I32(seqlen_k), I32(num_heads), I32(num_heads_kv), I32(num_splits),
-            I32(cache_rows), I32(cache_len), I32(max_pages), I64(block_table.stride(0) if paged else 0),
-            *(I64(q.stride(i)) for i in (0, 1, 2)),
-            *(I64(k.stride(i)) for i in (0, 1, 2)),
-            *(I64(v.stride(i)) for i in (0, 1, 2)),
-            *(I64(s) for s in o_strides),
-            cutlass.Float32(scale * math.log2(math.e)),
-            *(_ptr(t, cutlass.Float32, 4) for t, _, _ in descales),
-            *(I64(s) for _, sb, sh in descales for s in (sb, sh)),
-            _stream(),
+        scale_log2 = scale * math.log2(math.e)
+        table = block_table if paged else cache_seqlens  # a dense launch passes cache_seqlens (never read)
+        raw = (
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), cache_seqlens.data_ptr(),
+            table.data_ptr(),
+            batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, num_splits, cache_rows, cache_len, max_pages,
+            block_table.stride(0) if paged else 0,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_strides,
+            scale_log2,
+            *(t.data_ptr() for t, _, _ in descales),
+            *(s for _, sb, sh in descales for s in (sb, sh)),
+            _raw_stream(q),
         )
+
+        def library_args():
+            I32, I64 = cutlass.Int32, cutlass.Int64
+            return (
+                _ptr(q, dt), _ptr(k, kv_dt), _ptr(v, kv_dt),
+                _ptr(o, cutlass.Float32, 16) if write_partials else _ptr(o, dt, o.element_size()),
+                _ptr(lse, cutlass.Float32, 4), _ptr(cache_seqlens, cutlass.Int32, 4), _ptr(table, cutlass.Int32, 4),
+                I32(batch), I32(seqlen_q), I32(seqlen_k), I32(num_heads), I32(num_heads_kv), I32(num_splits),
+                I32(cache_rows), I32(cache_len), I32(max_pages), I64(block_table.stride(0) if paged else 0),
+                *(I64(q.stride(i)) for i in (0, 1, 2)),
+                *(I64(k.stride(i)) for i in (0, 1, 2)),
+                *(I64(v.stride(i)) for i in (0, 1, 2)),
+                *(I64(s) for s in o_strides),
+                cutlass.Float32(scale_log2),
+                *(_ptr(t, cutlass.Float32, 4) for t, _, _ in descales),
+                *(I64(s) for _, sb, sh in descales for s in (sb, sh)),
+                _stream(),
+            )
+
+        _run(kernel, raw, library_args)
 
     def _full_length(self, device, batch: int, seqlen_k: int) -> torch.Tensor:
         """A cached ``[batch]`` tensor of ``seqlen_k`` (cache_seqlens=None: every slot is live)."""
@@ -227,6 +252,32 @@ def _ptr(t: torch.Tensor, dtype, align: int = 16):
     from cutlass.cute.runtime import make_ptr
 
     return make_ptr(dtype, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=align)
+
+
+_LAUNCHERS: dict = {}  # compiled kernel -> FastLauncher, or None where one cannot be built
+
+
+def _run(kernel, raw: tuple, library_args) -> None:
+    """Launch ``kernel`` with ``raw`` (plain ints/floats: addresses, sizes, strides, scale, stream)
+    through a cached :class:`~flashsplit.cute.fastcall.FastLauncher` (a few microseconds), or,
+    where none can be built, through CuteDSL's own call with ``library_args()``."""
+    launcher = _LAUNCHERS.get(kernel, False)
+    if launcher is False:
+        from .fastcall import FastLauncher
+
+        try:
+            launcher = FastLauncher.from_raw(kernel, raw)
+        except Exception:  # noqa: BLE001  (not a compiled CuteDSL function, unknown internals: the plain call)
+            launcher = None
+        _LAUNCHERS[kernel] = launcher
+    if launcher is not None:
+        launcher.launch(*raw)
+    else:
+        kernel(*library_args())
+
+
+def _raw_stream(t: torch.Tensor) -> int:
+    return torch._C._cuda_getCurrentRawStream(t.device.index) if t.is_cuda else 0
 
 
 def _stream():

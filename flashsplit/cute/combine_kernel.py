@@ -1,30 +1,60 @@
-"""Combine of split-KV partials, written in CuTeDSL.
+"""Combine of split-KV partials, written in CuTeDSL, for latency: about one memory round trip.
 
-One warp per output row ``(b, m, h)``; each lane owns ``head_dim / 32`` contiguous columns.
-The lanes first reduce the row's split LSEs (max, then the sum of ``exp(lse_s - max)``), then
-walk the splits once, skipping every split whose LSE is ``-inf`` (its ``out_partial`` slice is
-never read: empty splits do not write it). A row whose splits are all ``-inf`` gets O = 0 and
-LSE = ``-inf``.
+One CTA per output row ``(b, m, h)`` (grid = B * L_q * H), of ``W`` warps (4; 8 at d = 256).
+Warp ``w`` takes splits ``w, w + W, w + 2 W, ...``; in it every lane owns ``head_dim / 32``
+contiguous columns. Every load a thread needs first is issued up front, before anything waits
+on memory:
+
+* the row's split LSEs, lane ``l`` holding splits ``l, l + 32, ...`` (all of them, in every warp);
+* the warp's first ``chunk`` splits (``32 / cols_per_lane``): each one's LSE (one address for the
+  whole warp) and the lane's columns of its partial O, as 16-byte vector loads when the partials
+  are aligned (checked at run time; otherwise scalar loads).
+
+Each warp then reduces the row's LSE on its own with shuffles (max, then the sum of
+``exp(lse_s - max)``, as the one-warp kernel did), weights its splits by ``exp(lse_s - lse)`` and
+sums them. A split of weight 0 (LSE ``-inf``: empty, its ``out_partial`` slice never written and
+maybe NaN) is dropped by selection, never multiplied by 0. The warps' sums meet in shared memory
+(one barrier) and thread ``t`` writes column ``t``. A row whose splits are all ``-inf`` gets
+O = 0 and LSE = ``-inf``. ``W * chunk`` splits (32; 64 at d = 64) are in flight at once; the
+splits past them are loaded a chunk per warp at a time, one more round trip per chunk.
 """
 
 from __future__ import annotations
 
 import cutlass
-import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
+from cutlass import Float32, Int32, Int64, cute
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T
+from cutlass.memory import SmemAllocator
 
 from .configs import CombineConfig
 
+#: flashsplit.plan.MAX_SPLITS: LSEs up to this split count are held in registers (8 per lane);
+#: more splits are still right, re-read from memory.
+_SPLITS_IN_REGISTERS = 256
+
+
+def _opaque(x: Int64) -> Int64:
+    """``x``, hidden from the compiler's known-bits analysis: the placeholder pointer the kernel is
+    compiled with claims 16-byte alignment, which would fold the runtime alignment check away."""
+    return Int64(llvm.inline_asm(T.i64(), [x.ir_value()], "mov.b64 $0, $1;", "=l,l"))
+
 
 class CombineKernel:
-    num_threads = 128
-    rows_per_cta = 4  # one warp per row
-
     def __init__(self, config: CombineConfig):
         self.config = config
         self.dtype = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}[config.dtype]
         self.head_dim = config.head_dim
         self.cols_per_lane = config.head_dim // 32
+        # A lane's columns load as vectors of up to 4 fp32 (16 bytes) when aligned.
+        self.vec = min(self.cols_per_lane, 4)
+        # Splits per warp whose partials sit in registers at once: 32 fp32 per thread (~80
+        # registers in all; 64 would take ~160 and halve the CTAs per SM). d = 256 runs 8 warps
+        # so that 32 splits, like d = 128, are in flight per row at once (d = 64: 64).
+        self.chunk = max(1, 32 // self.cols_per_lane)
+        self.num_warps = 8 if config.head_dim > 128 else 4
+        self.num_threads = 32 * self.num_warps
+        self.lse_regs = _SPLITS_IN_REGISTERS // 32
 
     @staticmethod
     def can_implement(head_dim: int) -> str | None:
@@ -57,13 +87,6 @@ class CombineKernel:
         stream,
     ):
         D = self.head_dim
-        mOp = cute.make_tensor(
-            op_ptr,
-            cute.make_layout(
-                (num_splits, batch, seqlen_q, num_heads, D),
-                stride=(op_stride_s, op_stride_b, op_stride_l, op_stride_h, 1),
-            ),
-        )
         mLp = cute.make_tensor(
             lp_ptr,
             cute.make_layout(
@@ -78,63 +101,150 @@ class CombineKernel:
             cute.make_layout((batch, num_heads, seqlen_q), stride=(num_heads * seqlen_q, seqlen_q, 1)),
         )
         num_rows = batch * seqlen_q * num_heads
-        self.kernel(mOp, mLp, mO, mLSE, num_splits, seqlen_q, num_heads, num_rows).launch(
-            grid=[(num_rows + self.rows_per_cta - 1) // self.rows_per_cta, 1, 1],
+        self.kernel(
+            op_ptr, op_stride_s, op_stride_b, op_stride_l, op_stride_h, mLp, mO, mLSE,
+            num_splits, batch, seqlen_q, num_heads,
+        ).launch(
+            grid=[num_rows, 1, 1],
             block=[self.num_threads, 1, 1],
             stream=stream,
+            # Programmatic dependent launch: the CTAs may start while the split kernel finishes
+            # (it signals launch_dependents); griddepcontrol.wait below orders every read.
+            use_pdl=True,
         )
 
     @cute.kernel
     def kernel(
         self,
-        mOp: cute.Tensor,
+        op_ptr: cute.Pointer,
+        op_stride_s: Int64,
+        op_stride_b: Int64,
+        op_stride_l: Int64,
+        op_stride_h: Int64,
         mLp: cute.Tensor,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
         num_splits: Int32,
+        batch: Int32,
         seqlen_q: Int32,
         num_heads: Int32,
-        num_rows: Int32,
     ):
+        D, V = self.head_dim, self.vec
         tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
+        row, _, _ = cute.arch.block_idx()
+        h = row % num_heads
+        m = (row // num_heads) % seqlen_q
+        b = row // (num_heads * seqlen_q)
+        # Nothing of the previous grid (the split kernel's partials) is read before this wait;
+        # without a programmatic dependence it returns at once.
+        cute.arch.griddepcontrol_wait()
+
+        smem = SmemAllocator()
+        sAcc = smem.allocate_tensor(Float32, cute.make_layout((self.num_warps, D), stride=(D, 1)), byte_alignment=16)
+
+        # The partials' pointer and strides are runtime values: take the vector path only when
+        # every lane's slice really is aligned to V fp32 (the caller does not promise it).
+        shape = (num_splits, batch, seqlen_q, num_heads, D)
+        addr = _opaque(op_ptr.toint())
+        misaligned = addr | (op_stride_s * 4) | (op_stride_b * 4) | (op_stride_l * 4) | (op_stride_h * 4)
+        if misaligned % (4 * V) == 0:
+            mOp = cute.make_tensor(
+                cute.make_ptr(Float32, addr, cute.AddressSpace.gmem, assumed_align=4 * V),
+                cute.make_layout(
+                    shape,
+                    stride=(
+                        cute.assume(op_stride_s, divby=V), cute.assume(op_stride_b, divby=V),
+                        cute.assume(op_stride_l, divby=V), cute.assume(op_stride_h, divby=V), 1,
+                    ),
+                ),
+            )
+            self.combine_row(mOp, mLp, mO, mLSE, sAcc, num_splits, b, m, h, tidx)
+        else:
+            mOp = cute.make_tensor(
+                cute.make_ptr(Float32, addr, cute.AddressSpace.gmem, assumed_align=4),
+                cute.make_layout(shape, stride=(op_stride_s, op_stride_b, op_stride_l, op_stride_h, 1)),
+            )
+            self.combine_row(mOp, mLp, mO, mLSE, sAcc, num_splits, b, m, h, tidx)
+
+    @cute.jit
+    def load_chunk(self, mOp, mLp, lse_c, part, first, num_splits, b, m, h, lane):
+        """This warp's splits ``first + W u`` (u < chunk; W warps): each one's LSE (``-inf`` past
+        the last split) and the lane's columns of its partial O. Nothing here waits on memory."""
+        C, NW = self.cols_per_lane, self.num_warps
+        lse_c.fill(-Float32.inf)
+        for u in cutlass.range_constexpr(self.chunk):
+            s = first + NW * u
+            if s < num_splits:
+                lse_c[u] = mLp[s, b, h, m]
+                cute.autovec_copy(cute.local_tile(mOp[s, b, m, h, None], (C,), (lane,)), part[None, u])
+
+    @cute.jit
+    def accumulate_chunk(self, acc, lse_c, part, lse):
+        """``acc += exp(lse_s - lse) * O_s`` over a loaded chunk; a split of weight 0 (empty, or
+        past the last split) is dropped by selection: its O may be garbage or NaN."""
+        for u in cutlass.range_constexpr(self.chunk):
+            w = cute.math.exp(lse_c[u] - lse, fastmath=False)
+            for j in cutlass.range_constexpr(self.cols_per_lane):
+                v = w * part[j, u]
+                if not w > 0.0:
+                    v = Float32(0.0)
+                acc[j] += v
+
+    @cute.jit
+    def combine_row(self, mOp, mLp, mO, mLSE, sAcc, num_splits, b, m, h, tidx):
+        C, NW, K = self.cols_per_lane, self.num_warps, self.lse_regs
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = tidx % 32
-        row = bidx * self.rows_per_cta + cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        if row < num_rows:
-            h = row % num_heads
-            m = (row // num_heads) % seqlen_q
-            b = row // (num_heads * seqlen_q)
 
-            lse_max = -Float32.inf
-            for s in cutlass.range(lane, num_splits, 32, unroll=1):
-                lse_max = cute.arch.fmax(lse_max, mLp[s, b, h, m])
-            lse_max = cute.arch.warp_reduction(lse_max, cute.arch.fmax)
-            safe_max = lse_max
-            if lse_max == -Float32.inf:
-                safe_max = 0.0
-            total = Float32(0.0)
-            for s in cutlass.range(lane, num_splits, 32, unroll=1):
-                total += cute.math.exp(mLp[s, b, h, m] - safe_max, fastmath=False)
-            total = cute.arch.warp_reduction(total, lambda x, y: x + y)
+        # 1. Issue the loads: the row's LSEs (lane l: splits l + 32 k), then this warp's first
+        #    chunk of splits. All are independent of each other.
+        lse_r = cute.make_rmem_tensor((K,), Float32)
+        lse_r.fill(-Float32.inf)
+        for k in cutlass.range_constexpr(K):
+            s = lane + 32 * k
+            if s < num_splits:
+                lse_r[k] = mLp[s, b, h, m]
+        lse_c = cute.make_rmem_tensor((self.chunk,), Float32)
+        part = cute.make_rmem_tensor((C, self.chunk), Float32)  # column-major: part[None, u] contiguous
+        self.load_chunk(mOp, mLp, lse_c, part, warp, num_splits, b, m, h, lane)
 
-            lse = -Float32.inf
-            if total > 0.0:
-                lse = safe_max + cute.math.log(total, fastmath=False)
+        # 2. The row's LSE, in every warp: max, then the sum of exp(lse_s - max).
+        row_max = -Float32.inf
+        for k in cutlass.range_constexpr(K):
+            row_max = cute.arch.fmax(row_max, lse_r[k])
+        for s in cutlass.range(lane + 32 * K, num_splits, 32, unroll=1):
+            row_max = cute.arch.fmax(row_max, mLp[s, b, h, m])
+        row_max = cute.arch.warp_reduction(row_max, cute.arch.fmax)
+        safe_max = row_max
+        if row_max == -Float32.inf:
+            safe_max = Float32(0.0)
+        total = Float32(0.0)
+        for k in cutlass.range_constexpr(K):
+            total += cute.math.exp(lse_r[k] - safe_max, fastmath=False)
+        for s in cutlass.range(lane + 32 * K, num_splits, 32, unroll=1):
+            total += cute.math.exp(mLp[s, b, h, m] - safe_max, fastmath=False)
+        total = cute.arch.warp_reduction(total, lambda x, y: x + y)
+        lse = -Float32.inf
+        safe_lse = Float32(0.0)  # all splits empty: every weight is exp(-inf - 0) = 0
+        if total > 0.0:
+            lse = safe_max + cute.math.log(total, fastmath=False)
+            safe_lse = lse
 
-            C = self.cols_per_lane
-            acc = cute.make_rmem_tensor((C,), Float32)
-            acc.fill(0.0)
-            part = cute.make_rmem_tensor((C,), Float32)
-            if total > 0.0:
-                for s in cutlass.range(num_splits, unroll=1):
-                    lse_s = mLp[s, b, h, m]
-                    if lse_s != -Float32.inf:
-                        w = cute.math.exp(lse_s - lse, fastmath=False)
-                        cute.autovec_copy(cute.local_tile(mOp[s, b, m, h, None], (C,), (lane,)), part)
-                        for j in cutlass.range_constexpr(C):
-                            acc[j] += w * part[j]
-            out = cute.make_rmem_tensor((C,), self.dtype)
-            out.store(acc.load().to(self.dtype))
-            cute.autovec_copy(out, cute.local_tile(mO[b, m, h, None], (C,), (lane,)))
-            if lane == 0:
-                mLSE[b, h, m] = lse
+        # 3. This warp's weighted sum: the chunk in registers, then any further chunks.
+        acc = cute.make_rmem_tensor((C,), Float32)
+        acc.fill(0.0)
+        self.accumulate_chunk(acc, lse_c, part, safe_lse)
+        for first in cutlass.range(warp + NW * self.chunk, num_splits, NW * self.chunk, unroll=1):
+            self.load_chunk(mOp, mLp, lse_c, part, first, num_splits, b, m, h, lane)
+            self.accumulate_chunk(acc, lse_c, part, safe_lse)
+
+        # 4. Merge the warps through shared memory; thread t writes column t (d = 64: t < 64).
+        cute.autovec_copy(acc, cute.local_tile(sAcc[warp, None], (C,), (lane,)))
+        cute.arch.barrier()
+        if tidx < self.head_dim:
+            o = sAcc[0, tidx]
+            for w in cutlass.range_constexpr(1, NW):
+                o += sAcc[w, tidx]
+            mO[b, m, h, tidx] = o.to(self.dtype)
+        if tidx == 0:
+            mLSE[b, h, m] = lse

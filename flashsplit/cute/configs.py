@@ -113,15 +113,14 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
     return SplitConfig(dtype, head_dim, tile_n, stages, causal, write_partials, units, paged, kv_dtype)
 
 
-#: The paged kernel compiles (checked in CI) but has not yet run on a GPU. Until an H200 run of
-#: ``pytest tests/test_cute_gpu.py tests/test_gpu.py -k paged`` passes (those tests switch this on
-#: for themselves), ``supports()`` refuses paged problems so ``"auto"`` keeps them on Triton.
-PAGED_VERIFIED_ON_GPU = False
+#: The paged kernel passed ``pytest tests/test_cute_gpu.py tests/test_gpu.py`` on an H200
+#: (2026-11-29: the paged parity matrix, page sizes 64/128/256). Setting this to False makes
+#: ``supports()`` refuse paged problems again (they then run on Triton).
+PAGED_VERIFIED_ON_GPU = True
 
-#: The fp8-cache kernel compiles (checked in CI) but has not yet run on a GPU. Until an H200 run
-#: of ``pytest tests/test_cute_gpu.py -k fp8`` passes (those tests switch this on for themselves),
-#: ``supports()`` refuses fp8 caches so ``"auto"`` keeps them on Triton.
-FP8_VERIFIED_ON_GPU = False
+#: The fp8-cache kernel passed ``pytest tests/test_cute_gpu.py -k fp8`` on an H200 (2026-11-29,
+#: e4m3/e5m2, dense and paged). False makes ``supports()`` refuse fp8 caches (Triton takes them).
+FP8_VERIFIED_ON_GPU = True
 
 
 def paged_supported(page_size: int, head_dim: int) -> bool:
