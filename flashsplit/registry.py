@@ -1,7 +1,8 @@
 """The backend registry: every backend declares what it supports; ``"auto"`` picks the best.
 
 A backend is an object with the :class:`Backend` interface. It is registered once, by name,
-with a priority (``"auto"`` tries higher priorities first). Backends that need optional
+with a priority; ``"auto"`` takes, among the backends that support a problem, the one that
+ranks it highest (:meth:`Backend.preference`, from measurements), ties by priority. Backends that need optional
 packages import them lazily, inside their methods, so ``import flashsplit`` needs neither a GPU
 nor cutlass.
 """
@@ -37,6 +38,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def block_m(self, problem: DecodeProblem) -> int:
         """Packed rows (query positions x q heads of one KV head) per CTA tile."""
+
+    def preference(self, problem: DecodeProblem) -> tuple[int, str]:
+        """``(rank, why)`` of this backend for ``problem`` under ``"auto"``: the supporting
+        backend of highest rank runs it (ties: higher ``priority``). Backends rank by what was
+        measured on the hardware they target; the default is ``priority``."""
+        return self.priority, "default order"
 
     def units_per_sm(self, problem: DecodeProblem) -> int:
         """How many split-kernel CTAs one SM runs at once (an input of the split heuristic)."""
@@ -141,13 +148,20 @@ def select(problem: DecodeProblem, name: str = "auto") -> tuple[Backend, str]:
         if reason is not None:
             raise ValueError(f"backend: {name!r} cannot run this problem: {reason} (choices: 'auto', {names()})")
         return backend, "requested"
-    refusals = []
+    refusals, able = [], []
     for candidate in sorted(_REGISTRY.values(), key=lambda b: -b.priority):
         reason = candidate.supports(problem)
         if reason is None:
-            why = "auto: best backend that supports the problem"
-            if refusals:
-                why += " (" + "; ".join(refusals) + ")"
-            return candidate, why
-        refusals.append(f"{candidate.name}: {reason}")
-    raise ValueError("backend: no backend supports this problem: " + "; ".join(refusals))
+            able.append(candidate)
+        else:
+            refusals.append(f"{candidate.name}: {reason}")
+    if not able:
+        raise ValueError("backend: no backend supports this problem: " + "; ".join(refusals))
+    ranked = sorted(able, key=lambda b: (-b.preference(problem)[0], -b.priority))
+    best = ranked[0]
+    why = f"auto: {best.preference(problem)[1]}"
+    if len(ranked) > 1:
+        why += " (also able: " + ", ".join(b.name for b in ranked[1:]) + ")"
+    if refusals:
+        why += " (" + "; ".join(refusals) + ")"
+    return best, why

@@ -596,8 +596,9 @@ def test_peers_skip_paged_and_fp8_with_reasons():
     if "cute" in flashsplit.backends():
         with pytest.raises(contenders.Unsupported, match="paged"):
             by["cute"].plan(paged, 132)
-        with pytest.raises(contenders.Unsupported, match="float8_e4m3fn caches|fp8 cute kernel"):
-            by["cute"].plan(fp8, 132)
+        if not torch.cuda.is_available():  # fp8 is supported: only the missing GPU is a reason
+            with pytest.raises(contenders.Unsupported, match="CUDA|not installed"):
+                by["cute"].plan(fp8, 132)
     assert by["triton"].plan(paged, 132).num_splits == flashsplit.plan(1, 4096, 32, 8, 128, page_size=16,
                                                                        num_sms=132, backend="triton").num_splits
 

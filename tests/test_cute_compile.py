@@ -287,3 +287,36 @@ def test_backend_static_facts():
     assert b.block_m(_problem()) == 64
     assert b.units_per_sm(_problem(head_dim=128)) == 2
     assert b.units_per_sm(_problem(head_dim=256)) == 1
+
+
+@pytest.mark.parametrize("overrides, winner", [
+    (dict(), "triton"),  # dense 16-bit: Triton measured as fast or faster at every batch
+    (dict(kv_dtype=torch.float8_e4m3fn), "triton"),  # fp8: cute's in-smem conversion is slower
+    (dict(page_size=128), "cute"),  # paged 16-bit: cute's TMA pages run at dense speed
+    (dict(page_size=16), "triton"),  # a page smaller than cute's tile: only Triton can
+])
+def test_auto_takes_the_backend_measured_fastest(overrides, winner, monkeypatch):
+    """auto ranks the backends that support a problem by their measured speed on the H200."""
+    import flashsplit.cute.backend as cute_backend
+    import flashsplit.triton.backend as triton_backend
+    from flashsplit.registry import get, select
+
+    real = cute_backend.CuteBackend.supports
+    # Pretend to be on an H200 with cutlass: keep every reason except the device ones.
+    monkeypatch.setattr(cute_backend.CuteBackend, "supports", lambda self, p: _cute_reason_off_device(real, self, p))
+    monkeypatch.setattr(triton_backend.TritonBackend, "supports", lambda self, p: None)
+    select.cache_clear()
+    try:
+        chosen, why = select(_problem(**overrides), "auto")
+    finally:
+        select.cache_clear()
+    assert chosen is get(winner), why
+    assert why.startswith("auto: ")
+
+
+def _cute_reason_off_device(real, backend, problem):
+    """cute's supports() with the no-GPU/no-cutlass reasons dropped (they end the checks)."""
+    reason = real(backend, problem)
+    if reason is None or any(s in reason for s in ("CUDA", "not installed", "compute capability")):
+        return None
+    return reason

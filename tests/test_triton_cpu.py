@@ -142,3 +142,13 @@ def test_other_head_dims(head_dim, generator):
     case = DecodeCase(batch=2, seqlen_q=3, seqlen_k=300, num_heads_kv=2, group=7, head_dim=head_dim,
                       dtype=torch.float16, lengths=(300, 129), num_splits=3, causal=True)
     run_and_check(case, triton_decode, DEVICE, generator)
+
+
+def test_tile_stages_follow_the_h200_sweep():
+    """2 pipeline stages only for a single-split launch with many programs (docs/performance.md)."""
+    from flashsplit.triton.backend import choose_tiles
+
+    assert choose_tiles(4, 128, num_splits=1, programs=512).num_stages == 2  # B = 64, 8 KV heads
+    assert choose_tiles(4, 128, num_splits=1, programs=128).num_stages == 3  # B = 16
+    assert choose_tiles(4, 128, num_splits=32, programs=256).num_stages == 3  # split launches
+    assert choose_tiles(4, 128).block_m == 16 and choose_tiles(40, 64).block_m == 64

@@ -67,6 +67,15 @@ class CuteBackend(Backend):
     def block_m(self, problem: DecodeProblem) -> int:
         return 64
 
+    def preference(self, problem: DecodeProblem) -> tuple[int, str]:
+        # Measured on the H200 (docs/performance.md, 2026-11-29, 32/8 heads, d = 128): paged
+        # 16-bit caches run at dense speed here (page 128: 1.00x dense) but 1.45-1.58x slower in
+        # Triton; dense 16-bit caches are as fast or faster in Triton at every batch (B = 1, 4k:
+        # 10.9 vs 14.0 us; B >= 16 within 0.6%); fp8 caches are 1.8x slower here than in Triton.
+        if problem.paged and problem.cache_dtype not in FP8_DTYPES:
+            return 20, "paged 16-bit KV: the cute TMA kernel reads pages at dense speed (H200)"
+        return -10, "cute supports it but was measured slower than triton here (H200)"
+
     def units_per_sm(self, problem: DecodeProblem) -> int:
         return configs.split_tile(problem.head_dim)[2] if problem.head_dim in configs.HEAD_DIMS else 1
 

@@ -282,10 +282,6 @@ class SplitKVDecodeKernel:
         k_load_layout,
         v_load_layout,
     ):
-        if cutlass.const_expr(self.write_partials):
-            # Let the combine (launched with programmatic dependence) be scheduled as soon as
-            # every CTA of this grid has started; it waits for our writes before reading them.
-            cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         split_idx, batch_idx, z_idx = cute.arch.block_idx()

@@ -33,18 +33,20 @@ class TritonTiles:
     num_stages: int
 
 
-def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0) -> TritonTiles:
+def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs: int = 0) -> TritonTiles:
     """Tiles for ``packed_rows`` rows (L_q x group) of head dim ``head_dim``.
 
     Rows: the smallest power of two >= the packed rows, at least 16 (``tl.dot``'s minimum) and
     at most 64 (more rows take more row blocks). Keys: 64 per tile, which divides the split
-    granule (128) so a split never starts inside a tile. Stages: 3, but 2 for one split (the
-    H200 sweep, B = 64, 4k keys: 239 us with 2 stages vs 278 us with 3; see docs/performance.md).
+    granule (128) so a split never starts inside a tile. Stages: 3, but 2 for a single-split
+    launch of >= 256 programs (H200, 32/8 heads: B = 64, 4k keys took 239 us with 2 stages vs
+    278 with 3; with fewer programs 3 stages hide more latency: B = 16, 4k took 76 us with 3 vs
+    109 with 2, B = 1, 128k 2271 vs 2958; docs/performance.md).
     """
     block_m = min(64, max(16, triton.next_power_of_2(packed_rows)))
     block_d = max(16, triton.next_power_of_2(head_dim))
     return TritonTiles(block_m=block_m, block_n=64, block_d=block_d, num_warps=4,
-                       num_stages=2 if num_splits == 1 else 3)
+                       num_stages=2 if num_splits == 1 and programs >= 256 else 3)
 
 
 def _strides(t: torch.Tensor | None, dims: int) -> tuple[int, ...]:
@@ -80,6 +82,9 @@ class TritonBackend(Backend):
     def block_m(self, problem: DecodeProblem) -> int:
         return choose_tiles(problem.packed_rows, problem.head_dim).block_m
 
+    def preference(self, problem: DecodeProblem) -> tuple[int, str]:
+        return 0, "triton: fastest measured backend for this problem (H200; docs/performance.md)"
+
     def units_per_sm(self, problem: DecodeProblem) -> int:
         # Measured on the H200 (REFERENCE.md section 2): 2 CTAs per SM beat FA3's count of 1.
         return 2
@@ -94,8 +99,9 @@ class TritonBackend(Backend):
         seqlen_k = _capacity(k_cache, block_table)
         page_size = k_cache.shape[1] if block_table is not None else 0
         group = num_heads // num_heads_kv
-        tiles = choose_tiles(seqlen_q * group, head_dim, num_splits)
-        row_blocks = cdiv(seqlen_q * group, tiles.block_m)
+        block_m = choose_tiles(seqlen_q * group, head_dim).block_m
+        row_blocks = cdiv(seqlen_q * group, block_m)
+        tiles = choose_tiles(seqlen_q * group, head_dim, num_splits, num_splits * batch * num_heads_kv * row_blocks)
         grid = (num_splits, batch, num_heads_kv * row_blocks)
         tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale,
                    out_partial, lse_partial, out, lse)
