@@ -29,8 +29,9 @@ def use_tiles(block_n: int, num_warps: int, num_stages: int) -> None:
     """Make the launcher pick this variant (block_m and block_d as the backend chooses them)."""
     original = _ORIGINAL_CHOOSE
 
-    def choose(packed_rows: int, head_dim: int, num_splits: int = 0, programs: int = 0) -> tb.TritonTiles:
-        t = original(packed_rows, head_dim, num_splits, programs)
+    def choose(packed_rows: int, head_dim: int, num_splits: int = 0, programs: int = 0,
+               split_keys: int = 0) -> tb.TritonTiles:
+        t = original(packed_rows, head_dim, num_splits, programs, split_keys)
         return tb.TritonTiles(t.block_m, block_n, t.block_d, num_warps, num_stages)
 
     tb.choose_tiles = choose

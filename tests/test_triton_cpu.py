@@ -152,3 +152,7 @@ def test_tile_stages_follow_the_h200_sweep():
     assert choose_tiles(4, 128, num_splits=1, programs=128).num_stages == 3  # B = 16
     assert choose_tiles(4, 128, num_splits=32, programs=256).num_stages == 3  # split launches
     assert choose_tiles(4, 128).block_m == 16 and choose_tiles(40, 64).block_m == 64
+    # 32-key tiles when every split is one 128-key granule (B = 1, 4k keys, 32 splits)
+    assert choose_tiles(4, 128, num_splits=32, programs=256, split_keys=128).block_n == 32
+    assert choose_tiles(4, 128, num_splits=32, programs=256, split_keys=512).block_n == 64
+    assert choose_tiles(4, 128, num_splits=1, programs=8, split_keys=128).block_n == 64

@@ -53,6 +53,9 @@ def split_variants():
     for paged, kv in itertools.product([False, True], ["same", "fp8e4nv", "fp8e5"]):
         yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,
                    FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=paged, KV=kv)
+    for paged in (False, True):  # 32-key tiles: splits of one granule
+        yield dict(BLOCK_M=16, BLOCK_N=32, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,
+                   FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=paged)
     for rows, dim in itertools.product([1, 4, 20, 64], [64, 96, 128, 256]):
         tiles = choose_tiles(rows, dim)
         yield dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d, HAS_SEQLENS=True,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from ..plan import SPLIT_GRANULE, cdiv, splits_used
+from ..plan import SPLIT_GRANULE, cdiv, splits_used, tokens_per_split
 from ..problem import DecodeProblem
 from ..registry import Backend
 from ..workspace import Workspace
@@ -33,19 +33,24 @@ class TritonTiles:
     num_stages: int
 
 
-def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs: int = 0) -> TritonTiles:
-    """Tiles for ``packed_rows`` rows (L_q x group) of head dim ``head_dim``.
+def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs: int = 0,
+                 split_keys: int = 0) -> TritonTiles:
+    """Tiles for ``packed_rows`` rows (L_q x group) of head dim ``head_dim``; ``split_keys`` is the
+    longest split's key count (the plan's, at the cache capacity).
 
     Rows: the smallest power of two >= the packed rows, at least 16 (``tl.dot``'s minimum) and
-    at most 64 (more rows take more row blocks). Keys: 64 per tile, which divides the split
-    granule (128) so a split never starts inside a tile. Stages: 3, but 2 for a single-split
+    at most 64 (more rows take more row blocks). Keys: 64 per tile, 32 when every split is a
+    single 128-key granule (H200 sweep, B = 1, 4k keys, 32 splits: 10.6 us with 32-key tiles vs
+    11.2 with 64: four pipelined tiles instead of two); both divide the split granule, so a
+    split never starts inside a tile. Stages: 3, but 2 for a single-split
     launch of >= 256 programs (H200, 32/8 heads: B = 64, 4k keys took 239 us with 2 stages vs
     278 with 3; with fewer programs 3 stages hide more latency: B = 16, 4k took 76 us with 3 vs
     109 with 2, B = 1, 128k 2271 vs 2958; docs/performance.md).
     """
     block_m = min(64, max(16, triton.next_power_of_2(packed_rows)))
     block_d = max(16, triton.next_power_of_2(head_dim))
-    return TritonTiles(block_m=block_m, block_n=64, block_d=block_d, num_warps=4,
+    block_n = 32 if 0 < split_keys <= SPLIT_GRANULE and num_splits > 1 else 64
+    return TritonTiles(block_m=block_m, block_n=block_n, block_d=block_d, num_warps=4,
                        num_stages=2 if num_splits == 1 and programs >= 256 else 3)
 
 
@@ -101,7 +106,8 @@ class TritonBackend(Backend):
         group = num_heads // num_heads_kv
         block_m = choose_tiles(seqlen_q * group, head_dim).block_m
         row_blocks = cdiv(seqlen_q * group, block_m)
-        tiles = choose_tiles(seqlen_q * group, head_dim, num_splits, num_splits * batch * num_heads_kv * row_blocks)
+        tiles = choose_tiles(seqlen_q * group, head_dim, num_splits, num_splits * batch * num_heads_kv * row_blocks,
+                             tokens_per_split(seqlen_k, num_splits))
         grid = (num_splits, batch, num_heads_kv * row_blocks)
         tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale,
                    out_partial, lse_partial, out, lse)
