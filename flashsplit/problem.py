@@ -195,7 +195,8 @@ def check_decode_inputs(
         causal=causal,
         has_cache_seqlens=cache_seqlens is not None,
         device_type=q.device.type,
-        aligned_16b=all(_is_aligned_16b(t) for t in (q, k_cache, v_cache)),
+        # out too: the cute kernels store the output with 16-byte vectors.
+        aligned_16b=all(_is_aligned_16b(t) for t in (q, k_cache, v_cache, out) if t is not None),
         kv_dtype=k_cache.dtype,
         page_size=page_size,
     )

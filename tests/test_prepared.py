@@ -117,3 +117,18 @@ def test_triton_relaunch_replays_with_new_tensors(num_splits):
     run = api._PREPARED[api._signature(q, k, v, out, lse, lens, None, None, None, None, False, num_splits, "triton")]
     if fast_relaunch_available():
         assert isinstance(run.split, Relaunch)
+
+
+def test_misaligned_out_clears_the_16_byte_flag_and_still_decodes(generator):
+    """cute stores the output with 16-byte vectors, so a misaligned ``out`` keeps it off cute
+    (its supports() names the reason); Triton writes it correctly."""
+    from flashsplit.problem import check_decode_inputs
+
+    q, k, v = _inputs(generator)
+    out = torch.empty(q.numel() + 1, dtype=q.dtype, device=DEVICE)[1:].view(q.shape)  # 2 bytes off
+    problem = check_decode_inputs(q, k, v, None, False, 0, out, None, None, None)
+    assert not problem.aligned_16b
+    assert check_decode_inputs(q, k, v, None, False, 0, torch.empty_like(q), None, None, None).aligned_16b
+    flashsplit.decode(q, k, v, out=out)
+    ref, _ = attention_ref(q, k, v)
+    torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)

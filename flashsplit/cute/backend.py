@@ -40,7 +40,7 @@ class CuteBackend(Backend):
         if problem.dtype not in _DTYPE_NAMES:
             return f"dtype {problem.dtype} is not float16 or bfloat16"
         if not problem.aligned_16b:
-            return "q/k_cache/v_cache need 16-byte aligned pointers and strides (TMA)"
+            return "q/k_cache/v_cache/out need 16-byte aligned pointers and strides (TMA, vector stores)"
         if problem.paged and not configs.PAGED_VERIFIED_ON_GPU:
             return "the paged cute kernel is compile-checked but not yet verified on a GPU; paged KV uses triton"
         if problem.paged and not configs.paged_supported(problem.page_size, problem.head_dim):
