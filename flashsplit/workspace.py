@@ -17,7 +17,12 @@ class Workspace:
         self._buffers: dict[tuple[int, int], torch.Tensor] = {}
 
     def get(self, device: torch.device, numel: int) -> torch.Tensor:
-        """A float32 tensor of at least ``numel`` elements on ``device`` (contents undefined)."""
+        """A float32 tensor of ``numel`` elements on ``device`` (contents undefined)."""
+        return self.buffer(device, numel)[:numel]
+
+    def buffer(self, device: torch.device, numel: int) -> torch.Tensor:
+        """The stream's float32 buffer, of at least ``numel`` elements (keep a reference to it
+        until the kernels that use it are enqueued: during a capture it is a fresh tensor)."""
         if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
             return torch.empty(numel, dtype=torch.float32, device=device)
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -28,7 +33,7 @@ class Workspace:
             size = numel if buffer is None else max(numel, 2 * buffer.numel())
             buffer = torch.empty(size, dtype=torch.float32, device=device)
             self._buffers[key] = buffer
-        return buffer[:numel]
+        return buffer
 
     def clear(self) -> None:
         """Drop every cached buffer (their memory returns to torch's caching allocator)."""

@@ -132,3 +132,59 @@ def test_misaligned_out_clears_the_16_byte_flag_and_still_decodes(generator):
     flashsplit.decode(q, k, v, out=out)
     ref, _ = attention_ref(q, k, v)
     torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
+
+
+def test_prepared_triton_replay_passes_addresses_in_kernel_order(generator, monkeypatch):
+    """After the first call, PreparedDecode hands its Relaunch handles device addresses (ints;
+    None where the kernel was compiled without that pointer), the partials at the workspace's
+    base and right after the rows * head_dim outputs. Fakes stand in for the compiled kernels."""
+    from flashsplit.registry import get
+    from flashsplit.triton.backend import PreparedDecode
+
+    backend = get("triton")
+    q, k, v = _inputs(generator, batch=2, heads=(8, 2), dim=32)
+    lens = torch.tensor([300, 9], dtype=torch.int32, device=DEVICE)
+    out, lse = torch.empty_like(q), torch.empty(2, 8, 1, device=DEVICE)
+    prepared = PreparedDecode(backend, None, 3, 0.2, False)
+    calls = []
+    prepared.split = lambda ptrs: calls.append(("split", ptrs))
+    prepared.combine = lambda ptrs: calls.append(("combine", ptrs))
+    bases = []
+    real_buffer = backend._workspace.buffer
+    monkeypatch.setattr(backend._workspace, "buffer", lambda *a: bases.append(real_buffer(*a)) or bases[-1])
+    prepared(q, k, v, lens, None, None, None, out, lse)
+    (name_s, split), (name_c, comb) = calls
+    op = bases[0].data_ptr()
+    lp = op + 3 * 2 * 1 * 8 * 32 * 4  # splits x batch x L_q x heads x head_dim fp32
+    assert bases[0].numel() >= 3 * 2 * 8 * 33
+    assert (name_s, name_c) == ("split", "combine")
+    assert split == (q.data_ptr(), k.data_ptr(), v.data_ptr(), lens.data_ptr(), None, None, None, op, lp,
+                     out.data_ptr(), lse.data_ptr())
+    assert comb == (op, lp, lens.data_ptr(), out.data_ptr(), lse.data_ptr())
+
+
+def test_relaunch_forwards_grid_stream_and_arguments(monkeypatch):
+    """Relaunch calls the compiled kernel's launcher the way triton 3.6's JITFunction.run does."""
+    from flashsplit.triton import launch
+
+    seen = []
+
+    class FakeCompiled:
+        function, packed_metadata = "fn", "packed"
+
+        def run(self, *args):
+            seen.append(args)
+
+        def launch_metadata(self, grid, stream, *args):
+            return ("meta", grid, stream)
+
+    monkeypatch.setattr(launch, "current_stream", lambda device: 1000 + device)
+    hooks = launch.triton.knobs.runtime
+    monkeypatch.setattr(hooks, "launch_enter_hook", None)
+    monkeypatch.setattr(hooks, "launch_exit_hook", None)
+    relaunch = launch.Relaunch(FakeCompiled(), (3, 2, 1), tail=(7, True), device=0)
+    relaunch((111, None))
+    assert seen[-1] == (3, 2, 1, 1000, "fn", "packed", None, None, None, 111, None, 7, True)
+    monkeypatch.setattr(hooks, "launch_enter_hook", "enter")
+    relaunch((111, None))
+    assert seen[-1][6] == ("meta", (3, 2, 1), 1000) and seen[-1][7] == "enter"

@@ -215,23 +215,31 @@ class PreparedDecode:
         if cache_seqlens is None and num_splits > 1 and splits_used(_capacity(k_cache, block_table), num_splits) <= 1:
             num_splits = 1  # (direct backend.decode calls: no problem given)
         if num_splits == 1:
-            tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, None, None, out, lse)
             if self.split is not None:
-                self.split(tensors)
+                self.split((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _address(cache_seqlens),
+                            _address(block_table), _address(k_descale), _address(v_descale), None, None,
+                            out.data_ptr(), _address(lse)))
             else:
                 self.split = self.backend._launch_split(
                     q, k_cache, v_cache, cache_seqlens, 1, self.softmax_scale, self.causal, None, None, out, lse,
                     final_for_single_split_rows=True, block_table=block_table, k_descale=k_descale,
                     v_descale=v_descale)
             return
-        out_partial, lse_partial = self.backend._alloc_partials(q, num_splits)
         # Rows whose live keys fit in one split skip the partials, and the combine skips them.
         shortcut = cache_seqlens is not None
         if self.split is not None and self.combine is not None:
-            self.split((q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale,
-                        out_partial, lse_partial, out, lse))
-            self.combine((out_partial, lse_partial, cache_seqlens, out, lse))
+            batch, seqlen_q, num_heads, head_dim = q.shape
+            rows = num_splits * batch * seqlen_q * num_heads
+            # The workspace holds out_partial then lse_partial (the layout _alloc_partials views).
+            buffer = self.backend._workspace.buffer(q.device, rows * (head_dim + 1))
+            op = buffer.data_ptr()
+            lp = op + rows * head_dim * 4
+            seqlens, out_ptr, lse_ptr = _address(cache_seqlens), out.data_ptr(), _address(lse)
+            self.split((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), seqlens, _address(block_table),
+                        _address(k_descale), _address(v_descale), op, lp, out_ptr, lse_ptr))
+            self.combine((op, lp, seqlens, out_ptr, lse_ptr))
             return
+        out_partial, lse_partial = self.backend._alloc_partials(q, num_splits)
         self.split = self.backend._launch_split(
             q, k_cache, v_cache, cache_seqlens, num_splits, self.softmax_scale, self.causal, out_partial,
             lse_partial, out, lse, final_for_single_split_rows=shortcut, block_table=block_table,
@@ -239,6 +247,10 @@ class PreparedDecode:
         self.combine = self.backend._launch_combine(
             out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows=shortcut,
             seqlen_k=_capacity(k_cache, block_table), after_split=True)
+
+
+def _address(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
 
 
 def _pdl(t: torch.Tensor) -> bool:

@@ -26,12 +26,19 @@ def fast_relaunch_available() -> bool:
     return not interpreter_active() and triton.__version__.startswith(_RUN_SIGNATURE_VERSIONS)
 
 
+def current_stream(device: int) -> int:
+    """The raw handle of ``device``'s current torch stream (a cheap call)."""
+    return torch._C._cuda_getCurrentRawStream(device)
+
+
 class Relaunch:
     """The launch of one compiled kernel with its grid and non-tensor arguments fixed.
 
-    ``self(tensors)`` launches it on the current stream with ``tensors`` as the leading
-    arguments (the kernels list their pointers first). The caller guarantees that they match
-    the first launch's tensors in dtype, shape, strides and 16-byte alignment.
+    ``self(pointers)`` launches it on the current stream with ``pointers`` as the leading
+    arguments (the kernels list their pointers first): device addresses as ints, None where the
+    first launch had None. Ints spare Triton's launcher a ``data_ptr()`` call and a
+    ``cuPointerGetAttribute`` per pointer. The caller guarantees that the tensors behind them
+    match the first launch's in device, dtype, shape, strides and 16-byte alignment.
     """
 
     __slots__ = ("_compiled", "_run", "_function", "_packed", "_grid", "_tail", "_device")
@@ -45,9 +52,9 @@ class Relaunch:
         self._tail = tuple(tail)
         self._device = device
 
-    def __call__(self, tensors: Sequence) -> None:
-        args = (*tensors, *self._tail)
-        stream = torch._C._cuda_getCurrentRawStream(self._device)
+    def __call__(self, pointers: Sequence[int | None]) -> None:
+        args = (*pointers, *self._tail)
+        stream = current_stream(self._device)
         hooks = triton.knobs.runtime
         enter = hooks.launch_enter_hook
         metadata = self._compiled.launch_metadata(self._grid, stream, *args) if enter is not None else None
