@@ -57,7 +57,8 @@ def test_page_table_alias_and_plan(generator):
     assert p.backend == "triton", "16-key pages are below the cute kernel's 128-key tile at d=64: auto falls back"
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+# fp8 caches run their dots in fp16 whatever q's dtype, so bf16 q is exact on the CPU too.
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
 @pytest.mark.parametrize("per_head, page_size", [(False, 0), (True, 0), (True, 16)])
 def test_fp8_cache(dtype, fp8, per_head, page_size, generator):
@@ -80,6 +81,22 @@ def test_fp8_cache(dtype, fp8, per_head, page_size, generator):
                                  num_splits=3, return_lse=True, **extra)
     assert out.dtype == dtype
     check_against_reference(out, lse, q, k_ref, v_ref, seqlens, False)
+
+
+@pytest.mark.parametrize("dtype, big", [(torch.float16, 3e4), (torch.bfloat16, 1e7)])
+def test_fp8_cache_with_q_rows_of_any_magnitude(dtype, big, generator):
+    """q rows far outside fp16's comfortable range (and far below it) in one tile: each row is
+    scaled into fp16 by its own power of two, so none overflows and none loses precision."""
+    case = DecodeCase(batch=2, seqlen_q=1, seqlen_k=300, num_heads_kv=1, group=4, head_dim=64, dtype=dtype,
+                      lengths=(300, 77), num_splits=2)
+    q, k, v, seqlens = make_inputs(case, DEVICE, generator)
+    q = (q.double() * torch.tensor([1e-4, 1.0, big / 4, 3.0], dtype=torch.float64, device=DEVICE)[:, None]).to(dtype)
+    k8, k_descale = quantize_fp8(k, torch.float8_e4m3fn, True)
+    v8, v_descale = quantize_fp8(v, torch.float8_e4m3fn, True)
+    out, lse = flashsplit.decode(q, k8, v8, cache_seqlens=seqlens, k_descale=k_descale, v_descale=v_descale,
+                                 num_splits=2, return_lse=True, backend="triton")
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    check_against_reference(out, lse, q, dequantize(k8, k_descale), dequantize(v8, v_descale), seqlens, False)
 
 
 @pytest.mark.parametrize("group, seqlen_q", [(3, 1), (5, 2), (6, 1), (7, 3), (16, 4), (32, 4), (64, 1)])

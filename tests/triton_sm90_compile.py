@@ -8,6 +8,7 @@ exits non-zero on the first failure. The interpreter is more lenient than the co
 
 import itertools
 import os
+import re
 import sys
 import time
 
@@ -17,25 +18,36 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from flashsplit.triton.backend import choose_tiles  # noqa: E402
+from flashsplit.triton.backend import _page_chunk, choose_tiles  # noqa: E402
 from flashsplit.triton.combine_kernel import combine_kernel  # noqa: E402
 from flashsplit.triton.split_kernel import split_kv_kernel  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 
 
+#: Integer arguments that real launches pass as multiples of 16 (Triton specializes on that, and
+#: vectorizes and pipelines through it): strides of 16-byte aligned rows, the head dim, capacity.
+DIV16_INTS = ("stride_qb", "stride_qm", "stride_qh", "stride_kb", "stride_kn", "stride_kh", "stride_vb",
+              "stride_vn", "stride_vh", "stride_ops", "stride_opb", "stride_opm", "stride_oph", "stride_ob",
+              "stride_om", "stride_oh", "head_dim", "seqlen_k")
+
+
 def compile_variant(fn, pointers: dict, constexprs: dict, floats=(), num_warps=4, num_stages=3):
-    """Compile ``fn`` with ``pointers`` (name -> type, or None for an absent pointer)."""
-    signature, constants = {}, {}
+    """Compile ``fn`` with ``pointers`` (name -> type, or None for an absent pointer), pointers
+    16-byte aligned and DIV16_INTS multiples of 16, as a typical launch specializes them."""
+    signature, constants, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in pointers and pointers[name] is not None:
             signature[name] = pointers[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in pointers or name in constexprs:
             signature[name] = "constexpr"
             constants[(i,)] = constexprs.get(name)
         else:
             signature[name] = "fp32" if name in floats else "i32"
-    kernel = triton.compile(ASTSource(fn, signature, constants), target=TARGET,
+            if name in DIV16_INTS:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    kernel = triton.compile(ASTSource(fn, signature, constants, attrs), target=TARGET,
                             options=dict(num_warps=num_warps, num_stages=num_stages))
     return kernel.asm["ptx"]
 
@@ -53,6 +65,9 @@ def split_variants():
     for paged, kv in itertools.product([False, True], ["same", "fp8e4nv", "fp8e5"]):
         yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,
                    FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=paged, KV=kv)
+    for page_size in (1, 48, 128):  # page sizes are constexprs (16 above)
+        yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,
+                   FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=True, PAGE=page_size)
     for paged in (False, True):  # 32-key tiles: splits of one granule
         yield dict(BLOCK_M=16, BLOCK_N=32, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,
                    FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=paged)
@@ -70,6 +85,9 @@ def main() -> int:
             kv = flags.pop("KV", "same")
             kv = dtype if kv == "same" else kv
             flags.setdefault("PAGED", False)
+            page_size = flags.pop("PAGE", 16) if flags["PAGED"] else 0
+            flags["PAGE_SIZE"] = page_size
+            flags["CHUNK_TILES"], flags["CHUNK_PAGES"] = _page_chunk(page_size, flags["BLOCK_N"])
             flags["HAS_DESCALE"] = kv != dtype
             flags["LAUNCH_DEPENDENTS"] = flags["HAS_PARTIALS"] and has_out  # decode: the combine follows (PDL)
             pointers = {"Q": f"*{dtype}", "K": f"*{kv}", "V": f"*{kv}", "OUT": f"*{dtype}" if has_out else None,
@@ -84,6 +102,10 @@ def main() -> int:
             ptx = compile_variant(split_kv_kernel, pointers, {**flags, "GRANULE": 128, "RUNTIME_BOUND_WHILE": False},
                                   floats=("qk_scale_log2",))
             assert "mma" in ptx, "the split kernel's dots should use tensor cores"
+            if flags["BLOCK_N"] == 64 and flags["HAS_PARTIALS"] and has_out and kv == dtype:
+                # K/V tiles stream through a 3-stage cp.async pipeline, two tiles in flight, in the
+                # dense and the paged kernel alike (paged used to wait for every tile: wait_group 0).
+                assert re.search(r"cp\.async\.wait_group\s+2;", ptx), f"K/V loads not pipelined: {flags}"
             print(f"split {dtype} {flags}: {time.perf_counter() - started:.2f} s", flush=True)
             count += 1
         for skip, write_lse, block_d, chunk in itertools.product([False, True], [False, True], [64, 128, 256],

@@ -116,7 +116,8 @@ class TritonBackend(Backend):
             *_strides(out_partial, 4), *_strides(lse_partial, 3),
             *_strides(out, 3), *_strides(lse, 2),
             *_strides(block_table, 1), *_descale_strides(k_descale), *_descale_strides(v_descale),
-            # group, head_dim, page_size are runtime values (masks, index math): fewer compiled variants.
+            # group and head_dim are runtime values (masks, index math): fewer compiled variants. The
+            # page size is a constexpr (one variant per page size): no integer division per key.
             seqlen_q, seqlen_k, num_splits, row_blocks, group, head_dim, page_size, k_cache.shape[0],
             softmax_scale * LOG2E,
             # constexprs, in the kernel's order (a Relaunch passes every argument positionally)
@@ -130,6 +131,7 @@ class TritonBackend(Backend):
             lse is not None,  # WRITE_LSE
             interpreter_active(),  # RUNTIME_BOUND_WHILE
             out_partial is not None and _pdl(q),  # LAUNCH_DEPENDENTS: the combine follows
+            *_page_chunk(page_size, tiles.block_n),  # CHUNK_TILES, CHUNK_PAGES
         )
         return launch(split_kv_kernel, grid, tensors, tail,
                       dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages))
@@ -251,6 +253,21 @@ class PreparedDecode:
 
 def _address(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
+
+
+def _page_chunk(page_size: int, block_n: int) -> tuple[int, int]:
+    """(tiles per chunk, page-table entries per chunk) of a paged launch; (0, 0) for a dense one.
+
+    The split kernel loads a chunk's page ids once (a power-of-two block covering any alignment
+    of the chunk's keys to pages) and runs the chunk's tiles without a load in their addresses.
+    Chunks of 2048 keys (512 for pages under 8 keys, whose tables are longer) keep the table in
+    a few registers per thread and drain Triton's load pipeline once per 2048 keys.
+    """
+    if page_size == 0:
+        return 0, 0
+    keys = 2048 if page_size >= 8 else 512
+    tiles = max(1, keys // block_n)
+    return tiles, triton.next_power_of_2(cdiv(tiles * block_n, page_size) + 1)
 
 
 def _pdl(t: torch.Tensor) -> bool:

@@ -18,41 +18,55 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def token_offsets(offs_n, mask_n, bt_row, page_size, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
-                  PAGED: tl.constexpr):
+def token_offsets(offs_n, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
+                  PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr):
     """int64 element offsets of keys ``offs_n`` of one row in K and in V (head offset excluded).
 
     Dense: dim 0 is the batch row (already in the base pointer), so the key's offset is
-    ``n * stride_n``. Paged: dim 0 is the page; key n lives in page ``bt_row[n // page_size]``
-    at slot ``n % page_size``. Page ids of masked keys are not read (entries past a row's last
-    page are never touched).
+    ``n * stride_n``. Paged: dim 0 is the page; key n lives in page ``block_table[b, n // PAGE_SIZE]``
+    at slot ``n % PAGE_SIZE``; ``page_ids`` holds the chunk's table entries from ``first_page`` on
+    (loaded once per chunk, so no address here waits on a load: Triton pipelines the K/V loads
+    as in the dense case).
     """
     if PAGED:
-        page = tl.load(bt_row + offs_n // page_size, mask=mask_n, other=0).to(tl.int64)
+        local = tl.minimum(offs_n // PAGE_SIZE - first_page, CHUNK_PAGES - 1)  # masked keys: any entry
+        page = tl.gather(page_ids, local, 0).to(tl.int64)
         # A wrong page id (unchecked without a host sync: flashsplit.check_inputs) reads a wrong
         # page, never memory outside the cache.
         page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
-        slot = (offs_n % page_size).to(tl.int64)
+        slot = (offs_n % PAGE_SIZE).to(tl.int64)
         return page * stride_kb + slot * stride_kn, page * stride_vb + slot * stride_vn
     else:
         return offs_n.to(tl.int64) * stride_kn, offs_n.to(tl.int64) * stride_vn
 
 
 @triton.jit
-def attend_tile(q, k_base, v_base, bt_row, page_size, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
+def chunk_page_ids(bt_row, c0, seqlen, PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr):
+    """The block-table entries of the pages holding keys from ``c0`` on: ``(first_page, ids)``.
+    Entries past the row's last page are never read (masked, 0)."""
+    first_page = c0 // PAGE_SIZE
+    idx = first_page + tl.arange(0, CHUNK_PAGES)
+    ids = tl.load(bt_row + idx, mask=idx < tl.cdiv(seqlen, PAGE_SIZE), other=0)
+    return first_page, ids
+
+
+@triton.jit
+def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
                 n0, end, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
-                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PAGED: tl.constexpr):
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PAGED: tl.constexpr,
+                PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr):
     """Online-softmax update of (max, sum, acc) with keys [n0, n0 + BLOCK_N) of a split ending at end.
 
-    fp8 caches are converted to q's dtype in registers (exact for e4m3/e5m2 into fp16/bf16);
+    fp8 caches are converted to q's dtype in registers (exact for e4m3/e5m2 into fp16), q being
+    fp16 then (:func:`q_for_fp16_dots`, with ``qk_scale_log2`` a ``[BLOCK_M, 1]`` row scale);
     their scales are folded into ``qk_scale_log2`` (K) and applied to the output (V).
     """
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_n = offs_n < end
     mask_d = offs_d < head_dim
-    k_tok, v_tok = token_offsets(offs_n, mask_n, bt_row, page_size, num_pages, stride_kb, stride_kn, stride_vb,
-                                 stride_vn, PAGED)
+    k_tok, v_tok = token_offsets(offs_n, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb,
+                                 stride_vn, PAGED, PAGE_SIZE, CHUNK_PAGES)
     # Masked loads: cache slots past the row's end may hold NaN and are never read.
     kt = tl.load(k_base + k_tok[None, :] + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0)
     s = tl.dot(q, kt.to(q.dtype)) * qk_scale_log2
@@ -69,6 +83,23 @@ def attend_tile(q, k_base, v_base, bt_row, page_size, num_pages, stride_kb, stri
     v = tl.load(v_base + v_tok[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
     acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
     return m_new, l_i, acc
+
+
+@triton.jit
+def q_for_fp16_dots(q, qk_scale_log2):
+    """q ``[BLOCK_M, BLOCK_D]`` in fp16 for an fp8 cache's dots, and the ``[BLOCK_M, 1]`` score
+    scale that undoes its row scaling.
+
+    The dots of an fp8 cache run in fp16 whatever q's dtype: fp8 -> fp16 is one conversion per
+    pair of values, fp8 -> bf16 two more per value (sm_90 PTX), in the loop's hot path. Each q
+    row is multiplied by a power of two (exact) that brings its largest magnitude into
+    (2^13, 2^14]: no bf16 value overflows fp16, and small rows keep fp16's 11-bit precision.
+    """
+    qf = q.to(tl.float32)
+    row_max = tl.maximum(tl.max(tl.abs(qf), axis=1), 1e-30)  # an all-zero (masked) row: any shift
+    shift = 14 - tl.ceil(tl.log2(row_max)).to(tl.int32)
+    pow2 = ((shift + 127) << 23).to(tl.float32, bitcast=True)  # 2^shift, exactly
+    return (qf * pow2[:, None]).to(tl.float16), (qk_scale_log2 / pow2)[:, None]
 
 
 @triton.jit
@@ -106,7 +137,7 @@ def split_kv_kernel(
     stride_ob, stride_om, stride_oh,
     stride_lb, stride_lh,
     stride_btb, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
-    seqlen_q, seqlen_k, num_splits, row_blocks, group, head_dim, page_size, num_pages, qk_scale_log2,
+    seqlen_q, seqlen_k, num_splits, row_blocks, group, head_dim, PAGE_SIZE: tl.constexpr, num_pages, qk_scale_log2,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -120,6 +151,8 @@ def split_kv_kernel(
     WRITE_LSE: tl.constexpr,
     RUNTIME_BOUND_WHILE: tl.constexpr,
     LAUNCH_DEPENDENTS: tl.constexpr = False,
+    CHUNK_TILES: tl.constexpr = 0,
+    CHUNK_PAGES: tl.constexpr = 0,
 ):
     """Attention of one split of one row's keys for one tile of packed (query, q head) rows.
 
@@ -176,19 +209,42 @@ def split_kv_kernel(
     if HAS_DESCALE:  # fp8 cache: K's scale multiplies the scores, V's the output
         qk_scale_log2 = qk_scale_log2 * tl.load(K_DESCALE + b * stride_kdb + kvh * stride_kdh)
         v_scale = tl.load(V_DESCALE + b * stride_vdb + kvh * stride_vdh)
-    if RUNTIME_BOUND_WHILE:
+        q, qk_scale_log2 = q_for_fp16_dots(q, qk_scale_log2)
+    if PAGED:
+        # Chunks of CHUNK_TILES tiles: the chunk's page ids are loaded once, then its tiles run
+        # like dense ones (the K/V addresses depend on no load inside the inner loop).
+        c0 = start
+        while c0 < end:
+            first_page, page_ids = chunk_page_ids(bt_row, c0, seqlen, PAGE_SIZE, CHUNK_PAGES)
+            c1 = tl.minimum(c0 + CHUNK_TILES * BLOCK_N, end)
+            if RUNTIME_BOUND_WHILE:  # the CPU interpreter cannot take a loaded length as a range() bound
+                n0 = c0
+                while n0 < c1:
+                    m_i, l_i, acc = attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb,
+                                                stride_kn, stride_vb, stride_vn, n0, end, last_visible, m_i, l_i,
+                                                acc, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED,
+                                                PAGE_SIZE, CHUNK_PAGES)
+                    n0 += BLOCK_N
+            else:
+                for n0 in range(c0, c1, BLOCK_N):
+                    m_i, l_i, acc = attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb,
+                                                stride_kn, stride_vb, stride_vn, n0, end, last_visible, m_i, l_i,
+                                                acc, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED,
+                                                PAGE_SIZE, CHUNK_PAGES)
+            c0 = c1
+    elif RUNTIME_BOUND_WHILE:
         # The CPU interpreter cannot take a loaded length as a range() bound (triton 3.6).
         n0 = start
         while n0 < end:
-            m_i, l_i, acc = attend_tile(q, k_base, v_base, bt_row, page_size, num_pages, stride_kb, stride_kn, stride_vb,
+            m_i, l_i, acc = attend_tile(q, k_base, v_base, 0, 0, num_pages, stride_kb, stride_kn, stride_vb,
                                         stride_vn, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
-                                        BLOCK_N, BLOCK_D, CAUSAL, PAGED)
+                                        BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES)
             n0 += BLOCK_N
     else:
         for n0 in range(start, end, BLOCK_N):
-            m_i, l_i, acc = attend_tile(q, k_base, v_base, bt_row, page_size, num_pages, stride_kb, stride_kn, stride_vb,
+            m_i, l_i, acc = attend_tile(q, k_base, v_base, 0, 0, num_pages, stride_kb, stride_kn, stride_vb,
                                         stride_vn, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
-                                        BLOCK_N, BLOCK_D, CAUSAL, PAGED)
+                                        BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES)
 
     has_keys = l_i > 0.0
     lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
