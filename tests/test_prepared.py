@@ -188,3 +188,37 @@ def test_relaunch_forwards_grid_stream_and_arguments(monkeypatch):
     monkeypatch.setattr(hooks, "launch_enter_hook", "enter")
     relaunch((111, None))
     assert seen[-1][6] == ("meta", (3, 2, 1), 1000) and seen[-1][7] == "enter"
+
+
+def test_relaunch_calls_the_c_launcher_directly_when_no_scratch_is_needed(monkeypatch):
+    """Without scratch memory, Relaunch skips CudaLauncher.__call__ and passes the C launcher
+    the argument list of triton 3.6's driver (cooperative/pdl flags, two scratch slots, the
+    packed metadata, launch metadata, hooks, then the kernel arguments)."""
+    from flashsplit.triton import launch
+
+    seen = []
+
+    class FakeRun:
+        global_scratch_size = profile_scratch_size = 0
+        launch_cooperative_grid, launch_pdl = False, True
+
+        def launch(self, *args):
+            seen.append(("c", args))
+
+        def __call__(self, *args):
+            seen.append(("py", args))
+
+    class FakeCompiled:
+        function, packed_metadata = "fn", (4, 1, 0)
+
+        def __init__(self, scratch):
+            self.run = FakeRun()
+            self.run.global_scratch_size = scratch
+
+    monkeypatch.setattr(launch, "current_stream", lambda device: 7)
+    monkeypatch.setattr(launch.triton.knobs.runtime, "launch_enter_hook", None)
+    monkeypatch.setattr(launch.triton.knobs.runtime, "launch_exit_hook", None)
+    launch.Relaunch(FakeCompiled(0), (5, 1, 1), tail=(3,), device=0)((99, None))
+    assert seen[-1] == ("c", (5, 1, 1, 7, "fn", False, True, None, None, (4, 1, 0), None, None, None, 99, None, 3))
+    launch.Relaunch(FakeCompiled(256), (5, 1, 1), tail=(3,), device=0)((99, None))  # needs scratch
+    assert seen[-1] == ("py", (5, 1, 1, 7, "fn", (4, 1, 0), None, None, None, 99, None, 3))

@@ -41,7 +41,7 @@ class Relaunch:
     match the first launch's in device, dtype, shape, strides and 16-byte alignment.
     """
 
-    __slots__ = ("_compiled", "_run", "_function", "_packed", "_grid", "_tail", "_device")
+    __slots__ = ("_compiled", "_device", "_function", "_grid", "_launch", "_packed", "_prefix", "_run", "_tail")
 
     def __init__(self, compiled, grid: tuple[int, int, int], tail: Sequence, device: int):
         self._compiled = compiled
@@ -51,6 +51,16 @@ class Relaunch:
         self._grid = grid
         self._tail = tuple(tail)
         self._device = device
+        # A kernel that needs no scratch memory can skip the Python CudaLauncher.__call__ wrapper
+        # (it only allocates scratch) and call the C launcher directly, whose arguments in
+        # triton 3.6 are (gx, gy, gz, stream, function, cooperative, pdl, global_scratch,
+        # profile_scratch, kernel_metadata, launch_metadata, enter_hook, exit_hook, *args).
+        run = self._run
+        self._launch = None
+        if (getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0
+                and callable(getattr(run, "launch", None))):
+            self._launch = run.launch
+            self._prefix = (run.launch_cooperative_grid, run.launch_pdl, None, None, self._packed)
 
     def __call__(self, pointers: Sequence[int | None]) -> None:
         args = (*pointers, *self._tail)
@@ -59,7 +69,11 @@ class Relaunch:
         enter = hooks.launch_enter_hook
         metadata = self._compiled.launch_metadata(self._grid, stream, *args) if enter is not None else None
         gx, gy, gz = self._grid
-        self._run(gx, gy, gz, stream, self._function, self._packed, metadata, enter, hooks.launch_exit_hook, *args)
+        if self._launch is not None:
+            self._launch(gx, gy, gz, stream, self._function, *self._prefix, metadata, enter, hooks.launch_exit_hook,
+                         *args)
+        else:
+            self._run(gx, gy, gz, stream, self._function, self._packed, metadata, enter, hooks.launch_exit_hook, *args)
 
 
 def launch(fn, grid: tuple[int, int, int], tensors: Sequence, tail: Sequence, options: dict) -> Relaunch | None:
