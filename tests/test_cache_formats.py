@@ -29,6 +29,11 @@ DTYPES = [torch.float16, torch.bfloat16] if HAS_CUDA else [torch.float16]
     (16, (300, 129, 16), 0, True),
     (48, (290, 100, 47), 17, False),
     (256, (600, 257, 1), 2, True),
+    # Splits longer than the page ids one chunk loads (page 1: 1024 ids; 48: 64 ids = 3072 keys;
+    # 16: 256 ids = 4096 keys), chunks starting mid-page (48 does not divide 2048).
+    (1, (1100, 513, 3), 1, False),
+    (48, (4400, 2049, 100), 1, True),
+    (16, (9000, 4500, 7), 2, False),
 ])
 def test_paged_matches_dense(dtype, page_size, lengths, num_splits, causal, generator):
     case = DecodeCase(batch=3, seqlen_q=2, seqlen_k=max(lengths) + 5, num_heads_kv=2, group=4, head_dim=64,
