@@ -192,3 +192,28 @@ def test_paged_and_fp8_matrix(backend, page_size, fp8, generator, cute_paged_ena
     k_ref = dequantize(k, scales.get("k_descale"))
     v_ref = dequantize(v, scales.get("v_descale"))
     check_against_reference(out, lse, q, k_ref, v_ref, seqlens, what=f"paged {page_size} {fp8}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [1, 16, 48])
+@pytest.mark.parametrize("fp8", [None, torch.float8_e4m3fn])
+def test_triton_paged_splits_longer_than_a_chunk(page_size, fp8, generator):
+    """One split over 20000 keys: the Triton paged loop walks many chunks of page ids (512 or
+    2048 keys each), some starting mid-page."""
+    from flashsplit.reference import dequantize
+    from flashsplit.testing import quantize_fp8, to_paged
+
+    lengths = (20000, 2049, 0)
+    case = DecodeCase(batch=3, seqlen_q=1, seqlen_k=20000, num_heads_kv=2, group=4, head_dim=128,
+                      dtype=torch.bfloat16, lengths=lengths)
+    q, k, v, seqlens = make_inputs(case, "cuda", generator)
+    scales = {}
+    if fp8 is not None:
+        k, k_descale = quantize_fp8(k, fp8, per_head=True)
+        v, v_descale = quantize_fp8(v, fp8, per_head=True)
+        scales = dict(k_descale=k_descale, v_descale=v_descale)
+    k_pages, v_pages, table, k, v = to_paged(k, v, list(lengths), page_size, generator)
+    out, lse = flashsplit.decode(q, k_pages, v_pages, block_table=table, cache_seqlens=seqlens, num_splits=1,
+                                 return_lse=True, backend="triton", **scales)
+    check_against_reference(out, lse, q, dequantize(k, scales.get("k_descale")),
+                            dequantize(v, scales.get("v_descale")), seqlens, what=f"paged {page_size} {fp8}")
