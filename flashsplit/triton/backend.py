@@ -88,7 +88,7 @@ class TritonBackend(Backend):
         return choose_tiles(problem.packed_rows, problem.head_dim).block_m
 
     def preference(self, problem: DecodeProblem) -> tuple[int, str]:
-        return 0, "triton: fastest measured backend for this problem (H200; docs/performance.md)"
+        return 0, "the fastest backend measured for this problem (H200; docs/performance.md)"
 
     def units_per_sm(self, problem: DecodeProblem) -> int:
         # Measured on the H200 (REFERENCE.md section 2): 2 CTAs per SM beat FA3's count of 1.
