@@ -64,3 +64,15 @@ def cute_fp8_enabled(monkeypatch):
 
     select.cache_clear()
     flashsplit.api._PREPARED.clear()
+
+
+@pytest.fixture
+def cute_subtile_enabled(monkeypatch):
+    """The same for pages smaller than the cute KV tile
+    (flashsplit.cute.configs.SUBTILE_PAGES_VERIFIED_ON_GPU)."""
+    _enable_unverified(monkeypatch, "SUBTILE_PAGES_VERIFIED_ON_GPU")
+    yield
+    from flashsplit.registry import select
+
+    select.cache_clear()
+    flashsplit.api._PREPARED.clear()

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from flashsplit.cute import CuteBackend, all_combine_configs, all_split_configs
+from flashsplit.cute.configs import compile_check_configs
 from flashsplit.problem import DecodeProblem
 
 _HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
@@ -42,9 +43,8 @@ def _ptx(dump_dir: Path) -> str:
     return "\n".join(f.read_text() for f in files)
 
 
-def _tma_coords_from_global_loads(ptx: str) -> set[str]:
-    """Registers that hold a 32-bit value loaded from global memory (directly or through
-    ``mov``) and serve as a coordinate of a TMA load: the page ids of a paged kernel."""
+def _globally_loaded(ptx: str) -> set[str]:
+    """Registers holding a 32-bit value loaded from global memory, directly or through ``mov``."""
     loaded = set(re.findall(r"ld\.global\.b32\s+(%r\d+),", ptx))
     moves = re.findall(r"mov\.b32\s+(%r\d+),\s*(%r\d+);", ptx)
     while True:
@@ -52,14 +52,43 @@ def _tma_coords_from_global_loads(ptx: str) -> set[str]:
         if not more:
             break
         loaded |= more
-    coords = set()
-    for group in re.findall(r"cp\.async\.bulk\.tensor[^\n]*?\{([^}]*)\}", ptx):
-        coords |= {c.strip() for c in group.split(",")}
-    return coords & loaded
+    return loaded
+
+
+def _tma_coords(ptx: str) -> list[list[str]]:
+    """The coordinate registers of every ``cp.async.bulk.tensor`` load, in PTX order."""
+    return [[c.strip() for c in group.split(",")]
+            for group in re.findall(r"cp\.async\.bulk\.tensor[^\n]*?\{([^}]*)\}", ptx)]
+
+
+def _tma_coords_from_global_loads(ptx: str) -> set[str]:
+    """Registers that hold a 32-bit value loaded from global memory (directly or through
+    ``mov``) and serve as a coordinate of a TMA load: the page ids of a paged kernel."""
+    coords = {c for group in _tma_coords(ptx) for c in group}
+    return coords & _globally_loaded(ptx)
+
+
+def _check_subtile_copies(config, ptx: str) -> None:
+    """Sub-tile paging: per stage, each of K and V is tile_n / P boxes (pages), and a box is
+    ``D / 64`` TMA copies in the 128-byte-swizzled 16-bit stage (64 elements of d each) or one
+    in an fp8 staging slot; the producer loop is not unrolled, so the PTX holds each once. The
+    page coordinate (the last) of every copy comes from a block-table load, one per box."""
+    boxes = config.tile_n // config.subtile_page
+    per_box = 1 if config.fp8 else config.head_dim // 64
+    coords = _tma_coords(ptx)
+    assert len(coords) == 2 * boxes * per_box, (len(coords), boxes, per_box)
+    loaded = _globally_loaded(ptx)
+    pages = [group[-1] for group in coords]
+    assert set(pages) <= loaded, f"page coordinates {set(pages) - loaded} do not come from block_table loads"
+    assert len(set(pages)) == boxes, pages
+    # Every copy starts at slot 0 of its page (the slot coordinate, second, is a constant 0).
+    slot_regs = {group[1] for group in coords}
+    for reg in slot_regs:
+        assert re.search(rf"mov\.b32\s+{re.escape(reg)},\s*0;", ptx), f"slot coordinate {reg} is not 0"
 
 
 @needs_cutlass
-@pytest.mark.parametrize("config", all_split_configs(), ids=str)
+@pytest.mark.parametrize("config", compile_check_configs(), ids=str)
 def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
     if not _arch_ok():
         pytest.skip("CUTE_DSL_ARCH is set to another arch")
@@ -75,6 +104,8 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
     page_ids = _tma_coords_from_global_loads(ptx)
     if config.paged:
         assert page_ids, "paged kernel: no TMA coordinate comes from a block_table load"
+        if config.subtile_page:
+            _check_subtile_copies(config, ptx)
     else:
         assert not page_ids, f"dense kernel: TMA coordinates {page_ids} come from global loads"
     # wgmma always multiplies q's 16-bit type (never fp8 wgmma); fp8 caches convert in registers.
@@ -125,7 +156,7 @@ def test_configs_fit_shared_memory():
 
 
 def test_all_split_configs_include_paged():
-    configs = [c for c in all_split_configs() if not c.fp8]
+    configs = [c for c in all_split_configs(subtile=False) if not c.fp8]
     assert len(configs) == len(set(configs)) == 48
     dense = {c for c in configs if not c.paged}
     assert {c.__class__(**{**c.__dict__, "paged": False}) for c in configs if c.paged} == dense
@@ -134,7 +165,7 @@ def test_all_split_configs_include_paged():
 def test_all_split_configs_include_fp8():
     """Every 16-bit configuration also exists for both fp8 caches, with the same tile and CTAs
     per SM (more, half-size staging slots)."""
-    configs = all_split_configs()
+    configs = all_split_configs(subtile=False)
     assert len(configs) == len(set(configs)) == 144
     same = {c for c in configs if not c.fp8}
     for kv_dtype in ("float8_e4m3fn", "float8_e5m2"):
@@ -144,6 +175,35 @@ def test_all_split_configs_include_fp8():
             base = c.__class__(**{**c.__dict__, "kv_dtype": "same", "stages": {64: 3, 128: 2, 256: 3}[c.head_dim]})
             assert base in same
             assert c.stages >= base.stages
+
+
+def test_subtile_configs():
+    """Sub-tile paging adds one compile key per page size (multiples of 8 dividing the tile) to
+    every paged configuration; dense and whole-tile paged keys keep subtile_page = 0 (their
+    kernels compile exactly as before). The compile check builds every (cache type, head dim,
+    page size) once, with each (dtype, causal, partials) combination among them."""
+    from flashsplit.cute.configs import split_config, subtile_page_sizes
+
+    assert subtile_page_sizes(64) == (8, 16, 32, 64)
+    assert subtile_page_sizes(128) == subtile_page_sizes(256) == (8, 16, 32)
+    whole = all_split_configs(subtile=False)
+    assert all(c.subtile_page == 0 for c in whole)
+    sub = [c for c in all_split_configs() if c.subtile_page]
+    assert len(sub) == len(set(sub)) == 3 * 8 * (4 + 3 + 3)
+    for c in sub:
+        assert c.paged and c.tile_n % c.subtile_page == 0 and c.subtile_page % 8 == 0
+        assert c.__class__(**{**c.__dict__, "subtile_page": 0}) in whole
+    checked = [c for c in compile_check_configs() if c.subtile_page]
+    assert {(c.kv_dtype, c.head_dim, c.subtile_page) for c in checked} == {
+        (c.kv_dtype, c.head_dim, c.subtile_page) for c in sub}
+    assert len({(c.dtype, c.causal, c.write_partials) for c in checked}) == 8
+    assert set(compile_check_configs()) - set(checked) == set(whole)
+    # The page size is a compile key only below the tile.
+    assert split_config("bfloat16", 128, False, True, True, page_size=128).subtile_page == 0
+    assert split_config("bfloat16", 128, False, True, True, page_size=16).subtile_page == 16
+    assert split_config("bfloat16", 128, False, True, False, page_size=16).subtile_page == 0
+    with pytest.raises(ValueError, match="page_size 24"):
+        split_config("bfloat16", 128, False, True, True, page_size=24)
 
 
 def test_fp8_configs_keep_two_ctas_per_sm_up_to_d128():
@@ -181,10 +241,16 @@ def _problem(**overrides) -> DecodeProblem:
     (dict(page_size=128), "CUDA device"),
     (dict(page_size=256, head_dim=64), "CUDA device"),
     (dict(page_size=64, head_dim=256), "CUDA device"),
-    (dict(page_size=16), "paged KV with page_size 16: the cute kernel needs a multiple of its 64-key tile"),
-    (dict(page_size=1), "page_size 1"),
+    # Pages smaller than the tile (multiples of 8 dividing it): the sub-tile kernel, gated.
+    (dict(page_size=16), "paged KV with page_size 16 (smaller than the 64-key tile): the cute sub-tile kernel "
+                         "is compile-checked but not yet verified on a GPU"),
+    (dict(page_size=8, head_dim=256), "not yet verified on a GPU"),
+    (dict(page_size=64, head_dim=64), "page_size 64 (smaller than the 128-key tile)"),
+    (dict(page_size=1), "page_size 1: the cute kernel needs a multiple of its 64-key tile or one of (8, 16, 32)"),
+    (dict(page_size=4), "page_size 4"),
+    (dict(page_size=24), "page_size 24"),
     (dict(page_size=96), "page_size 96"),
-    (dict(page_size=64, head_dim=64), "multiple of its 128-key tile (TMA); smaller or odd pages use the triton"),
+    (dict(page_size=48, head_dim=64), "multiple of its 128-key tile or one of (8, 16, 32, 64)"),
     (dict(page_size=128, kv_dtype=torch.float8_e4m3fn), "CUDA device"),
     (dict(page_size=16, kv_dtype=torch.float8_e4m3fn), "page_size 16"),
 ])
@@ -196,10 +262,40 @@ def test_supports_reasons_on_cpu_problems(overrides, needle, cute_paged_enabled)
 
 
 @pytest.mark.parametrize("overrides,needle", [
+    (dict(page_size=8), "CUDA device"),
+    (dict(page_size=16), "CUDA device"),
+    (dict(page_size=32, head_dim=256), "CUDA device"),
+    (dict(page_size=64, head_dim=64), "CUDA device"),
+    (dict(page_size=8, kv_dtype=torch.float8_e5m2), "CUDA device"),
+    (dict(page_size=24), "page_size 24"),
+    (dict(page_size=4), "page_size 4"),
+])
+def test_supports_subtile_pages_once_enabled(overrides, needle, cute_paged_enabled, cute_subtile_enabled,
+                                             monkeypatch):
+    from flashsplit.cute import configs
+
+    monkeypatch.setattr(configs, "FP8_VERIFIED_ON_GPU", True)
+    if not _HAS_CUTLASS and needle == "CUDA device":
+        needle = "not installed"
+    reason = CuteBackend().supports(_problem(**overrides))
+    assert reason is not None and needle in reason, reason
+
+
+def test_subtile_pages_are_gated():
+    from flashsplit.cute import configs
+
+    assert configs.SUBTILE_PAGES_VERIFIED_ON_GPU is False
+    for page_size in (8, 16, 32):
+        reason = CuteBackend().supports(_problem(page_size=page_size))
+        assert reason is not None and "not yet verified on a GPU" in reason
+
+
+@pytest.mark.parametrize("overrides,needle", [
     (dict(kv_dtype=torch.float8_e4m3fn), "CUDA device"),
     (dict(kv_dtype=torch.float8_e5m2, dtype=torch.float16, head_dim=256), "CUDA device"),
     (dict(kv_dtype=torch.float8_e4m3fn, page_size=128), "CUDA device"),
-    (dict(kv_dtype=torch.float8_e5m2, page_size=64, head_dim=64), "multiple of its 128-key tile"),
+    (dict(kv_dtype=torch.float8_e5m2, page_size=64, head_dim=64), "smaller than the 128-key tile"),
+    (dict(kv_dtype=torch.float8_e5m2, page_size=96, head_dim=64), "multiple of its 128-key tile"),
     (dict(kv_dtype=torch.float8_e4m3fn, head_dim=96), "head_dim 96"),
 ])
 def test_supports_fp8_once_enabled(overrides, needle, cute_paged_enabled, monkeypatch):
@@ -232,8 +328,9 @@ def test_supports_reason_without_cutlass(monkeypatch):
 
 
 @needs_cutlass
-@pytest.mark.parametrize("paged,fp8", [(False, False), (True, False), (False, True), (True, True)])
-def test_launch_arguments(paged, fp8, monkeypatch):
+@pytest.mark.parametrize("paged,fp8,page_size", [(False, False, 0), (True, False, 128), (False, True, 0),
+                                                (True, True, 128), (True, False, 16), (True, True, 8)])
+def test_launch_arguments(paged, fp8, page_size, monkeypatch):
     """The launcher's positional arguments, named by the kernel's signature (placeholder
     compiles cannot catch two Int32 sizes swapped): a paged launch passes the page size, page
     count, table width and row stride, and the capacity max_pages * page_size."""
@@ -249,7 +346,7 @@ def test_launch_arguments(paged, fp8, monkeypatch):
     q = torch.zeros(batch, 1, heads, d, dtype=torch.bfloat16)
     seqlens = torch.tensor([5, 300, 0], dtype=torch.int32)
     if paged:
-        k = torch.zeros(11, 128, heads_kv, d, dtype=torch.bfloat16)  # 11 pages of 128 keys
+        k = torch.zeros(11, page_size, heads_kv, d, dtype=torch.bfloat16)  # 11 pages
         table = torch.zeros(batch, 6, dtype=torch.int32)[:, :4]  # row stride 6, 4 pages per row
     else:
         k, table = torch.zeros(batch, 700, heads_kv, d, dtype=torch.bfloat16), None
@@ -262,6 +359,7 @@ def test_launch_arguments(paged, fp8, monkeypatch):
                                                   k_descale=k_descale, v_descale=v_descale)
     (config, args), = calls
     assert config.paged == paged and config.write_partials
+    assert config.subtile_page == (page_size if page_size and page_size < 64 else 0)
     assert config.kv_dtype == ("float8_e5m2" if fp8 else "same")
     names = [n for n in inspect.signature(SplitKVDecodeKernel.__call__).parameters if n != "self"]
     assert len(names) == len(args)
@@ -269,7 +367,7 @@ def test_launch_arguments(paged, fp8, monkeypatch):
     want = dict(batch=batch, num_heads=heads, num_heads_kv=heads_kv, num_splits=3, k_stride_b=k.stride(0),
                 k_stride_l=k.stride(1))
     if paged:
-        want.update(seqlen_k=4 * 128, cache_rows=11, cache_len=128, max_pages=4, block_table_stride_b=6)
+        want.update(seqlen_k=4 * page_size, cache_rows=11, cache_len=page_size, max_pages=4, block_table_stride_b=6)
         assert f"{table.data_ptr():016x}" in str(got["block_table_ptr"])  # Ptr<0x...@gmem>
     else:
         want.update(seqlen_k=700, cache_rows=batch, cache_len=700, max_pages=1)
@@ -293,7 +391,8 @@ def test_backend_static_facts():
     (dict(), "triton"),  # dense 16-bit: Triton measured as fast or faster at every batch
     (dict(kv_dtype=torch.float8_e4m3fn), "triton"),  # fp8: cute's in-smem conversion is slower
     (dict(page_size=128), "cute"),  # paged 16-bit: cute's TMA pages run at dense speed
-    (dict(page_size=16), "triton"),  # a page smaller than cute's tile: only Triton can
+    (dict(page_size=16), "triton"),  # a page smaller than cute's tile: gated (unverified) and untimed
+    (dict(page_size=24), "triton"),  # not a multiple of 8: only Triton can
 ])
 def test_auto_takes_the_backend_measured_fastest(overrides, winner, monkeypatch):
     """auto ranks the backends that support a problem by their measured speed on the H200."""
@@ -312,6 +411,12 @@ def test_auto_takes_the_backend_measured_fastest(overrides, winner, monkeypatch)
         select.cache_clear()
     assert chosen is get(winner), why
     assert why.startswith("auto: ")
+
+
+def test_auto_keeps_subtile_pages_on_triton_until_timed(cute_subtile_enabled, monkeypatch):
+    """Verified or not, small pages stay on Triton in auto until a GPU timing ranks them
+    (CuteBackend.preference); backend="cute" can still take them once verified."""
+    test_auto_takes_the_backend_measured_fastest(dict(page_size=16), "triton", monkeypatch)
 
 
 def _cute_reason_off_device(real, backend, problem):

@@ -448,3 +448,165 @@ def test_fp8_through_decode_api(cute_fp8_enabled):
                                  backend="cute", return_lse=True)
     torch.cuda.synchronize()
     _check_fp8(out, lse, q, k8, v8, k_descale, v_descale, seqlens, False, 1.0 / math.sqrt(128), "decode api")
+
+
+# Pages smaller than the KV tile (sub-tile paging: tile_n / P TMA boxes per K/V tile), gated by
+# configs.SUBTILE_PAGES_VERIFIED_ON_GPU: run ``pytest tests/test_cute_gpu.py -k subtile`` on the
+# H200, then flip the flag.
+SUBTILE_CASES = [(128, 8), (128, 16), (128, 32), (64, 8), (64, 16), (64, 32), (64, 64), (256, 8), (256, 16),
+                 (256, 32)]
+
+
+def _subtile_lengths(page_size: int, tile_n: int) -> tuple[int, ...]:
+    """Rows 0 and 1 share their first page; lengths around a page (P-1, P+1, 2P+1), inside a
+    tile's last box, a tile -1 and a tile plus a partial page; 1 and 0 keys."""
+    return (1000, 2 * page_size + 1, page_size - 1, page_size + 1, tile_n - 1, tile_n + page_size + 3, 129, 1, 0)
+
+
+def _subtile_inputs(head_dim, page_size, seqlen_q, group, causal, num_splits, seed, dtype=torch.bfloat16,
+                    seqlen_k=SEQLEN_K):
+    from flashsplit.cute.configs import split_tile
+    from flashsplit.testing import to_paged
+
+    lengths = _subtile_lengths(page_size, split_tile(head_dim)[0])
+    case = DecodeCase(len(lengths), seqlen_q, seqlen_k, 2, group, head_dim, dtype, lengths, num_splits, causal)
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, seqlens = make_inputs(case, "cuda", gen)
+    k_pages, v_pages, table, k, v = to_paged(k, v, list(lengths), page_size, gen)
+    assert int(table[0, 0]) == int(table[1, 0]), "rows 0 and 1 should share a page"
+    return case, q, k, v, seqlens, k_pages, v_pages, table
+
+
+@pytest.mark.parametrize("head_dim,page_size", SUBTILE_CASES)
+@pytest.mark.parametrize("seqlen_q,group,causal,num_splits", [(1, 4, False, 1), (1, 5, False, 3), (4, 8, True, 17)])
+def test_subtile_paged_decode_matches_reference(head_dim, page_size, seqlen_q, group, causal, num_splits,
+                                                cute_paged_enabled, cute_subtile_enabled):
+    """Pages of 8/16/32 (d=64 also 64) keys: shuffled pages, a page shared by rows 0 and 1, NaN
+    in every slot no row uses and garbage block_table entries (10^6) past each row's last page."""
+    case, q, k, v, seqlens, k_pages, v_pages, table = _subtile_inputs(
+        head_dim, page_size, seqlen_q, group, causal, num_splits, page_size + head_dim + num_splits)
+    scale = 1.0 / math.sqrt(head_dim)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((case.batch, case.num_heads, case.seqlen_q), float("nan"), device="cuda")
+    _backend().decode(q, k_pages, v_pages, seqlens, num_splits, scale, causal, out, lse, block_table=table)
+    torch.cuda.synchronize()
+    check_against_reference(out, lse, q, k, v, seqlens, causal, scale, what=f"subtile paged {page_size} {case}")
+
+
+@pytest.mark.parametrize("head_dim,page_size", [(128, 8), (128, 32), (64, 16), (256, 16)])
+def test_subtile_paged_partials_split_by_split(head_dim, page_size, cute_paged_enabled, cute_subtile_enabled):
+    case, q, k, v, seqlens, k_pages, v_pages, table = _subtile_inputs(head_dim, page_size, 1, 4, False, 17, 11)
+    scale = 1.0 / math.sqrt(head_dim)
+    out_p, lse_p = _backend().forward_partials(q, k_pages, v_pages, seqlens, 17, scale, False, block_table=table)
+    torch.cuda.synchronize()
+    ref_p, ref_lse_p = split_partials_ref(q, k, v, seqlens, 17, False, scale)
+    for s in range(17):
+        check_lse(lse_p[s], ref_lse_p[s])
+        live = ~torch.isneginf(ref_lse_p[s]).permute(0, 2, 1)  # [B, L_q, H]
+        got, want = out_p[s][live], ref_p[s].to(out_p.device)[live]
+        err = (got - want).abs().max().item() if got.numel() else 0.0
+        assert not torch.isnan(got).any() and err < 3e-2, f"split {s}: max error {err:.3g}"
+
+
+@pytest.mark.parametrize("page_size", [8, 16, 32])
+def test_subtile_paged_narrow_table_full_capacity(page_size, cute_paged_enabled, cute_subtile_enabled):
+    """A block table exactly as wide as the longest row's pages (its last tile is partial, so a
+    kernel reading entries of boxes past the row's end would read past the table), the long row
+    last in memory; and cache_seqlens=None (every row spans the table)."""
+    head_dim, lengths = 128, (300, 1000 + page_size // 2)
+    max_pages = -(-max(lengths) // page_size)
+    case = DecodeCase(2, 1, max_pages * page_size, 2, 4, head_dim, torch.bfloat16, lengths, 3)
+    gen = torch.Generator().manual_seed(page_size)
+    q, k, v, seqlens = make_inputs(case, "cuda", gen)
+    from flashsplit.testing import to_paged
+
+    k_pages, v_pages, table, k, v = to_paged(k, v, list(lengths), page_size, gen, share_first_page=False)
+    assert table.shape[1] == max_pages and int(table[1, -1]) != 10**6
+    scale = 1.0 / math.sqrt(head_dim)
+    out = torch.full_like(q, float("nan"))
+    _backend().decode(q, k_pages, v_pages, seqlens, 3, scale, False, out, None, block_table=table)
+    torch.cuda.synchronize()
+    check_against_reference(out, None, q, k, v, seqlens, False, scale, what=f"narrow table {page_size}")
+
+    # Full capacity: fill row 0's remaining pages too, then attend over every slot of both rows.
+    full = [max_pages * page_size] * 2
+    case = DecodeCase(2, 1, max_pages * page_size, 2, 4, head_dim, torch.bfloat16, None, 5)
+    q, k, v, _ = make_inputs(case, "cuda", gen)
+    k_pages, v_pages, table, k, v = to_paged(k, v, full, page_size, gen, share_first_page=False)
+    out = torch.full_like(q, float("nan"))
+    _backend().decode(q, k_pages, v_pages, None, 5, scale, False, out, None, block_table=table)
+    torch.cuda.synchronize()
+    check_against_reference(out, None, q, k, v, None, False, scale, what=f"full capacity {page_size}")
+
+
+@pytest.mark.parametrize("head_dim,page_size", [(128, 16), (64, 8), (256, 32)])
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_subtile_fp8_paged_decode_matches_reference(head_dim, page_size, fp8, cute_fp8_enabled, cute_paged_enabled,
+                                                    cute_subtile_enabled):
+    """fp8 caches with pages smaller than the tile (sub-boxes into the fp8 staging slots)."""
+    from flashsplit.cute.configs import split_tile
+    from flashsplit.testing import to_paged
+
+    lengths = _subtile_lengths(page_size, split_tile(head_dim)[0])
+    case = DecodeCase(len(lengths), 1, SEQLEN_K, 2, 4, head_dim, torch.bfloat16, lengths, 3)
+    q, k8, v8, k_descale, v_descale, seqlens, gen = _fp8_inputs(case, fp8, True, page_size + head_dim)
+    k_pages, v_pages, table, k8, v8 = to_paged(k8, v8, list(lengths), page_size, gen)
+    scale = 1.0 / math.sqrt(head_dim)
+    out = torch.full_like(q, float("nan"))
+    _backend().decode(q, k_pages, v_pages, seqlens, 3, scale, False, out, None, block_table=table,
+                      k_descale=k_descale, v_descale=v_descale)
+    torch.cuda.synchronize()
+    _check_fp8(out, None, q, k8, v8, k_descale, v_descale, seqlens, False, scale, f"subtile fp8 {page_size}")
+
+
+def test_subtile_compile_cache_and_graph_replay_with_new_table(cute_paged_enabled, cute_subtile_enabled):
+    """One kernel per sub-tile page size (page counts stay runtime values), and a captured decode
+    follows a block_table / cache_seqlens rewritten between replays."""
+    from flashsplit.cute import compile_cache_size
+    from flashsplit.testing import to_paged
+
+    backend = _backend()
+    sizes = []
+    for lengths, seqlen_k in (((300, 70), 512), ((900, 5), 1024), ((1024, 0), 2048)):
+        case = DecodeCase(2, 1, seqlen_k, 2, 4, 128, torch.bfloat16, lengths, 3)
+        gen = torch.Generator().manual_seed(seqlen_k)
+        q, k, v, seqlens = make_inputs(case, "cuda", gen)
+        k_pages, v_pages, table, k, v = to_paged(k, v, list(lengths), 16, gen)
+        out = torch.empty_like(q)
+        backend.decode(q, k_pages, v_pages, seqlens, 3, 0.1, False, out, None, block_table=table)
+        torch.cuda.synchronize()
+        check_against_reference(out, None, q, k, v, seqlens, False, 0.1)
+        sizes.append(compile_cache_size())
+    assert sizes[0] == sizes[1] == sizes[2], sizes
+
+    case = DecodeCase(2, 1, 1024, 2, 4, 128, torch.bfloat16, (1024, 1024), 9, nan_tail=False)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, _ = make_inputs(case, "cuda", gen)
+    k_pages, v_pages, table, k, v = to_paged(k, v, [1024, 1024], 8, gen, share_first_page=False)
+    seqlens = torch.tensor([600, 200], dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    backend.decode(q, k_pages, v_pages, seqlens, 9, 0.1, False, out, None, block_table=table)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        backend.decode(q, k_pages, v_pages, seqlens, 9, 0.1, False, out, None, block_table=table)
+    table.copy_(table.flip(0).clone())
+    seqlens.copy_(torch.tensor([1000, 50], dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    check_against_reference(out, None, q, k.flip(0), v.flip(0), seqlens, False, 0.1)
+
+
+def test_subtile_through_decode_api(cute_paged_enabled, cute_subtile_enabled):
+    """``flashsplit.decode(backend="cute")`` on 16-key pages."""
+    import flashsplit
+    from flashsplit.testing import to_paged
+
+    lengths = (2048, 700, 0)
+    case = DecodeCase(3, 1, 2048, 2, 4, 128, torch.bfloat16, lengths, 0)
+    gen = torch.Generator().manual_seed(5)
+    q, k, v, seqlens = make_inputs(case, "cuda", gen)
+    k_pages, v_pages, table, k, v = to_paged(k, v, list(lengths), 16, gen)
+    out, lse = flashsplit.decode(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table, backend="cute",
+                                 return_lse=True)
+    torch.cuda.synchronize()
+    check_against_reference(out, lse, q, k, v, seqlens, False, 1.0 / math.sqrt(128), what="subtile decode api")

@@ -45,10 +45,18 @@ class CuteBackend(Backend):
             return "the paged cute kernel is compile-checked but not yet verified on a GPU; paged KV uses triton"
         if problem.paged and not configs.paged_supported(problem.page_size, problem.head_dim):
             tile_n = configs.split_tile(problem.head_dim)[0]
-            return (
-                f"paged KV with page_size {problem.page_size}: the cute kernel needs a multiple of its "
-                f"{tile_n}-key tile (TMA); smaller or odd pages use the triton backend"
-            )
+            sub = configs.subtile_page_sizes(problem.head_dim)
+            if problem.page_size not in sub:
+                return (
+                    f"paged KV with page_size {problem.page_size}: the cute kernel needs a multiple of its "
+                    f"{tile_n}-key tile or one of {sub} (TMA boxes on 8-key swizzle atoms); other pages use "
+                    f"the triton backend"
+                )
+            if not configs.SUBTILE_PAGES_VERIFIED_ON_GPU:
+                return (
+                    f"paged KV with page_size {problem.page_size} (smaller than the {tile_n}-key tile): the cute "
+                    f"sub-tile kernel is compile-checked but not yet verified on a GPU; such pages use triton"
+                )
         if problem.cache_dtype in FP8_DTYPES and not configs.FP8_VERIFIED_ON_GPU:
             return "the fp8 cute kernel is compile-checked but not yet verified on a GPU; fp8 KV uses triton"
         if problem.cache_dtype != problem.dtype and problem.cache_dtype not in _FP8_NAMES:
@@ -72,6 +80,10 @@ class CuteBackend(Backend):
         # 16-bit caches run at dense speed here (page 128: 1.00x dense) but 1.45-1.58x slower in
         # Triton; dense 16-bit caches are as fast or faster in Triton at every batch (B = 1, 4k:
         # 10.9 vs 14.0 us; B >= 16 within 0.6%); fp8 caches are 1.8x slower here than in Triton.
+        if problem.paged and not configs.paged_supported(problem.page_size, problem.head_dim):
+            # Pages smaller than the tile (several TMA boxes per tile, 1-4 KiB each): not timed
+            # on a GPU yet, so triton stays ahead until a measurement says otherwise.
+            return -5, "paged KV with pages smaller than the cute tile: not yet timed on a GPU (triton preferred)"
         if problem.paged and problem.cache_dtype not in FP8_DTYPES:
             return 20, "paged 16-bit KV: the cute TMA kernel reads pages at dense speed (H200)"
         return -10, "cute supports it but was measured slower than triton here (H200)"
@@ -148,11 +160,13 @@ class CuteBackend(Backend):
             # of the tiles it loads (never past a row's last page).
             max_pages = block_table.shape[1]
             seqlen_k = max_pages * cache_len
-            assert configs.paged_supported(cache_len, head_dim), "supports() refuses this page size"
+            assert configs.paged_supported(cache_len, head_dim) or configs.subtile_paged_supported(
+                cache_len, head_dim), "supports() refuses this page size"
         else:
             seqlen_k, max_pages = cache_len, 1
         kv_dtype = _FP8_NAMES.get(k.dtype, "same")
-        config = configs.split_config(_DTYPE_NAMES[q.dtype], head_dim, causal, write_partials, paged, kv_dtype)
+        config = configs.split_config(_DTYPE_NAMES[q.dtype], head_dim, causal, write_partials, paged, kv_dtype,
+                                      cache_len if paged else None)
         kernel = compile_split(config)
         if cache_seqlens is None:
             cache_seqlens = self._full_length(q.device, batch, seqlen_k)

@@ -41,6 +41,11 @@ class SplitConfig:
     #: name: TMA loads fp8 tiles into ``stages`` staging slots and the consumer converts each
     #: tile into one 16-bit K and one 16-bit V operand buffer.
     kv_dtype: str = "same"
+    #: Sub-tile paging: 0 (dense, or pages that are multiples of tile_n), or the page size P of
+    #: a paged cache whose pages are smaller than the tile (P divides tile_n, a multiple of 8):
+    #: each K/V tile is then loaded as tile_n / P TMA boxes of P keys, box j from page
+    #: ``block_table[b, t * tile_n / P + j]``. A compile-time value only in this mode.
+    subtile_page: int = 0
 
     @property
     def fp8(self) -> bool:
@@ -104,13 +109,22 @@ def fp8_stages(head_dim: int) -> int:
 
 
 def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, paged: bool = False,
-                 kv_dtype: str = "same") -> SplitConfig:
+                 kv_dtype: str = "same", page_size: int | None = None) -> SplitConfig:
+    """The compile key for a problem. ``page_size`` (paged only) matters only when it is smaller
+    than the tile: then it becomes ``subtile_page``; whole-tile pages keep it a runtime value."""
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype: expected one of {KV_DTYPES}, got {kv_dtype!r}")
     tile_n, stages, units = split_tile(head_dim)
     if kv_dtype != "same":
         stages = fp8_stages(head_dim)
-    return SplitConfig(dtype, head_dim, tile_n, stages, causal, write_partials, units, paged, kv_dtype)
+    subtile_page = 0
+    if paged and page_size is not None and page_size < tile_n:
+        if page_size not in subtile_page_sizes(head_dim):
+            raise ValueError(f"page_size {page_size}: expected a multiple of {tile_n} or one of "
+                             f"{subtile_page_sizes(head_dim)} (head_dim {head_dim})")
+        subtile_page = page_size
+    return SplitConfig(dtype, head_dim, tile_n, stages, causal, write_partials, units, paged, kv_dtype,
+                       subtile_page)
 
 
 #: The paged kernel passed ``pytest tests/test_cute_gpu.py tests/test_gpu.py`` on an H200
@@ -121,6 +135,16 @@ PAGED_VERIFIED_ON_GPU = True
 #: The fp8-cache kernel passed ``pytest tests/test_cute_gpu.py -k fp8`` on an H200 (2026-11-29,
 #: e4m3/e5m2, dense and paged). False makes ``supports()`` refuse fp8 caches (Triton takes them).
 FP8_VERIFIED_ON_GPU = True
+
+#: Pages smaller than the KV tile (``subtile_page_sizes``): compile-checked only. Until
+#: ``pytest tests/test_cute_gpu.py -k subtile`` passes on an H200, ``supports()`` refuses them
+#: (auto keeps them on Triton); those tests switch this on for themselves.
+SUBTILE_PAGES_VERIFIED_ON_GPU = False
+
+#: TMA with SWIZZLE_128B writes whole 1024-byte swizzle atoms: a sub-box must start at a
+#: multiple of 8 key rows of 128 bytes in the swizzled 16-bit stage (K: (8 keys, 64 d) atoms;
+#: V: (64 d, 8 keys) atoms), so sub-tile pages are multiples of 8 keys that divide the tile.
+SUBTILE_MIN_PAGE = 8
 
 
 def paged_supported(page_size: int, head_dim: int) -> bool:
@@ -133,10 +157,31 @@ def paged_supported(page_size: int, head_dim: int) -> bool:
     return page_size > 0 and page_size % split_tile(head_dim)[0] == 0
 
 
-def all_split_configs() -> list[SplitConfig]:
-    """Every split-kernel configuration the backend can select (what the compile check builds):
-    48 with 16-bit caches and 96 with fp8 caches (two fp8 types)."""
-    return [
+def subtile_page_sizes(head_dim: int) -> tuple[int, ...]:
+    """Page sizes smaller than the tile that the sub-tile paged kernel reads: the multiples of 8
+    that divide ``tile_n`` (d=64: 8/16/32/64; d=128/256: 8/16/32), 16-bit or fp8 caches.
+
+    >>> subtile_page_sizes(128), subtile_page_sizes(64)
+    ((8, 16, 32), (8, 16, 32, 64))
+    """
+    tile_n = split_tile(head_dim)[0]
+    return tuple(p for p in range(SUBTILE_MIN_PAGE, tile_n, SUBTILE_MIN_PAGE) if tile_n % p == 0)
+
+
+def subtile_paged_supported(page_size: int, head_dim: int) -> bool:
+    """Whether ``page_size`` takes the sub-tile paged kernel (several TMA boxes per tile).
+
+    >>> subtile_paged_supported(16, 128), subtile_paged_supported(24, 128), subtile_paged_supported(64, 128)
+    (True, False, False)
+    """
+    return page_size in subtile_page_sizes(head_dim)
+
+
+def all_split_configs(subtile: bool = True) -> list[SplitConfig]:
+    """Every split-kernel configuration the backend can select: 48 with 16-bit caches and 96
+    with fp8 caches (two fp8 types), then (``subtile``) the sub-tile paged ones, 80 per cache
+    type (d=64: 4 page sizes, d=128/256: 3, times dtype, causal, partials)."""
+    configs = [
         split_config(dtype, head_dim, causal, write_partials, paged, kv_dtype)
         for kv_dtype in KV_DTYPES
         for dtype in DTYPES
@@ -145,6 +190,33 @@ def all_split_configs() -> list[SplitConfig]:
         for write_partials in (False, True)
         for paged in (False, True)
     ]
+    if subtile:
+        configs += [
+            split_config(dtype, head_dim, causal, write_partials, True, kv_dtype, page_size)
+            for kv_dtype in KV_DTYPES
+            for dtype in DTYPES
+            for head_dim in HEAD_DIMS
+            for causal in (False, True)
+            for write_partials in (False, True)
+            for page_size in subtile_page_sizes(head_dim)
+        ]
+    return configs
+
+
+def compile_check_configs() -> list[SplitConfig]:
+    """What the CPU compile check builds: every whole-tile configuration, and one sub-tile
+    configuration per (cache type, head dim, page size), with dtype, causal and partials cycled
+    so each of their combinations occurs (the sub-tile mode changes only the producer's loads)."""
+    configs = all_split_configs(subtile=False)
+    combos = [(dtype, causal, wp) for dtype in DTYPES for causal in (False, True) for wp in (False, True)]
+    i = 0
+    for kv_dtype in KV_DTYPES:
+        for head_dim in HEAD_DIMS:
+            for page_size in subtile_page_sizes(head_dim):
+                dtype, causal, wp = combos[i % len(combos)]
+                configs.append(split_config(dtype, head_dim, causal, wp, True, kv_dtype, page_size))
+                i += 1
+    return configs
 
 
 def all_combine_configs() -> list[CombineConfig]:

@@ -19,6 +19,10 @@ row)`` and tile ``t`` of batch row ``b`` is TMA tile ``(tile in row, cache row)`
 cache row is ``b`` and the tile is ``t``. Paged (``SplitConfig.paged``, page size a multiple of
 the tile): the cache row is the page ``block_table[b, t // tiles_per_page]``, read by the producer
 warp one tile ahead, and the tile is ``t % tiles_per_page``; a tile never straddles a page.
+Sub-tile paging (``SplitConfig.subtile_page = P``, pages of P < tile_n keys, P a multiple of 8):
+each K/V tile is ``tile_n / P`` TMA boxes of P keys, box ``j`` from page
+``block_table[b, t * tile_n / P + j]`` into rows ``[j*P, (j+1)*P)`` of the stage, all on the
+stage's mbarrier (``load_subtile``); the consumer is the same.
 
 No ``setmaxnreg``: with one producer warp (not a warpgroup) the CTA holds only 160 threads, so
 two CTAs per SM already leave the consumer ~200 registers, more than it needs.
@@ -62,6 +66,9 @@ class SplitKVDecodeKernel:
         self.write_partials = config.write_partials
         self.units_per_sm = config.units_per_sm
         self.paged = config.paged
+        # Sub-tile paging: pages of P < tile_n keys, tile_n / P TMA boxes per K/V tile.
+        self.subtile_page = config.subtile_page
+        self.boxes_per_tile = config.tile_n // config.subtile_page if config.subtile_page else 1
         self.fp8 = config.fp8
         self.kv_dtype = {
             "same": self.dtype, "float8_e4m3fn": cutlass.Float8E4M3FN, "float8_e5m2": cutlass.Float8E5M2,
@@ -195,12 +202,25 @@ class SplitKVDecodeKernel:
             k_load_layout = cute.make_layout((N, D, self.stages), stride=(D, 1, N * D))
             v_load_layout = cute.make_layout((D, N, self.stages), stride=(1, D, N * D))
 
-        tma_k, mK_tma = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), mK, cute.slice_(k_load_layout, (None, None, 0)), (N, D)
-        )
-        tma_v, mV_tma = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), mV, cute.slice_(v_load_layout, (None, None, 0)), (D, N)
-        )
+        if cutlass.const_expr(self.subtile_page > 0):
+            # One TMA box per page: P keys of a stage, rows [j*P, (j+1)*P) (P a multiple of 8, so
+            # every box starts on a 1024-byte swizzle atom of the 16-bit stage).
+            P = self.subtile_page
+            k_box_layout = cute.slice_(
+                cute.flat_divide(cute.slice_(k_load_layout, (None, None, 0)), (P, D)), (None, None, 0, 0)
+            )
+            v_box_layout = cute.slice_(
+                cute.flat_divide(cute.slice_(v_load_layout, (None, None, 0)), (D, P)), (None, None, 0, 0)
+            )
+            tma_k, mK_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mK, k_box_layout, (P, D))
+            tma_v, mV_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mV, v_box_layout, (D, P))
+        else:
+            tma_k, mK_tma = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SOp(), mK, cute.slice_(k_load_layout, (None, None, 0)), (N, D)
+            )
+            tma_v, mV_tma = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SOp(), mV, cute.slice_(v_load_layout, (None, None, 0)), (D, N)
+            )
         self.tx_bytes = cute.size_in_bytes(
             self.kv_dtype, cute.slice_(k_load_layout, (None, None, 0))
         ) + cute.size_in_bytes(self.kv_dtype, cute.slice_(v_load_layout, (None, None, 0)))
@@ -315,8 +335,12 @@ class SplitKVDecodeKernel:
         cute.arch.sync_threads()
 
         if warp_idx == self.producer_warp:
-            self.load(tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK_load, sV_load, kv_pipeline, batch_idx, kvh,
-                      first_tile, num_tiles, tiles_per_page)
+            if cutlass.const_expr(self.subtile_page > 0):
+                self.load_subtile(tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK_load, sV_load, kv_pipeline,
+                                  batch_idx, kvh, first_tile, num_tiles, end)
+            else:
+                self.load(tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK_load, sV_load, kv_pipeline, batch_idx,
+                          kvh, first_tile, num_tiles, tiles_per_page)
         if warp_idx < self.producer_warp:
             if cutlass.const_expr(self.fp8):
                 # k_descale folds into the (log2) softmax scale, v_descale into the output.
@@ -382,6 +406,65 @@ class SplitKVDecodeKernel:
             cute.copy(tma_v, tVgV[(None, tile, row)], tVsV[(None, state.index)], tma_bar_ptr=bar)
             kv_pipeline.producer_commit(state)
             state.advance()
+
+    @cute.jit
+    def load_subtile(self, tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK, sV, kv_pipeline, batch_idx, kvh,
+                     first_tile, num_tiles, end):
+        """Producer warp, pages of P < tile_n keys: tile ``t`` is ``tile_n / P`` TMA boxes per
+        tensor, box ``j`` (keys ``[t*N + j*P, t*N + (j+1)*P)``) from slot 0 of page
+        ``block_table[b, t * N / P + j]`` into rows ``[j*P, (j+1)*P)`` of the stage; all land on
+        the stage's full mbarrier (same transaction bytes as one whole-tile box).
+
+        The page ids of the next tile are loaded before waiting for a free stage. Only entries of
+        pages holding keys ``< end`` are read (never past the row's last page): a box past
+        ``end`` in the last tile reloads the tile's first page instead, into rows the consumer
+        masks (scores) and zeroes (V), so the stage still receives its full byte count.
+        """
+        D, N, P = self.head_dim, self.tile_n, self.subtile_page
+        boxes = self.boxes_per_tile
+        cpasync.prefetch_descriptor(tma_k)
+        cpasync.prefetch_descriptor(tma_v)
+        # (P, D, pages) and (D, P, pages): a page holds one box (the slot mode is P long).
+        gK = cute.local_tile(mK_tma[None, None, kvh, None], (P, D), (0, 0, None))
+        gV = cute.local_tile(mV_tma[None, None, kvh, None], (D, P), (0, 0, None))
+        # Stages as (P, D, boxes, 1, stages) and (D, P, 1, boxes, stages).
+        sKb = cute.flat_divide(sK, (P, D))
+        sVb = cute.flat_divide(sV, (D, P))
+        tKsK, tKgK = cpasync.tma_partition(
+            tma_k, 0, cute.make_layout(1), cute.group_modes(sKb, 0, 2), cute.group_modes(gK, 0, 2)
+        )
+        tVsV, tVgV = cpasync.tma_partition(
+            tma_v, 0, cute.make_layout(1), cute.group_modes(sVb, 0, 2), cute.group_modes(gV, 0, 2)
+        )
+        next_pages = cute.make_rmem_tensor((boxes,), Int32)
+        pages = cute.make_rmem_tensor((boxes,), Int32)
+        if num_tiles > 0:
+            self.read_pages(mBlockTable, next_pages, batch_idx, first_tile, end)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        for i in cutlass.range(num_tiles, unroll=1):
+            for j in cutlass.range_constexpr(boxes):
+                pages[j] = next_pages[j]
+            if i + 1 < num_tiles:
+                self.read_pages(mBlockTable, next_pages, batch_idx, first_tile + i + 1, end)
+            kv_pipeline.producer_acquire(state)
+            bar = kv_pipeline.producer_get_barrier(state)
+            for j in cutlass.range_constexpr(boxes):
+                cute.copy(tma_k, tKgK[(None, pages[j])], tKsK[(None, j, 0, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_v, tVgV[(None, pages[j])], tVsV[(None, 0, j, state.index)], tma_bar_ptr=bar)
+            kv_pipeline.producer_commit(state)
+            state.advance()
+
+    @cute.jit
+    def read_pages(self, mBlockTable, pages, batch_idx, tile, end):
+        """Page ids of the boxes of ``tile`` (its first key is ``< end``); a box whose first key
+        is ``>= end`` takes the tile's first page (never reads the entry past the row's pages)."""
+        boxes = self.boxes_per_tile
+        first = mBlockTable[batch_idx, tile * boxes]
+        pages[0] = first
+        for j in cutlass.range_constexpr(1, boxes):
+            pages[j] = first
+            if tile * self.tile_n + j * self.subtile_page < end:
+                pages[j] = mBlockTable[batch_idx, tile * boxes + j]
 
     @cute.jit
     def load_q(self, mQ, sQ, tidx, batch_idx, kvh, row_block, seqlen_q, group):
