@@ -11,6 +11,7 @@ from . import backends  # noqa: F401  (registers the backends)
 from . import torch_ops  # registers torch.ops.flashsplit.decode_into (torch.compile)
 from .plan import MAX_SPLITS, SplitPlan, cdiv, choose_num_splits, tokens_per_split, SPLIT_GRANULE
 from .problem import DecodeProblem, check_decode_inputs, check_num_splits
+from . import registry
 from .registry import Backend, select
 
 #: SM count used when planning for a device that has none (the CPU interpreter): an H200's.
@@ -217,6 +218,7 @@ def decode_into(
 
 _PREPARED: dict[tuple, object] = {}
 _MAX_PREPARED = 4096
+registry.on_change(_PREPARED.clear)  # a prepared launcher embeds the backend choice
 
 
 def _tensor_facts(t):

@@ -114,13 +114,27 @@ class Backend(abc.ABC):
 
 
 _REGISTRY: dict[str, Backend] = {}
+_ON_CHANGE: list = []  # caches built from backend choices (the api's prepared launchers)
+
+
+def on_change(clear) -> None:
+    """Call ``clear()`` whenever backend choices may have changed (see :func:`invalidate`)."""
+    _ON_CHANGE.append(clear)
+
+
+def invalidate() -> None:
+    """Forget every cached backend choice: :func:`select`'s and those of :func:`on_change`
+    listeners. Called on :func:`register`; call it after changing what a backend supports."""
+    select.cache_clear()
+    for clear in _ON_CHANGE:
+        clear()
 
 
 def register(backend: Backend) -> Backend:
     if backend.name in _REGISTRY:
         raise ValueError(f"backend {backend.name!r} is already registered")
     _REGISTRY[backend.name] = backend
-    select.cache_clear()
+    invalidate()
     return backend
 
 

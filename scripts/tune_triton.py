@@ -17,6 +17,7 @@ import math
 import torch
 
 import flashsplit
+import flashsplit.registry
 import flashsplit.triton.backend as tb
 from flashsplit.reference import attention_ref
 from flashsplit.testing import max_abs_err
@@ -35,7 +36,7 @@ def use_tiles(block_n: int, num_warps: int, num_stages: int) -> None:
         return tb.TritonTiles(t.block_m, block_n, t.block_d, num_warps, num_stages)
 
     tb.choose_tiles = choose
-    flashsplit.api._PREPARED.clear()  # prepared launchers keep their compiled kernels: rebuild them
+    flashsplit.registry.invalidate()  # prepared launchers keep their compiled kernels: rebuild them
 
 
 _ORIGINAL_CHOOSE = tb.choose_tiles

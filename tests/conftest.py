@@ -35,44 +35,32 @@ def generator(request):
 
 
 def _enable_unverified(monkeypatch, flag: str):
+    """Switch a cute ``*_VERIFIED_ON_GPU`` flag on for one test; cached backend choices are
+    dropped before and after."""
     from flashsplit.cute import configs
-    from flashsplit.registry import select
+    from flashsplit.registry import invalidate
 
     monkeypatch.setattr(configs, flag, True)
-    select.cache_clear()  # backend choices are cached per problem
-    flashsplit.api._PREPARED.clear()  # and per call signature
+    invalidate()
+    yield
+    invalidate()
 
 
 @pytest.fixture
 def cute_paged_enabled(monkeypatch):
     """Let the cute backend take paged problems while its paged kernel awaits GPU verification
     (flashsplit.cute.configs.PAGED_VERIFIED_ON_GPU); the GPU tests that verify it use this."""
-    _enable_unverified(monkeypatch, "PAGED_VERIFIED_ON_GPU")
-    yield
-    from flashsplit.registry import select
-
-    select.cache_clear()
-    flashsplit.api._PREPARED.clear()
+    yield from _enable_unverified(monkeypatch, "PAGED_VERIFIED_ON_GPU")
 
 
 @pytest.fixture
 def cute_fp8_enabled(monkeypatch):
     """The same for fp8 caches (flashsplit.cute.configs.FP8_VERIFIED_ON_GPU)."""
-    _enable_unverified(monkeypatch, "FP8_VERIFIED_ON_GPU")
-    yield
-    from flashsplit.registry import select
-
-    select.cache_clear()
-    flashsplit.api._PREPARED.clear()
+    yield from _enable_unverified(monkeypatch, "FP8_VERIFIED_ON_GPU")
 
 
 @pytest.fixture
 def cute_subtile_enabled(monkeypatch):
     """The same for pages smaller than the cute KV tile
     (flashsplit.cute.configs.SUBTILE_PAGES_VERIFIED_ON_GPU)."""
-    _enable_unverified(monkeypatch, "SUBTILE_PAGES_VERIFIED_ON_GPU")
-    yield
-    from flashsplit.registry import select
-
-    select.cache_clear()
-    flashsplit.api._PREPARED.clear()
+    yield from _enable_unverified(monkeypatch, "SUBTILE_PAGES_VERIFIED_ON_GPU")

@@ -398,17 +398,17 @@ def test_auto_takes_the_backend_measured_fastest(overrides, winner, monkeypatch)
     """auto ranks the backends that support a problem by their measured speed on the H200."""
     import flashsplit.cute.backend as cute_backend
     import flashsplit.triton.backend as triton_backend
-    from flashsplit.registry import get, select
+    from flashsplit.registry import get, invalidate, select
 
     real = cute_backend.CuteBackend.supports
     # Pretend to be on an H200 with cutlass: keep every reason except the device ones.
     monkeypatch.setattr(cute_backend.CuteBackend, "supports", lambda self, p: _cute_reason_off_device(real, self, p))
     monkeypatch.setattr(triton_backend.TritonBackend, "supports", lambda self, p: None)
-    select.cache_clear()
+    invalidate()
     try:
         chosen, why = select(_problem(**overrides), "auto")
     finally:
-        select.cache_clear()
+        invalidate()
     assert chosen is get(winner), why
     assert why.startswith("auto: ")
 
