@@ -205,7 +205,10 @@ def decode_into(
     """
     key = _signature(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale,
                      softmax_scale, causal, num_splits, backend)
-    run = _PREPARED.get(key) if key is not None else None
+    try:
+        run = _PREPARED.get(key) if key is not None else None
+    except TypeError:  # an unhashable argument (a list as softmax_scale, ...): validation explains
+        key = run = None
     if run is None:
         run = _prepare(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale,
                        softmax_scale, causal, num_splits, backend)
@@ -232,15 +235,13 @@ def _tensor_facts(t):
 
 
 def _signature(*args) -> tuple | None:
-    """A hashable key of one decode call's static facts, or None (then nothing is cached)."""
+    """A key of one decode call's static facts, or None (then nothing is cached). It can still
+    be unhashable (an unhashable scalar argument): the lookup catches that."""
     try:
         tensors = tuple(_tensor_facts(t) for t in args[:9])
-        scalars = tuple((type(x), x) for x in args[9:])
-        key = (tensors, scalars)
-        hash(key)
-        return key
     except Exception:  # an argument of a wrong type, a sparse tensor, ...: validation explains
         return None
+    return tensors, tuple((type(x), x) for x in args[9:])
 
 
 def _prepare(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, softmax_scale,

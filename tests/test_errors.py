@@ -50,6 +50,7 @@ CASES = [
     ("unknown backend", dict(backend="cuda-magic"), ValueError, r"backend: expected 'auto' or one of \["),
     ("causal not bool", dict(causal=1), TypeError, "causal: expected a bool"),
     ("bad softmax_scale", dict(softmax_scale="x"), TypeError, "softmax_scale: expected a finite float"),
+    ("unhashable softmax_scale", dict(softmax_scale=[0.1]), TypeError, "softmax_scale: expected a finite float"),
     ("return_lse not bool", dict(return_lse=None), TypeError, "return_lse: expected a bool"),
 ]
 

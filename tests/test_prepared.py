@@ -147,7 +147,7 @@ def test_prepared_triton_replay_passes_addresses_in_kernel_order(generator, monk
     q, k, v = _inputs(generator, batch=2, heads=(8, 2), dim=32)
     lens = torch.tensor([300, 9], dtype=torch.int32, device=DEVICE)
     out, lse = torch.empty_like(q), torch.empty(2, 8, 1, device=DEVICE)
-    prepared = PreparedDecode(backend, None, 3, 0.2, False)
+    prepared = PreparedDecode(backend, 3, 0.2, False)
     calls = []
     prepared.split = lambda ptrs: calls.append(("split", ptrs))
     prepared.combine = lambda ptrs: calls.append(("combine", ptrs))

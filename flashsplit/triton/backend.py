@@ -174,11 +174,13 @@ class TritonBackend(Backend):
     # -- Backend interface ---------------------------------------------------------------------
 
     def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float, causal: bool):
-        return PreparedDecode(self, problem, num_splits, softmax_scale, causal)
+        num_splits = _splits_launched(num_splits, problem.has_cache_seqlens, problem.seqlen_k)
+        return PreparedDecode(self, num_splits, softmax_scale, causal)
 
     def decode(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out, lse,
                block_table=None, k_descale=None, v_descale=None) -> None:
-        PreparedDecode(self, None, num_splits, softmax_scale, causal)(
+        num_splits = _splits_launched(num_splits, cache_seqlens is not None, _capacity(k_cache, block_table))
+        PreparedDecode(self, num_splits, softmax_scale, causal)(
             q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse)
 
     def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
@@ -201,21 +203,16 @@ class PreparedDecode:
     the stream's workspace (a fresh allocation while a CUDA graph is being captured).
     """
 
-    def __init__(self, backend: TritonBackend, problem: DecodeProblem | None, num_splits: int,
-                 softmax_scale: float, causal: bool):
+    def __init__(self, backend: TritonBackend, num_splits: int, softmax_scale: float, causal: bool):
         self.backend = backend
-        self.num_splits = num_splits
+        self.num_splits = num_splits  # as launched (see _splits_launched)
         self.softmax_scale = softmax_scale
         self.causal = causal
         self.split: Relaunch | None = None
         self.combine: Relaunch | None = None
-        if problem is not None and not problem.has_cache_seqlens and splits_used(problem.seqlen_k, num_splits) <= 1:
-            self.num_splits = 1  # every row is full and fits in one split: same result, no combine
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse) -> None:
         num_splits = self.num_splits
-        if cache_seqlens is None and num_splits > 1 and splits_used(_capacity(k_cache, block_table), num_splits) <= 1:
-            num_splits = 1  # (direct backend.decode calls: no problem given)
         if num_splits == 1:
             if self.split is not None:
                 self.split((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _address(cache_seqlens),
@@ -249,6 +246,14 @@ class PreparedDecode:
         self.combine = self.backend._launch_combine(
             out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows=shortcut,
             seqlen_k=_capacity(k_cache, block_table), after_split=True)
+
+
+def _splits_launched(num_splits: int, has_cache_seqlens: bool, capacity: int) -> int:
+    """1 when every row is full (no ``cache_seqlens``) and fits in one split: the same result,
+    without partials or a combine; else ``num_splits``."""
+    if not has_cache_seqlens and splits_used(capacity, num_splits) <= 1:
+        return 1
+    return num_splits
 
 
 def _address(t: torch.Tensor | None) -> int | None:
