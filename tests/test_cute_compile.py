@@ -87,17 +87,22 @@ def _check_subtile_copies(config, ptx: str) -> None:
         assert re.search(rf"mov\.b32\s+{re.escape(reg)},\s*0;", ptx), f"slot coordinate {reg} is not 0"
 
 
+def _compiled_ptx(compile_fn, config, dump_dir) -> str:
+    """Compile ``config`` for sm_90a (no launch), print the compile time, return the PTX."""
+    if not _arch_ok():
+        pytest.skip("CUTE_DSL_ARCH is set to another arch")
+    t0 = time.perf_counter()
+    compile_fn(config, options=f"--keep-ptx --dump-dir={dump_dir}")
+    print(f"\ncompile {config}: {time.perf_counter() - t0:.2f} s")
+    return _ptx(dump_dir)
+
+
 @needs_cutlass
 @pytest.mark.parametrize("config", compile_check_configs(), ids=str)
 def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
-    if not _arch_ok():
-        pytest.skip("CUTE_DSL_ARCH is set to another arch")
     from flashsplit.cute.compile import compile_split
 
-    t0 = time.perf_counter()
-    compile_split(config, options=f"--keep-ptx --dump-dir={tmp_path}")
-    print(f"\ncompile {config}: {time.perf_counter() - t0:.2f} s")
-    ptx = _ptx(tmp_path)
+    ptx = _compiled_ptx(compile_split, config, tmp_path)
     assert "wgmma.mma_async" in ptx
     assert "cp.async.bulk.tensor" in ptx
     assert ".minnctapersm" in ptx or config.units_per_sm == 1
@@ -122,14 +127,9 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
 @needs_cutlass
 @pytest.mark.parametrize("config", all_combine_configs(), ids=str)
 def test_combine_kernel_compiles(config, tmp_path):
-    if not _arch_ok():
-        pytest.skip("CUTE_DSL_ARCH is set to another arch")
     from flashsplit.cute.compile import compile_combine
 
-    t0 = time.perf_counter()
-    compile_combine(config, options=f"--keep-ptx --dump-dir={tmp_path}")
-    print(f"\ncompile {config}: {time.perf_counter() - t0:.2f} s")
-    ptx = _ptx(tmp_path)
+    ptx = _compiled_ptx(compile_combine, config, tmp_path)
     assert ".entry" in ptx
     _check_combine_loads_first(ptx, config)
 

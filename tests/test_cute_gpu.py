@@ -193,24 +193,29 @@ def test_paged_compile_cache_and_graph_replay_with_new_table(cute_paged_enabled)
         sizes.append(compile_cache_size())
     assert sizes[0] == sizes[1] == sizes[2], sizes
 
+    _check_graph_replay_with_swapped_table(backend, 128)
+
+
+def _check_graph_replay_with_swapped_table(backend, page_size: int) -> None:
+    """A captured decode over pages of ``page_size`` keys follows a block_table / cache_seqlens
+    rewritten in place between replays (a serving step): the rows swap their page lists."""
+    from flashsplit.testing import to_paged
+
     case = DecodeCase(2, 1, 1024, 2, 4, 128, torch.bfloat16, (1024, 1024), 9, nan_tail=False)
     gen = torch.Generator().manual_seed(3)
     q, k, v, _ = make_inputs(case, "cuda", gen)
-    k_pages, v_pages, table, k, v = to_paged(k, v, [1024, 1024], 128, gen, share_first_page=False)
+    k_pages, v_pages, table, k, v = to_paged(k, v, [1024, 1024], page_size, gen, share_first_page=False)
     seqlens = torch.tensor([600, 200], dtype=torch.int32, device="cuda")
     out = torch.empty_like(q)
     backend.decode(q, k_pages, v_pages, seqlens, 9, 0.1, False, out, None, block_table=table)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         backend.decode(q, k_pages, v_pages, seqlens, 9, 0.1, False, out, None, block_table=table)
-    # Swap the rows' page lists and lengths in place, then replay.
-    swapped = table.flip(0).clone()
-    table.copy_(swapped)
+    table.copy_(table.flip(0).clone())
     seqlens.copy_(torch.tensor([1000, 50], dtype=torch.int32))
     graph.replay()
     torch.cuda.synchronize()
-    k_ref, v_ref = k.flip(0), v.flip(0)
-    check_against_reference(out, None, q, k_ref, v_ref, seqlens, False, 0.1)
+    check_against_reference(out, None, q, k.flip(0), v.flip(0), seqlens, False, 0.1)
 
 
 def test_compile_cache_reused_across_runtime_shapes():
@@ -579,21 +584,7 @@ def test_subtile_compile_cache_and_graph_replay_with_new_table(cute_paged_enable
         sizes.append(compile_cache_size())
     assert sizes[0] == sizes[1] == sizes[2], sizes
 
-    case = DecodeCase(2, 1, 1024, 2, 4, 128, torch.bfloat16, (1024, 1024), 9, nan_tail=False)
-    gen = torch.Generator().manual_seed(3)
-    q, k, v, _ = make_inputs(case, "cuda", gen)
-    k_pages, v_pages, table, k, v = to_paged(k, v, [1024, 1024], 8, gen, share_first_page=False)
-    seqlens = torch.tensor([600, 200], dtype=torch.int32, device="cuda")
-    out = torch.empty_like(q)
-    backend.decode(q, k_pages, v_pages, seqlens, 9, 0.1, False, out, None, block_table=table)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        backend.decode(q, k_pages, v_pages, seqlens, 9, 0.1, False, out, None, block_table=table)
-    table.copy_(table.flip(0).clone())
-    seqlens.copy_(torch.tensor([1000, 50], dtype=torch.int32))
-    graph.replay()
-    torch.cuda.synchronize()
-    check_against_reference(out, None, q, k.flip(0), v.flip(0), seqlens, False, 0.1)
+    _check_graph_replay_with_swapped_table(backend, 8)
 
 
 def test_subtile_through_decode_api(cute_paged_enabled, cute_subtile_enabled):
