@@ -86,6 +86,28 @@ def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, s
 
 
 @triton.jit
+def attend_range(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
+                 lo, hi, end, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PAGED: tl.constexpr,
+                 PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr, RUNTIME_BOUND_WHILE: tl.constexpr):
+    """:func:`attend_tile` over the tiles starting in ``[lo, hi)`` (keys past ``end`` masked)."""
+    if RUNTIME_BOUND_WHILE:
+        # The CPU interpreter cannot take a loaded length as a range() bound (triton 3.6).
+        n0 = lo
+        while n0 < hi:
+            m_i, l_i, acc = attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn,
+                                        stride_vb, stride_vn, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2,
+                                        head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES)
+            n0 += BLOCK_N
+    else:
+        for n0 in range(lo, hi, BLOCK_N):
+            m_i, l_i, acc = attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn,
+                                        stride_vb, stride_vn, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2,
+                                        head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def q_for_fp16_dots(q, qk_scale_log2):
     """q ``[BLOCK_M, BLOCK_D]`` in fp16 for an fp8 cache's dots, and the ``[BLOCK_M, 1]`` score
     scale that undoes its row scaling.
@@ -217,34 +239,16 @@ def split_kv_kernel(
         while c0 < end:
             first_page, page_ids = chunk_page_ids(bt_row, c0, seqlen, PAGE_SIZE, CHUNK_PAGES)
             c1 = tl.minimum(c0 + CHUNK_TILES * BLOCK_N, end)
-            if RUNTIME_BOUND_WHILE:  # the CPU interpreter cannot take a loaded length as a range() bound
-                n0 = c0
-                while n0 < c1:
-                    m_i, l_i, acc = attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb,
-                                                stride_kn, stride_vb, stride_vn, n0, end, last_visible, m_i, l_i,
-                                                acc, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED,
-                                                PAGE_SIZE, CHUNK_PAGES)
-                    n0 += BLOCK_N
-            else:
-                for n0 in range(c0, c1, BLOCK_N):
-                    m_i, l_i, acc = attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb,
-                                                stride_kn, stride_vb, stride_vn, n0, end, last_visible, m_i, l_i,
-                                                acc, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED,
-                                                PAGE_SIZE, CHUNK_PAGES)
+            m_i, l_i, acc = attend_range(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn,
+                                         stride_vb, stride_vn, c0, c1, end, last_visible, m_i, l_i, acc,
+                                         qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE,
+                                         CHUNK_PAGES, RUNTIME_BOUND_WHILE)
             c0 = c1
-    elif RUNTIME_BOUND_WHILE:
-        # The CPU interpreter cannot take a loaded length as a range() bound (triton 3.6).
-        n0 = start
-        while n0 < end:
-            m_i, l_i, acc = attend_tile(q, k_base, v_base, 0, 0, num_pages, stride_kb, stride_kn, stride_vb,
-                                        stride_vn, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
-                                        BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES)
-            n0 += BLOCK_N
     else:
-        for n0 in range(start, end, BLOCK_N):
-            m_i, l_i, acc = attend_tile(q, k_base, v_base, 0, 0, num_pages, stride_kb, stride_kn, stride_vb,
-                                        stride_vn, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
-                                        BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES)
+        m_i, l_i, acc = attend_range(q, k_base, v_base, 0, 0, num_pages, stride_kb, stride_kn, stride_vb,
+                                     stride_vn, start, end, end, last_visible, m_i, l_i, acc, qk_scale_log2,
+                                     head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES,
+                                     RUNTIME_BOUND_WHILE)
 
     has_keys = l_i > 0.0
     lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
