@@ -281,10 +281,10 @@ def test_supports_subtile_pages_once_enabled(overrides, needle, cute_paged_enabl
     assert reason is not None and needle in reason, reason
 
 
-def test_subtile_pages_are_gated():
+def test_subtile_pages_gate_refuses_them_when_off(monkeypatch):
     from flashsplit.cute import configs
 
-    assert configs.SUBTILE_PAGES_VERIFIED_ON_GPU is False
+    monkeypatch.setattr(configs, "SUBTILE_PAGES_VERIFIED_ON_GPU", False)
     for page_size in (8, 16, 32):
         reason = CuteBackend().supports(_problem(page_size=page_size))
         assert reason is not None and "not yet verified on a GPU" in reason

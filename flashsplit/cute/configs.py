@@ -136,10 +136,10 @@ PAGED_VERIFIED_ON_GPU = True
 #: e4m3/e5m2, dense and paged). False makes ``supports()`` refuse fp8 caches (Triton takes them).
 FP8_VERIFIED_ON_GPU = True
 
-#: Pages smaller than the KV tile (``subtile_page_sizes``): compile-checked only. Until
-#: ``pytest tests/test_cute_gpu.py -k subtile`` passes on an H200, ``supports()`` refuses them
-#: (auto keeps them on Triton); those tests switch this on for themselves.
-SUBTILE_PAGES_VERIFIED_ON_GPU = False
+#: Pages smaller than the KV tile (``subtile_page_sizes``): ``pytest tests/test_cute_gpu.py -k subtile``
+#: passed on an H200 (2026-11-29 session 2: 45 tests, page sizes 8/16/32 (and 64 at d = 64), 16-bit
+#: and fp8, graph replay with a new block table). False makes ``supports()`` refuse them again.
+SUBTILE_PAGES_VERIFIED_ON_GPU = True
 
 #: TMA with SWIZZLE_128B writes whole 1024-byte swizzle atoms: a sub-box must start at a
 #: multiple of 8 key rows of 128 bytes in the swizzled 16-bit stage (K: (8 keys, 64 d) atoms;
