@@ -2,9 +2,12 @@
 
 Tests marked ``gpu`` need CUDA and are skipped cleanly without it (on the H200 the same
 ``pytest`` command runs everything). Without CUDA, flashsplit runs its Triton kernels through
-the interpreter (set up by ``flashsplit.triton`` before any kernel is defined).
+the interpreter (set up by ``flashsplit.triton`` before any kernel is defined), and CuteDSL
+kernels compile for sm_90a without launching (``CUTE_DSL_ARCH``, which cutlass reads when it is
+first imported, whichever test imports it first).
 """
 
+import os
 import zlib
 
 import pytest
@@ -14,6 +17,8 @@ import flashsplit  # noqa: F401  (sets TRITON_INTERPRET before triton kernels ar
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
+if not HAS_CUDA:
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 
 def pytest_collection_modifyitems(config, items):

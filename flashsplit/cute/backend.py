@@ -77,13 +77,10 @@ class CuteBackend(Backend):
 
     def preference(self, problem: DecodeProblem) -> tuple[int, str]:
         # Measured on the H200 (docs/performance.md, 2026-11-29, 32/8 heads, d = 128): paged
-        # 16-bit caches run at dense speed here (page 128: 1.00x dense) but 1.45-1.58x slower in
-        # Triton; dense 16-bit caches are as fast or faster in Triton at every batch (B = 1, 4k:
-        # 10.9 vs 14.0 us; B >= 16 within 0.6%); fp8 caches are 1.8x slower here than in Triton.
-        if problem.paged and not configs.paged_supported(problem.page_size, problem.head_dim):
-            # Pages smaller than the tile (several TMA boxes per tile, 1-4 KiB each): not timed
-            # on a GPU yet, so triton stays ahead until a measurement says otherwise.
-            return -5, "paged KV with pages smaller than the cute tile: not yet timed on a GPU (triton preferred)"
+        # 16-bit caches run at dense speed here, whole-tile pages (128: 1.00x dense) and sub-tile
+        # pages alike (16: 1.00-1.01x), but 1.06-1.22x slower in Triton; dense 16-bit caches are
+        # as fast or faster in Triton at every batch (B = 1, 4k: 10.1 vs 12.7 us; B >= 16 within
+        # 0.5%); fp8 caches are about 2x slower here than in Triton.
         if problem.paged and problem.cache_dtype not in FP8_DTYPES:
             return 20, "paged 16-bit KV: the cute TMA kernel reads pages at dense speed (H200)"
         return -10, "cute supports it but was measured slower than triton here (H200)"
