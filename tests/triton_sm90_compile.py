@@ -89,6 +89,7 @@ def main() -> int:
             flags["PAGE_SIZE"] = page_size
             flags["CHUNK_TILES"], flags["CHUNK_PAGES"] = _page_chunk(page_size, flags["BLOCK_N"])
             flags["HAS_DESCALE"] = kv != dtype
+            flags["KV_AS_A"] = choose_tiles(16, 128, fp8_cache=flags["HAS_DESCALE"]).kv_as_a
             flags["LAUNCH_DEPENDENTS"] = flags["HAS_PARTIALS"] and has_out  # decode: the combine follows (PDL)
             pointers = {"Q": f"*{dtype}", "K": f"*{kv}", "V": f"*{kv}", "OUT": f"*{dtype}" if has_out else None,
                         "BLOCK_TABLE": "*i32" if flags["PAGED"] else None,
@@ -106,6 +107,10 @@ def main() -> int:
                 # K/V tiles stream through a 3-stage cp.async pipeline, two tiles in flight, in the
                 # dense and the paged kernel alike (paged used to wait for every tile: wait_group 0).
                 assert re.search(r"cp\.async\.wait_group\s+2;", ptx), f"K/V loads not pipelined: {flags}"
+            if flags["KV_AS_A"]:
+                # fp8: K and V converted in registers as wgmma A operands, never byte by byte
+                # from shared memory (V as the B operand took 64 ld.shared.b8 per thread and tile).
+                assert "wgmma.mma_async" in ptx and "ld.shared.b8" not in ptx, f"fp8 dots not as A operands: {flags}"
             print(f"split {dtype} {flags}: {time.perf_counter() - started:.2f} s", flush=True)
             count += 1
         for skip, write_lse, block_d, chunk in itertools.product([False, True], [False, True], [64, 128, 256],

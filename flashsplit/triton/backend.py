@@ -31,10 +31,15 @@ class TritonTiles:
     block_d: int
     num_warps: int
     num_stages: int
+    kv_as_a: bool = False  # K and V as the dots' A operands (split_kv_kernel's KV_AS_A)
+
+
+#: fp8 caches take K and V as the dots' A operands (switch for A/B timing: scripts/tune_triton.py).
+FP8_KV_AS_A = True
 
 
 def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs: int = 0,
-                 split_keys: int = 0) -> TritonTiles:
+                 split_keys: int = 0, fp8_cache: bool = False) -> TritonTiles:
     """Tiles for ``packed_rows`` rows (L_q x group) of head dim ``head_dim``; ``split_keys`` is the
     longest split's key count (the plan's, at the cache capacity).
 
@@ -45,13 +50,15 @@ def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs:
     split never starts inside a tile. Stages: 3, but 2 for a single-split
     launch of >= 256 programs (H200, 32/8 heads: B = 64, 4k keys took 239 us with 2 stages vs
     278 with 3; with fewer programs 3 stages hide more latency: B = 16, 4k took 76 us with 3 vs
-    109 with 2, B = 1, 128k 2271 vs 2958; docs/performance.md).
+    109 with 2, B = 1, 128k 2271 vs 2958; docs/performance.md). An fp8 cache takes K and V as
+    the dots' A operands (converted in registers; see ``attend_tile``).
     """
     block_m = min(64, max(16, triton.next_power_of_2(packed_rows)))
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_n = 32 if 0 < split_keys <= SPLIT_GRANULE and num_splits > 1 else 64
     return TritonTiles(block_m=block_m, block_n=block_n, block_d=block_d, num_warps=4,
-                       num_stages=2 if num_splits == 1 and programs >= 256 else 3)
+                       num_stages=2 if num_splits == 1 and programs >= 256 else 3,
+                       kv_as_a=fp8_cache and FP8_KV_AS_A)
 
 
 def _strides(t: torch.Tensor | None, dims: int) -> tuple[int, ...]:
@@ -107,7 +114,7 @@ class TritonBackend(Backend):
         block_m = choose_tiles(seqlen_q * group, head_dim).block_m
         row_blocks = cdiv(seqlen_q * group, block_m)
         tiles = choose_tiles(seqlen_q * group, head_dim, num_splits, num_splits * batch * num_heads_kv * row_blocks,
-                             tokens_per_split(seqlen_k, num_splits))
+                             tokens_per_split(seqlen_k, num_splits), k_descale is not None)
         grid = (num_splits, batch, num_heads_kv * row_blocks)
         tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale,
                    out_partial, lse_partial, out, lse)
@@ -132,6 +139,7 @@ class TritonBackend(Backend):
             interpreter_active(),  # RUNTIME_BOUND_WHILE
             out_partial is not None and _pdl(q),  # LAUNCH_DEPENDENTS: the combine follows
             *_page_chunk(page_size, tiles.block_n),  # CHUNK_TILES, CHUNK_PAGES
+            tiles.kv_as_a,  # KV_AS_A
         )
         return launch(split_kv_kernel, grid, tensors, tail,
                       dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages))
