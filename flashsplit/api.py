@@ -174,9 +174,8 @@ def decode(
         torch_ops.decode_into(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse,
                               softmax_scale, causal, num_splits, backend)
     else:
-        decode_into(q, k_cache, v_cache, out, lse, cache_seqlens=cache_seqlens, block_table=block_table,
-                    k_descale=k_descale, v_descale=v_descale, softmax_scale=softmax_scale, causal=causal,
-                    num_splits=num_splits, backend=backend)
+        _decode_into(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, softmax_scale,
+                     causal, num_splits, backend)
     return (out, lse) if return_lse else out
 
 
@@ -203,6 +202,13 @@ def decode_into(
     they run once per call signature (:func:`_signature`) and are cached with the backend's
     prepared launcher; a decode loop pays them on its first step only.
     """
+    _decode_into(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, softmax_scale,
+                 causal, num_splits, backend)
+
+
+def _decode_into(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, softmax_scale,
+                 causal, num_splits, backend) -> None:
+    """:func:`decode_into` with positional arguments (the eager hot path of :func:`decode`)."""
     key = _signature(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale,
                      softmax_scale, causal, num_splits, backend)
     try:
@@ -225,23 +231,34 @@ registry.on_change(_PREPARED.clear)  # a prepared launcher embeds the backend ch
 
 
 def _tensor_facts(t):
-    """What validation and the kernels' specialization read of a tensor argument: everything
-    but its values and its address (beyond 16-byte alignment)."""
+    """What validation and the kernels' specialization read of an optional tensor argument:
+    everything but its values and its address (beyond 16-byte alignment)."""
     if t is None:
         return None
-    if type(t) is not torch.Tensor and not isinstance(t, torch.Tensor):
+    if not isinstance(t, torch.Tensor):
         raise TypeError  # validation names it
-    return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16
+    return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15
 
 
-def _signature(*args) -> tuple | None:
-    """A key of one decode call's static facts, or None (then nothing is cached). It can still
-    be unhashable (an unhashable scalar argument): the lookup catches that."""
+def _signature(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, softmax_scale,
+               causal, num_splits, backend) -> tuple | None:
+    """A key of one decode call's static facts (:func:`_tensor_facts` of every tensor, the
+    scalars with their types), or None (then nothing is cached). It can still be unhashable (an
+    unhashable scalar argument): the lookup catches that. The four tensors every call has are
+    read inline: this runs on every eager call."""
     try:
-        tensors = tuple(_tensor_facts(t) for t in args[:9])
-    except Exception:  # an argument of a wrong type, a sparse tensor, ...: validation explains
+        if not (type(q) is type(k_cache) is type(v_cache) is type(out) is torch.Tensor):
+            return None  # a subclass or a wrong type: validation explains, nothing cached
+        return (q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15,
+                k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device, k_cache.data_ptr() & 15,
+                v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, v_cache.data_ptr() & 15,
+                out.shape, out.stride(), out.dtype, out.device, out.data_ptr() & 15,
+                _tensor_facts(lse), _tensor_facts(cache_seqlens), _tensor_facts(block_table),
+                _tensor_facts(k_descale), _tensor_facts(v_descale),
+                type(softmax_scale), softmax_scale, type(causal), causal, type(num_splits), num_splits,
+                type(backend), backend)
+    except Exception:  # a sparse tensor, ...: validation explains
         return None
-    return tensors, tuple((type(x), x) for x in args[9:])
 
 
 def _prepare(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, softmax_scale,

@@ -6,7 +6,7 @@ replay over rotated input sets (flashsplit.bench.timing). Prints one table per c
 
     python scripts/tune_triton.py                 # on the H200
     python scripts/tune_triton.py --check-only    # CPU: every variant through the interpreter
-    python scripts/tune_triton.py --fp8           # fp8 caches: tiles x K/V as A operands or not
+    python scripts/tune_triton.py --fp8           # fp8 caches (e4m3, scales 1)
 """
 
 from __future__ import annotations
@@ -26,20 +26,17 @@ from flashsplit.testing import max_abs_err
 CELLS = [(1, 4096), (1, 16384), (1, 131072), (4, 16384), (16, 16384), (64, 4096)]  # (batch, seqlen_k), 32/8 d=128
 VARIANTS = list(itertools.product([32, 64, 128], [4, 8], [2, 3, 4]))  # block_n, num_warps, num_stages
 FP8_CELLS = [(1, 16384), (1, 131072), (16, 131072)]
-#: fp8 caches: (block_n, num_warps, num_stages, kv_as_a)
-FP8_VARIANTS = [v + (a,) for a in (True, False) for v in itertools.product([64, 128], [4, 8], [2, 3, 4])]
+FP8_VARIANTS = list(itertools.product([64, 128, 256], [4, 8], [2, 3, 4]))  # for fp8 caches
 
 
-def use_tiles(block_n: int, num_warps: int, num_stages: int, kv_as_a: bool | None = None) -> None:
-    """Make the launcher pick this variant (block_m and block_d as the backend chooses them;
-    ``kv_as_a`` None: as the backend chooses it)."""
+def use_tiles(block_n: int, num_warps: int, num_stages: int) -> None:
+    """Make the launcher pick this variant (block_m and block_d as the backend chooses them)."""
     original = _ORIGINAL_CHOOSE
 
     def choose(packed_rows: int, head_dim: int, num_splits: int = 0, programs: int = 0,
                split_keys: int = 0, fp8_cache: bool = False) -> tb.TritonTiles:
         t = original(packed_rows, head_dim, num_splits, programs, split_keys, fp8_cache)
-        return tb.TritonTiles(t.block_m, block_n, t.block_d, num_warps, num_stages,
-                              t.kv_as_a if kv_as_a is None else kv_as_a)
+        return tb.TritonTiles(t.block_m, block_n, t.block_d, num_warps, num_stages)
 
     tb.choose_tiles = choose
     flashsplit.registry.invalidate()  # prepared launchers keep their compiled kernels: rebuild them
@@ -71,42 +68,40 @@ def run_cell(batch: int, seqlen_k: int, device: str, check_only: bool, fp8: bool
     # Split counts around the heuristic's with the default tiles, then every tile variant at the
     # heuristic's count (one of each is enough to exercise the plumbing on the CPU).
     default = _ORIGINAL_CHOOSE(heads // heads_kv, dim, fp8_cache=fp8)
-    default = (default.block_n, default.num_warps, default.num_stages, default.kv_as_a)
-    variants = FP8_VARIANTS if fp8 else [v + (None,) for v in VARIANTS]
+    default = (default.block_n, default.num_warps, default.num_stages)
+    variants = FP8_VARIANTS if fp8 else VARIANTS
     splits = {chosen} if check_only else {max(1, chosen * f // 4) for f in (2, 3, 4, 5, 6, 8)} | {16, 24, 32, 48, 64}
     runs = [(default, s) for s in sorted(x for x in splits if x <= 256)]
-    runs += [(variant, chosen) for variant in (variants[:1] if check_only else variants)
-             if variant[:3] != default[:3] or variant[3] not in (None, default[3])]
+    runs += [(variant, chosen) for variant in (variants[:1] if check_only else variants) if variant != default]
     results = []
-    for (block_n, warps, stages, kv_as_a), num_splits in runs:
-        use_tiles(block_n, warps, stages, kv_as_a)
+    for (block_n, warps, stages), num_splits in runs:
+        use_tiles(block_n, warps, stages)
         step = lambda i: flashsplit.decode(*inputs[i % sets], cache_seqlens=lens, num_splits=num_splits,  # noqa: E731
                                             backend="triton", **scales)
-        kv_as_a = default[3] if kv_as_a is None else kv_as_a
         try:
             err = max_abs_err(step(0)[rows], ref)
             us = float("nan")
             if not check_only:
                 from flashsplit.bench.timing import TimingConfig, time_graph
                 us = time_graph(step, sets, TimingConfig(replays=30), calls=max(20, sets))
-            results.append((block_n, warps, stages, kv_as_a, num_splits, us, err, ""))
+            results.append((block_n, warps, stages, num_splits, us, err, ""))
         except Exception as e:  # a variant that does not compile (shared memory) is a result too
-            results.append((block_n, warps, stages, kv_as_a, num_splits, float("nan"), float("nan"), repr(e)[:80]))
+            results.append((block_n, warps, stages, num_splits, float("nan"), float("nan"), repr(e)[:80]))
     tb.choose_tiles = _ORIGINAL_CHOOSE
     flashsplit.registry.invalidate()
-    results.sort(key=lambda r: (math.isnan(r[5]), r[5]))
+    results.sort(key=lambda r: (math.isnan(r[4]), r[4]))
     print(f"\nB={batch} L_k={seqlen_k} 32/8 d=128 {dtype} {'fp8e4m3 ' if fp8 else ''}cache: heuristic {chosen} splits; "
           f"KV {kv_bytes / 1e6:.1f} MB, floor {kv_bytes / 4.69e12 * 1e6:.1f} us; default tiles {default}")
-    print(" block_n warps stages kv_as_a splits      us     err  note")
+    print(" block_n warps stages splits      us     err  note")
     for r in results[: 14 if not check_only else len(results)]:
-        print(f" {r[0]:7d} {r[1]:5d} {r[2]:6d} {r[3]!s:>7} {r[4]:6d} {r[5]:7.1f} {r[6]:7.1e}  {r[7]}")
+        print(f" {r[0]:7d} {r[1]:5d} {r[2]:6d} {r[3]:6d} {r[4]:7.1f} {r[5]:7.1e}  {r[6]}")
     return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check-only", action="store_true", help="run each variant once, no timing (CPU-friendly)")
-    parser.add_argument("--fp8", action="store_true", help="fp8 e4m3 caches: their tile variants and dot layouts")
+    parser.add_argument("--fp8", action="store_true", help="fp8 e4m3 caches (scales 1) and their tile variants")
     parser.add_argument("--cells", nargs="+", metavar="BxL", help="cells as batch x keys, e.g. 1x131072")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -115,7 +110,7 @@ def main() -> None:
         cells = [tuple(int(x) for x in c.split("x")) for c in args.cells]
     for batch, seqlen_k in cells:
         results = run_cell(batch, seqlen_k, device, args.check_only or device == "cpu", args.fp8)
-        bad = [r for r in results if not (r[6] < 5e-2)]
+        bad = [r for r in results if not (r[5] < 5e-2)]
         if bad:
             print(f"  {len(bad)} variant(s) failed or were wrong: {bad[:3]}")
 

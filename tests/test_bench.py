@@ -594,8 +594,8 @@ def test_peers_skip_paged_and_fp8_with_reasons():
         assert by[name].format_reason(both) is None, "flashsplit takes every format (a backend may refuse in plan)"
     # cute refuses through the registry, with its reason; auto plans the Triton backend.
     if "cute" in flashsplit.backends():
-        with pytest.raises(contenders.Unsupported, match="paged"):
-            by["cute"].plan(paged, 132)
+        with pytest.raises(contenders.Unsupported, match="paged KV with page_size 1"):
+            by["cute"].plan(both, 132)
         if not torch.cuda.is_available():  # fp8 is supported: only the missing GPU is a reason
             with pytest.raises(contenders.Unsupported, match="CUDA|not installed"):
                 by["cute"].plan(fp8, 132)

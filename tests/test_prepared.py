@@ -192,6 +192,36 @@ def test_relaunch_forwards_grid_stream_and_arguments(monkeypatch):
     assert seen[-1][6] == ("meta", (3, 2, 1), 1000) and seen[-1][7] == "enter"
 
 
+def test_relaunch_skips_empty_hook_chains(monkeypatch):
+    """triton 3.6's hooks are HookChain objects, never None: empty ones are passed as None (no
+    launch metadata built, no hook called); a registered hook gets both chains and the metadata."""
+    from triton.knobs import HookChain
+
+    from flashsplit.triton import launch
+
+    seen = []
+
+    class FakeCompiled:
+        function, packed_metadata = "fn", "packed"
+
+        def run(self, *args):
+            seen.append(args)
+
+        def launch_metadata(self, grid, stream, *args):
+            return "meta"
+
+    enter, leave = HookChain(), HookChain(reversed=True)
+    monkeypatch.setattr(launch, "current_stream", lambda device: 5)
+    monkeypatch.setattr(launch.triton.knobs.runtime, "launch_enter_hook", enter)
+    monkeypatch.setattr(launch.triton.knobs.runtime, "launch_exit_hook", leave)
+    relaunch = launch.Relaunch(FakeCompiled(), (1, 1, 1), tail=(), device=0)
+    relaunch((1,))
+    assert seen[-1][6:9] == (None, None, None)
+    leave.add(print)
+    relaunch((1,))
+    assert seen[-1][6:9] == ("meta", enter, leave)
+
+
 def test_relaunch_calls_the_c_launcher_directly_when_no_scratch_is_needed(monkeypatch):
     """Without scratch memory, Relaunch skips CudaLauncher.__call__ and passes the C launcher
     the argument list of triton 3.6's driver (cooperative/pdl flags, two scratch slots, the

@@ -65,6 +65,9 @@ def split_variants():
     for paged, kv in itertools.product([False, True], ["same", "fp8e4nv", "fp8e5"]):
         yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,
                    FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=paged, KV=kv)
+    for paged in (False, True):  # fp8 caches with long splits: 128-key tiles
+        yield dict(BLOCK_M=16, BLOCK_N=128, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,
+                   FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=paged, KV="fp8e4nv")
     for page_size in (1, 48, 128):  # page sizes are constexprs (16 above)
         yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,
                    FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=True, PAGE=page_size)
@@ -89,7 +92,6 @@ def main() -> int:
             flags["PAGE_SIZE"] = page_size
             flags["CHUNK_TILES"], flags["CHUNK_PAGES"] = _page_chunk(page_size, flags["BLOCK_N"])
             flags["HAS_DESCALE"] = kv != dtype
-            flags["KV_AS_A"] = choose_tiles(16, 128, fp8_cache=flags["HAS_DESCALE"]).kv_as_a
             flags["LAUNCH_DEPENDENTS"] = flags["HAS_PARTIALS"] and has_out  # decode: the combine follows (PDL)
             pointers = {"Q": f"*{dtype}", "K": f"*{kv}", "V": f"*{kv}", "OUT": f"*{dtype}" if has_out else None,
                         "BLOCK_TABLE": "*i32" if flags["PAGED"] else None,
@@ -107,10 +109,6 @@ def main() -> int:
                 # K/V tiles stream through a 3-stage cp.async pipeline, two tiles in flight, in the
                 # dense and the paged kernel alike (paged used to wait for every tile: wait_group 0).
                 assert re.search(r"cp\.async\.wait_group\s+2;", ptx), f"K/V loads not pipelined: {flags}"
-            if flags["KV_AS_A"]:
-                # fp8: K and V converted in registers as wgmma A operands, never byte by byte
-                # from shared memory (V as the B operand took 64 ld.shared.b8 per thread and tile).
-                assert "wgmma.mma_async" in ptx and "ld.shared.b8" not in ptx, f"fp8 dots not as A operands: {flags}"
             print(f"split {dtype} {flags}: {time.perf_counter() - started:.2f} s", flush=True)
             count += 1
         for skip, write_lse, block_d, chunk in itertools.product([False, True], [False, True], [64, 128, 256],

@@ -31,11 +31,6 @@ class TritonTiles:
     block_d: int
     num_warps: int
     num_stages: int
-    kv_as_a: bool = False  # K and V as the dots' A operands (split_kv_kernel's KV_AS_A)
-
-
-#: fp8 caches take K and V as the dots' A operands (switch for A/B timing: scripts/tune_triton.py).
-FP8_KV_AS_A = True
 
 
 def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs: int = 0,
@@ -50,15 +45,18 @@ def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs:
     split never starts inside a tile. Stages: 3, but 2 for a single-split
     launch of >= 256 programs (H200, 32/8 heads: B = 64, 4k keys took 239 us with 2 stages vs
     278 with 3; with fewer programs 3 stages hide more latency: B = 16, 4k took 76 us with 3 vs
-    109 with 2, B = 1, 128k 2271 vs 2958; docs/performance.md). An fp8 cache takes K and V as
-    the dots' A operands (converted in registers; see ``attend_tile``).
+    109 with 2, B = 1, 128k 2271 vs 2958; docs/performance.md). An fp8 cache takes 128-key tiles
+    once a split holds 2048 keys or more (the same bytes in flight as 64 16-bit keys; H200,
+    B = 1, 128k: 108.7 us vs 117.3 with 64; B = 16, 128k: 1389 vs 1557; 512-key splits of
+    B = 1, 16k stay faster with 64: 20.4 vs 22.4).
     """
     block_m = min(64, max(16, triton.next_power_of_2(packed_rows)))
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_n = 32 if 0 < split_keys <= SPLIT_GRANULE and num_splits > 1 else 64
+    if fp8_cache and split_keys >= 2048:
+        block_n = 128
     return TritonTiles(block_m=block_m, block_n=block_n, block_d=block_d, num_warps=4,
-                       num_stages=2 if num_splits == 1 and programs >= 256 else 3,
-                       kv_as_a=fp8_cache and FP8_KV_AS_A)
+                       num_stages=2 if num_splits == 1 and programs >= 256 else 3)
 
 
 def _strides(t: torch.Tensor | None, dims: int) -> tuple[int, ...]:
@@ -139,7 +137,6 @@ class TritonBackend(Backend):
             interpreter_active(),  # RUNTIME_BOUND_WHILE
             out_partial is not None and _pdl(q),  # LAUNCH_DEPENDENTS: the combine follows
             *_page_chunk(page_size, tiles.block_n),  # CHUNK_TILES, CHUNK_PAGES
-            tiles.kv_as_a,  # KV_AS_A
         )
         return launch(split_kv_kernel, grid, tensors, tail,
                       dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages))

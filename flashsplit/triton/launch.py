@@ -65,15 +65,29 @@ class Relaunch:
     def __call__(self, pointers: Sequence[int | None]) -> None:
         args = (*pointers, *self._tail)
         stream = current_stream(self._device)
-        hooks = triton.knobs.runtime
-        enter = hooks.launch_enter_hook
+        enter, leave = _active_hooks()
         metadata = self._compiled.launch_metadata(self._grid, stream, *args) if enter is not None else None
         gx, gy, gz = self._grid
         if self._launch is not None:
-            self._launch(gx, gy, gz, stream, self._function, *self._prefix, metadata, enter, hooks.launch_exit_hook,
-                         *args)
+            self._launch(gx, gy, gz, stream, self._function, *self._prefix, metadata, enter, leave, *args)
         else:
-            self._run(gx, gy, gz, stream, self._function, self._packed, metadata, enter, hooks.launch_exit_hook, *args)
+            self._run(gx, gy, gz, stream, self._function, self._packed, metadata, enter, leave, *args)
+
+
+_RUNTIME_KNOBS = triton.knobs.runtime
+
+
+def _active_hooks():
+    """Triton's launch enter/exit hooks, or (None, None) when none is registered.
+
+    triton 3.6 keeps them as ``HookChain`` objects that are never None, so its own launch path
+    builds the launch metadata (a dict over the ~60 arguments) and calls both empty chains on
+    every launch; the C launcher skips a None hook, so an empty chain is passed as None.
+    """
+    enter, leave = _RUNTIME_KNOBS.launch_enter_hook, _RUNTIME_KNOBS.launch_exit_hook
+    if getattr(enter, "calls", True) or getattr(leave, "calls", True):  # a hook is set (or an unknown type)
+        return enter, leave
+    return None, None
 
 
 def launch(fn, grid: tuple[int, int, int], tensors: Sequence, tail: Sequence, options: dict) -> Relaunch | None:

@@ -54,18 +54,12 @@ def chunk_page_ids(bt_row, c0, seqlen, PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.
 def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
                 n0, end, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PAGED: tl.constexpr,
-                PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr, KV_AS_A: tl.constexpr):
+                PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr):
     """Online-softmax update of (max, sum, acc) with keys [n0, n0 + BLOCK_N) of a split ending at end.
 
     fp8 caches are converted to q's dtype in registers (exact for e4m3/e5m2 into fp16), q being
     fp16 then (:func:`q_for_fp16_dots`, with ``qk_scale_log2`` a ``[BLOCK_M, 1]`` row scale);
     their scales are folded into ``qk_scale_log2`` (K) and applied to the output (V).
-
-    KV_AS_A: K and V are the dots' A operands (``S^T = K q^T``, ``O^T += V^T P^T``), so ``q`` is
-    q^T ``[BLOCK_D, BLOCK_M]`` and ``acc`` is O^T ``[BLOCK_D, BLOCK_M]``. For an fp8 cache the
-    other way round converts V in the B operand's transposed layout byte by byte from shared
-    memory (64 ``ld.shared.b8`` per thread and tile, sm_90 PTX); as A operands K and V are
-    converted in registers in the layout the MMA takes, and the dots become ``wgmma``.
     """
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -74,12 +68,8 @@ def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, s
     k_tok, v_tok = token_offsets(offs_n, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb,
                                  stride_vn, PAGED, PAGE_SIZE, CHUNK_PAGES)
     # Masked loads: cache slots past the row's end may hold NaN and are never read.
-    if KV_AS_A:
-        k = tl.load(k_base + k_tok[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-        s = tl.trans(tl.dot(k.to(q.dtype), q)) * qk_scale_log2
-    else:
-        kt = tl.load(k_base + k_tok[None, :] + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0)
-        s = tl.dot(q, kt.to(q.dtype)) * qk_scale_log2
+    kt = tl.load(k_base + k_tok[None, :] + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+    s = tl.dot(q, kt.to(q.dtype)) * qk_scale_log2
     visible = mask_n[None, :]
     if CAUSAL:
         visible = visible & (offs_n[None, :] <= last_visible[:, None])
@@ -91,10 +81,7 @@ def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, s
     p = tl.exp2(s - m_shift[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     v = tl.load(v_base + v_tok[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-    if KV_AS_A:
-        acc = acc * alpha[None, :] + tl.dot(tl.trans(v.to(q.dtype)), tl.trans(p.to(q.dtype)))
-    else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
     return m_new, l_i, acc
 
 
@@ -102,8 +89,7 @@ def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, s
 def attend_range(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
                  lo, hi, end, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PAGED: tl.constexpr,
-                 PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr, RUNTIME_BOUND_WHILE: tl.constexpr,
-                 KV_AS_A: tl.constexpr):
+                 PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr, RUNTIME_BOUND_WHILE: tl.constexpr):
     """:func:`attend_tile` over the tiles starting in ``[lo, hi)`` (keys past ``end`` masked)."""
     if RUNTIME_BOUND_WHILE:
         # The CPU interpreter cannot take a loaded length as a range() bound (triton 3.6).
@@ -111,13 +97,13 @@ def attend_range(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, 
         while n0 < hi:
             m_i, l_i, acc = attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn,
                                         stride_vb, stride_vn, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2,
-                                        head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES, KV_AS_A)
+                                        head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES)
             n0 += BLOCK_N
     else:
         for n0 in range(lo, hi, BLOCK_N):
             m_i, l_i, acc = attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn,
                                         stride_vb, stride_vn, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2,
-                                        head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES, KV_AS_A)
+                                        head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES)
     return m_i, l_i, acc
 
 
@@ -189,7 +175,6 @@ def split_kv_kernel(
     LAUNCH_DEPENDENTS: tl.constexpr = False,
     CHUNK_TILES: tl.constexpr = 0,
     CHUNK_PAGES: tl.constexpr = 0,
-    KV_AS_A: tl.constexpr = False,
 ):
     """Attention of one split of one row's keys for one tile of packed (query, q head) rows.
 
@@ -233,10 +218,7 @@ def split_kv_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max, log2 domain
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    if KV_AS_A:
-        acc = tl.zeros([BLOCK_D, BLOCK_M], tl.float32)  # O^T
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     if PAGED:  # dim 0 of the cache is the page, found per key through the row's page table
         k_base = K + kvh * stride_kh
         v_base = V + kvh * stride_vh
@@ -250,8 +232,6 @@ def split_kv_kernel(
         qk_scale_log2 = qk_scale_log2 * tl.load(K_DESCALE + b * stride_kdb + kvh * stride_kdh)
         v_scale = tl.load(V_DESCALE + b * stride_vdb + kvh * stride_vdh)
         q, qk_scale_log2 = q_for_fp16_dots(q, qk_scale_log2)
-    if KV_AS_A:
-        q = tl.trans(q)  # the B operand of S^T = K q^T
     if PAGED:
         # Chunks of CHUNK_TILES tiles: the chunk's page ids are loaded once, then its tiles run
         # like dense ones (the K/V addresses depend on no load inside the inner loop).
@@ -262,16 +242,14 @@ def split_kv_kernel(
             m_i, l_i, acc = attend_range(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn,
                                          stride_vb, stride_vn, c0, c1, end, last_visible, m_i, l_i, acc,
                                          qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE,
-                                         CHUNK_PAGES, RUNTIME_BOUND_WHILE, KV_AS_A)
+                                         CHUNK_PAGES, RUNTIME_BOUND_WHILE)
             c0 = c1
     else:
         m_i, l_i, acc = attend_range(q, k_base, v_base, 0, 0, num_pages, stride_kb, stride_kn, stride_vb,
                                      stride_vn, start, end, end, last_visible, m_i, l_i, acc, qk_scale_log2,
                                      head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES,
-                                     RUNTIME_BOUND_WHILE, KV_AS_A)
+                                     RUNTIME_BOUND_WHILE)
 
-    if KV_AS_A:
-        acc = tl.trans(acc)
     has_keys = l_i > 0.0
     lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
     out = acc * (v_scale / tl.where(has_keys, l_i, 1.0))[:, None]
