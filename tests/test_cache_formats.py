@@ -67,7 +67,7 @@ def test_page_table_alias_and_plan(generator):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
 @pytest.mark.parametrize("per_head, page_size", [(False, 0), (True, 0), (True, 16)])
-@pytest.mark.parametrize("lengths, num_splits", [((200, 129, 0), 3), ((2300, 2049, 5), 1)])  # 2nd: 128-key tiles
+@pytest.mark.parametrize("lengths, num_splits", [((200, 129, 0), 3), ((2300, 2049, 5), 1)])  # 2nd: dense 128-key tiles
 def test_fp8_cache(dtype, fp8, per_head, page_size, lengths, num_splits, generator):
     case = DecodeCase(batch=3, seqlen_q=1, seqlen_k=max(lengths) + 3, num_heads_kv=2, group=4, head_dim=64,
                       dtype=dtype, lengths=lengths, num_splits=num_splits)

@@ -34,7 +34,7 @@ class TritonTiles:
 
 
 def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs: int = 0,
-                 split_keys: int = 0, fp8_cache: bool = False) -> TritonTiles:
+                 split_keys: int = 0, fp8_cache: bool = False, paged: bool = False) -> TritonTiles:
     """Tiles for ``packed_rows`` rows (L_q x group) of head dim ``head_dim``; ``split_keys`` is the
     longest split's key count (the plan's, at the cache capacity).
 
@@ -48,12 +48,13 @@ def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs:
     109 with 2, B = 1, 128k 2271 vs 2958; docs/performance.md). An fp8 cache takes 128-key tiles
     once a split holds 2048 keys or more (the same bytes in flight as 64 16-bit keys; H200,
     B = 1, 128k: 108.7 us vs 117.3 with 64; B = 16, 128k: 1389 vs 1557; 512-key splits of
-    B = 1, 16k stay faster with 64: 20.4 vs 22.4).
+    B = 1, 16k stay faster with 64: 20.4 vs 22.4). Not for a paged fp8 cache (B = 1, 128k, pages
+    of 16: 192.0 us with 128-key tiles vs 150.8 with 64).
     """
     block_m = min(64, max(16, triton.next_power_of_2(packed_rows)))
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_n = 32 if 0 < split_keys <= SPLIT_GRANULE and num_splits > 1 else 64
-    if fp8_cache and split_keys >= 2048:
+    if fp8_cache and not paged and split_keys >= 2048:
         block_n = 128
     return TritonTiles(block_m=block_m, block_n=block_n, block_d=block_d, num_warps=4,
                        num_stages=2 if num_splits == 1 and programs >= 256 else 3)
@@ -112,7 +113,8 @@ class TritonBackend(Backend):
         block_m = choose_tiles(seqlen_q * group, head_dim).block_m
         row_blocks = cdiv(seqlen_q * group, block_m)
         tiles = choose_tiles(seqlen_q * group, head_dim, num_splits, num_splits * batch * num_heads_kv * row_blocks,
-                             tokens_per_split(seqlen_k, num_splits), k_descale is not None)
+                             tokens_per_split(seqlen_k, num_splits), k_descale is not None,
+                             block_table is not None)
         grid = (num_splits, batch, num_heads_kv * row_blocks)
         tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale,
                    out_partial, lse_partial, out, lse)
