@@ -120,6 +120,10 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
     fp8_cvts = set(re.findall(r"cvt\.rn\.f16x2\.(e4m3x2|e5m2x2)", ptx))
     if config.fp8:
         assert fp8_cvts == {config.kv_dtype.split("_")[1][:4] + "x2"}, fp8_cvts
+        # The converted K and V tiles reach their operand buffers in 16-byte stores; 2-byte
+        # stores are left only in q's one-time load (64 rows x d over 128 threads).
+        assert "st.shared.v4.b32" in ptx
+        assert ptx.count("st.shared.b16") <= config.head_dim // 2, "fp8 tiles stored 2 bytes at a time"
     else:
         assert not fp8_cvts
 

@@ -515,16 +515,14 @@ class SplitKVDecodeKernel:
             cute.autovec_copy(cute.local_tile(sK8[n, None, stage], (16,), (c,)), k8)
             k16 = cute.make_rmem_tensor((16,), self.dtype)
             k16.store(k8.load().to(self.dtype))
-            for j in cutlass.range_constexpr(16):
-                sK[n, c * 16 + j, 0] = k16[j]
+            cute.autovec_copy(k16, cute.local_tile(sK[n, None, 0], (16,), (c,)))
             v16 = cute.make_rmem_tensor((16,), self.dtype)
             v16.fill(0.0)
             if n < valid:
                 v8 = cute.make_rmem_tensor((16,), self.kv_dtype)
                 cute.autovec_copy(cute.local_tile(sV8[None, n, stage], (16,), (c,)), v8)
                 v16.store(v8.load().to(self.dtype))
-            for j in cutlass.range_constexpr(16):
-                sV[c * 16 + j, n, 0] = v16[j]
+            cute.autovec_copy(v16, cute.local_tile(sV[None, n, 0], (16,), (c,)))
         # Generic-proxy smem writes must be visible to wgmma (async proxy) before it reads them.
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=self.q_barrier_id, number_of_threads=self.num_consumer_threads)
