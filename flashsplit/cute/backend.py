@@ -15,6 +15,7 @@ import torch
 
 from ..problem import FP8_DTYPES, DecodeProblem
 from ..registry import Backend
+from ..workspace import Workspace
 from . import configs
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -32,6 +33,7 @@ class CuteBackend(Backend):
 
     def __init__(self) -> None:
         self._full_seqlens: dict[tuple, torch.Tensor] = {}
+        self._workspace = Workspace()
 
     # ------------------------------------------------------------------ capability
     def supports(self, problem: DecodeProblem) -> str | None:
@@ -89,17 +91,13 @@ class CuteBackend(Backend):
         return configs.split_tile(problem.head_dim)[2] if problem.head_dim in configs.HEAD_DIMS else 1
 
     # ------------------------------------------------------------------ launches
+    def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float, causal: bool):
+        return PreparedCuteDecode(self, num_splits, softmax_scale, causal)
+
     def decode(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out, lse,
                block_table=None, k_descale=None, v_descale=None) -> None:
-        lse_buf = lse if lse is not None else self._lse_scratch(q)
-        if num_splits == 1:
-            self._launch_split(q, k_cache, v_cache, cache_seqlens, block_table, 1, softmax_scale, causal, out,
-                               lse_buf, False, k_descale, v_descale)
-            return
-        out_partial, lse_partial = self._alloc_partials(q, num_splits)
-        self._launch_split(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, causal,
-                           out_partial, lse_partial, True, k_descale, v_descale)
-        self.combine(out_partial, lse_partial, out, lse_buf)
+        PreparedCuteDecode(self, num_splits, softmax_scale, causal)(
+            q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse)
 
     def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
                          block_table=None, k_descale=None, v_descale=None):
@@ -109,43 +107,37 @@ class CuteBackend(Backend):
         return out_partial, lse_partial
 
     def combine(self, out_partial, lse_partial, out, lse) -> None:
-        import cutlass
-
-        from .compile import compile_combine
-
-        num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
-        config = configs.CombineConfig(_OUT_DTYPE_NAMES[out.dtype], head_dim)
-        kernel = compile_combine(config)
         lse_buf = lse if lse is not None else self._lse_scratch(out)
         if lse_buf.stride() != _compact_strides(lse_buf.shape):
             raise ValueError(f"lse: expected a contiguous [B, H, L_q] tensor, got strides {lse_buf.stride()}")
-        raw = (
-            out_partial.data_ptr(), lse_partial.data_ptr(), out.data_ptr(), lse_buf.data_ptr(),
-            num_splits, batch, seqlen_q, num_heads,
-            *out_partial.stride()[:4], *lse_partial.stride(), *out.stride()[:3],
-            _raw_stream(out),
-        )
+        kernel, static = self._combine_launch(out_partial, lse_partial, out)
+        raw = (out_partial.data_ptr(), lse_partial.data_ptr(), out.data_ptr(), lse_buf.data_ptr(), *static,
+               _raw_stream(out))
+        _run(kernel, raw, lambda: _combine_library_args(raw, out.dtype))
 
-        def library_args():
-            I32, I64 = cutlass.Int32, cutlass.Int64
-            return (
-                _ptr(out_partial, cutlass.Float32, 4), _ptr(lse_partial, cutlass.Float32, 4),
-                _ptr(out, _cutlass_dtype(out.dtype), out.element_size()), _ptr(lse_buf, cutlass.Float32, 4),
-                I32(num_splits), I32(batch), I32(seqlen_q), I32(num_heads),
-                *(I64(s) for s in out_partial.stride()[:4]),
-                *(I64(s) for s in lse_partial.stride()),
-                *(I64(s) for s in out.stride()[:3]),
-                _stream(),
-            )
+    def _combine_launch(self, out_partial, lse_partial, out) -> tuple[object, tuple]:
+        """The compiled combine for these shapes and its static raw arguments (sizes, strides)."""
+        from .compile import compile_combine
 
-        _run(kernel, raw, library_args)
+        num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
+        kernel = compile_combine(configs.CombineConfig(_OUT_DTYPE_NAMES[out.dtype], head_dim))
+        static = (num_splits, batch, seqlen_q, num_heads,
+                  *out_partial.stride()[:4], *lse_partial.stride(), *out.stride()[:3])
+        return kernel, static
 
     # ------------------------------------------------------------------ helpers
     def _launch_split(self, q, k, v, cache_seqlens, block_table, num_splits, scale, causal, o, lse,
                       write_partials, k_descale=None, v_descale=None) -> None:
-        import math
+        launch = self._split_launch(q, k, v, cache_seqlens, block_table, num_splits, scale, causal, o, lse,
+                                    write_partials, k_descale, v_descale)
+        raw = launch.raw(q, k, v, o.data_ptr(), lse.data_ptr(), cache_seqlens, block_table, k_descale, v_descale,
+                         _raw_stream(q))
+        _run(launch.kernel, raw, lambda: launch.library_args(raw))
 
-        import cutlass
+    def _split_launch(self, q, k, v, cache_seqlens, block_table, num_splits, scale, causal, o, lse,
+                      write_partials, k_descale=None, v_descale=None) -> _SplitLaunch:
+        """The compiled split kernel for this call's static facts and its static raw arguments."""
+        import math
 
         from .compile import compile_split
 
@@ -164,59 +156,20 @@ class CuteBackend(Backend):
         kv_dtype = _FP8_NAMES.get(k.dtype, "same")
         config = configs.split_config(_DTYPE_NAMES[q.dtype], head_dim, causal, write_partials, paged, kv_dtype,
                                       cache_len if paged else None)
-        kernel = compile_split(config)
-        if cache_seqlens is None:
-            cache_seqlens = self._full_length(q.device, batch, seqlen_k)
         if lse.stride() != _compact_strides(lse.shape):
             raise ValueError(f"lse: expected a contiguous tensor, got strides {lse.stride()}")
-        if write_partials:
-            o_strides = o.stride()[:4]
-        else:
-            o_strides = (0, *o.stride()[:3])
-        dt = _cutlass_dtype(q.dtype)
-        kv_dt = _cutlass_dtype(k.dtype)
+        o_strides = o.stride()[:4] if write_partials else (0, *o.stride()[:3])
         # fp8 descales: one element (strides 0) or [B, H_kv]; a 16-bit launch passes lse (never read).
-        descales = []
-        for t in (k_descale, v_descale):
-            if t is None:
-                descales.append((lse, 0, 0))
-            elif t.numel() == 1:
-                descales.append((t, 0, 0))
-            else:
-                descales.append((t, t.stride(0), t.stride(1)))
-        scale_log2 = scale * math.log2(math.e)
-        table = block_table if paged else cache_seqlens  # a dense launch passes cache_seqlens (never read)
-        raw = (
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), cache_seqlens.data_ptr(),
-            table.data_ptr(),
+        descale_strides = tuple(s for t in (k_descale, v_descale)
+                                for s in ((0, 0) if t is None or t.numel() == 1 else (t.stride(0), t.stride(1))))
+        sizes = (
             batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, num_splits, cache_rows, cache_len, max_pages,
             block_table.stride(0) if paged else 0,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_strides,
-            scale_log2,
-            *(t.data_ptr() for t, _, _ in descales),
-            *(s for _, sb, sh in descales for s in (sb, sh)),
-            _raw_stream(q),
+            scale * math.log2(math.e),
         )
-
-        def library_args():
-            I32, I64 = cutlass.Int32, cutlass.Int64
-            return (
-                _ptr(q, dt), _ptr(k, kv_dt), _ptr(v, kv_dt),
-                _ptr(o, cutlass.Float32, 16) if write_partials else _ptr(o, dt, o.element_size()),
-                _ptr(lse, cutlass.Float32, 4), _ptr(cache_seqlens, cutlass.Int32, 4), _ptr(table, cutlass.Int32, 4),
-                I32(batch), I32(seqlen_q), I32(seqlen_k), I32(num_heads), I32(num_heads_kv), I32(num_splits),
-                I32(cache_rows), I32(cache_len), I32(max_pages), I64(block_table.stride(0) if paged else 0),
-                *(I64(q.stride(i)) for i in (0, 1, 2)),
-                *(I64(k.stride(i)) for i in (0, 1, 2)),
-                *(I64(v.stride(i)) for i in (0, 1, 2)),
-                *(I64(s) for s in o_strides),
-                cutlass.Float32(scale_log2),
-                *(_ptr(t, cutlass.Float32, 4) for t, _, _ in descales),
-                *(I64(s) for _, sb, sh in descales for s in (sb, sh)),
-                _stream(),
-            )
-
-        _run(kernel, raw, library_args)
+        full = self._full_length(q.device, batch, seqlen_k) if cache_seqlens is None else None
+        return _SplitLaunch(compile_split(config), sizes, descale_strides, full, write_partials, q.dtype, k.dtype)
 
     def _full_length(self, device, batch: int, seqlen_k: int) -> torch.Tensor:
         """A cached ``[batch]`` tensor of ``seqlen_k`` (cache_seqlens=None: every slot is live)."""
@@ -240,6 +193,135 @@ class CuteBackend(Backend):
         )
         lse_partial = torch.empty((num_splits, batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
         return out_partial, lse_partial
+
+
+class PreparedCuteDecode:
+    """Decode for one static configuration (the api caches one per call signature).
+
+    The first call compiles (or finds) the split and combine kernels and computes their static
+    raw arguments (sizes, strides, scale); every call then only gathers the tensors' addresses,
+    takes the partials (and an lse scratch when none is asked for) from the stream's reusable
+    workspace (a fresh tensor while a CUDA graph is being captured) and launches through the
+    kernels' FastLaunchers. Workspace layout (fp32): ``out_partial`` ``[S, B, L_q, H, D]``,
+    ``lse_partial`` ``[S, B, H, L_q]`` (S > 1 only), then the lse scratch ``[B, H, L_q]``.
+    """
+
+    def __init__(self, backend: CuteBackend, num_splits: int, softmax_scale: float, causal: bool):
+        self.backend = backend
+        self.num_splits = num_splits
+        self.softmax_scale = softmax_scale
+        self.causal = causal
+        self.split: _SplitLaunch | None = None
+        self.combine: tuple | None = None  # (compiled combine, its static raw arguments)
+
+    def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse) -> None:
+        batch, seqlen_q, num_heads, head_dim = q.shape
+        splits = self.num_splits
+        rows = batch * seqlen_q * num_heads
+        partial_rows = splits * rows if splits > 1 else 0
+        scratch_lse = lse is None
+        buffer = self.backend._workspace.buffer(q.device, partial_rows * (head_dim + 1) + rows * scratch_lse or 1)
+        op = buffer.data_ptr()
+        lp = op + partial_rows * head_dim * 4
+        lse_ptr = lp + partial_rows * 4 if scratch_lse else lse.data_ptr()
+        out_ptr = out.data_ptr()
+        if self.split is None:
+            self._first_launch_setup(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse,
+                                     buffer, partial_rows, rows)
+        stream = _raw_stream(q)
+        split = self.split
+        if splits == 1:
+            raw = split.raw(q, k_cache, v_cache, out_ptr, lse_ptr, cache_seqlens, block_table, k_descale,
+                            v_descale, stream)
+            _run(split.kernel, raw, lambda: split.library_args(raw))
+            return
+        raw = split.raw(q, k_cache, v_cache, op, lp, cache_seqlens, block_table, k_descale, v_descale, stream)
+        _run(split.kernel, raw, lambda: split.library_args(raw))
+        kernel, static = self.combine
+        craw = (op, lp, out_ptr, lse_ptr, *static, stream)
+        _run(kernel, craw, lambda: _combine_library_args(craw, out.dtype))
+
+    def _first_launch_setup(self, q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse,
+                            buffer, partial_rows, rows) -> None:
+        """Compile/find the kernels and their static arguments, from views of the workspace."""
+        batch, seqlen_q, num_heads, head_dim = q.shape
+        splits = self.num_splits
+        if lse is None:
+            start = partial_rows * (head_dim + 1)
+            lse = buffer[start: start + rows].view(batch, num_heads, seqlen_q)
+        elif lse.stride() != _compact_strides(lse.shape):
+            raise ValueError(f"lse: expected a contiguous [B, H, L_q] tensor, got strides {lse.stride()}")
+        if splits == 1:
+            self.split = self.backend._split_launch(q, k_cache, v_cache, cache_seqlens, block_table, 1,
+                                                    self.softmax_scale, self.causal, out, lse, False, k_descale,
+                                                    v_descale)
+            return
+        out_partial = buffer[: partial_rows * head_dim].view(splits, batch, seqlen_q, num_heads, head_dim)
+        lse_partial = buffer[partial_rows * head_dim: partial_rows * (head_dim + 1)].view(
+            splits, batch, num_heads, seqlen_q)
+        self.split = self.backend._split_launch(q, k_cache, v_cache, cache_seqlens, block_table, splits,
+                                                self.softmax_scale, self.causal, out_partial, lse_partial, True,
+                                                k_descale, v_descale)
+        self.combine = self.backend._combine_launch(out_partial, lse_partial, out)
+
+
+class _SplitLaunch:
+    """One split-kernel launch configuration: the compiled kernel and the raw arguments that do
+    not change between calls with the same static facts (sizes, strides, scale)."""
+
+    __slots__ = ("descale_strides", "dtype", "full_seqlens", "kernel", "kv_dtype", "sizes", "write_partials")
+
+    def __init__(self, kernel, sizes: tuple, descale_strides: tuple, full_seqlens, write_partials: bool,
+                 dtype: torch.dtype, kv_dtype: torch.dtype):
+        self.kernel, self.sizes, self.descale_strides = kernel, sizes, descale_strides
+        self.full_seqlens, self.write_partials = full_seqlens, write_partials
+        self.dtype, self.kv_dtype = dtype, kv_dtype
+
+    def raw(self, q, k, v, o_ptr: int, lse_ptr: int, cache_seqlens, block_table, k_descale, v_descale,
+            stream: int) -> tuple:
+        """Every argument of the compiled host function as a plain value, in its order: the
+        addresses, the static part, the stream. ``o_ptr``/``lse_ptr`` address the partial
+        buffers or the final outputs; a dense launch passes ``cache_seqlens`` as its (unread)
+        block table, a 16-bit one the lse address as its (unread) descales."""
+        seqlens = (self.full_seqlens if cache_seqlens is None else cache_seqlens).data_ptr()
+        return (
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), o_ptr, lse_ptr, seqlens,
+            seqlens if block_table is None else block_table.data_ptr(),
+            *self.sizes,
+            lse_ptr if k_descale is None else k_descale.data_ptr(),
+            lse_ptr if v_descale is None else v_descale.data_ptr(),
+            *self.descale_strides,
+            stream,
+        )
+
+    def library_args(self, raw: tuple) -> tuple:
+        """The same arguments as CuteDSL objects (the fallback when no FastLauncher fits)."""
+        import cutlass
+
+        I32, I64 = cutlass.Int32, cutlass.Int64
+        dt, kv_dt = _cutlass_dtype(self.dtype), _cutlass_dtype(self.kv_dtype)
+        return (
+            _ptr(raw[0], dt), _ptr(raw[1], kv_dt), _ptr(raw[2], kv_dt),
+            _ptr(raw[3], cutlass.Float32, 16) if self.write_partials else _ptr(raw[3], dt, self.dtype.itemsize),
+            _ptr(raw[4], cutlass.Float32, 4), _ptr(raw[5], cutlass.Int32, 4), _ptr(raw[6], cutlass.Int32, 4),
+            *(I32(x) for x in raw[7:16]), I64(raw[16]), *(I64(x) for x in raw[17:30]), cutlass.Float32(raw[30]),
+            _ptr(raw[31], cutlass.Float32, 4), _ptr(raw[32], cutlass.Float32, 4),
+            *(I64(x) for x in raw[33:37]),
+            _stream(),
+        )
+
+
+def _combine_library_args(raw: tuple, out_dtype: torch.dtype) -> tuple:
+    """The combine's raw arguments as CuteDSL objects (the fallback when no FastLauncher fits)."""
+    import cutlass
+
+    I32, I64 = cutlass.Int32, cutlass.Int64
+    return (
+        _ptr(raw[0], cutlass.Float32, 4), _ptr(raw[1], cutlass.Float32, 4),
+        _ptr(raw[2], _cutlass_dtype(out_dtype), out_dtype.itemsize), _ptr(raw[3], cutlass.Float32, 4),
+        *(I32(x) for x in raw[4:8]), *(I64(x) for x in raw[8:18]),
+        _stream(),
+    )
 
 
 def compile_cache_size() -> int:
@@ -267,11 +349,11 @@ def _cutlass_dtype(dtype: torch.dtype):
     }[dtype]
 
 
-def _ptr(t: torch.Tensor, dtype, align: int = 16):
+def _ptr(address: int, dtype, align: int = 16):
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_ptr
 
-    return make_ptr(dtype, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=align)
+    return make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align)
 
 
 _LAUNCHERS: dict = {}  # compiled kernel -> FastLauncher, or None where one cannot be built
