@@ -165,26 +165,32 @@ def test_prepared_triton_replay_passes_addresses_in_kernel_order(generator, monk
     assert comb == (op, lp, lens.data_ptr(), out.data_ptr(), lse.data_ptr())
 
 
+class _FakeCompiled:
+    """Stands in for a compiled Triton kernel: records the arguments of each ``run``."""
+
+    function, packed_metadata = "fn", "packed"
+
+    def __init__(self):
+        self.seen = []
+
+    def run(self, *args):
+        self.seen.append(args)
+
+    def launch_metadata(self, grid, stream, *args):
+        return ("meta", grid, stream)
+
+
 def test_relaunch_forwards_grid_stream_and_arguments(monkeypatch):
     """Relaunch calls the compiled kernel's launcher the way triton 3.6's JITFunction.run does."""
     from flashsplit.triton import launch
 
-    seen = []
-
-    class FakeCompiled:
-        function, packed_metadata = "fn", "packed"
-
-        def run(self, *args):
-            seen.append(args)
-
-        def launch_metadata(self, grid, stream, *args):
-            return ("meta", grid, stream)
-
+    compiled = _FakeCompiled()
+    seen = compiled.seen
     monkeypatch.setattr(launch, "current_stream", lambda device: 1000 + device)
     hooks = launch.triton.knobs.runtime
     monkeypatch.setattr(hooks, "launch_enter_hook", None)
     monkeypatch.setattr(hooks, "launch_exit_hook", None)
-    relaunch = launch.Relaunch(FakeCompiled(), (3, 2, 1), tail=(7, True), device=0)
+    relaunch = launch.Relaunch(compiled, (3, 2, 1), tail=(7, True), device=0)
     relaunch((111, None))
     assert seen[-1] == (3, 2, 1, 1000, "fn", "packed", None, None, None, 111, None, 7, True)
     monkeypatch.setattr(hooks, "launch_enter_hook", "enter")
@@ -199,27 +205,18 @@ def test_relaunch_skips_empty_hook_chains(monkeypatch):
 
     from flashsplit.triton import launch
 
-    seen = []
-
-    class FakeCompiled:
-        function, packed_metadata = "fn", "packed"
-
-        def run(self, *args):
-            seen.append(args)
-
-        def launch_metadata(self, grid, stream, *args):
-            return "meta"
-
+    compiled = _FakeCompiled()
+    seen = compiled.seen
     enter, leave = HookChain(), HookChain(reversed=True)
     monkeypatch.setattr(launch, "current_stream", lambda device: 5)
     monkeypatch.setattr(launch.triton.knobs.runtime, "launch_enter_hook", enter)
     monkeypatch.setattr(launch.triton.knobs.runtime, "launch_exit_hook", leave)
-    relaunch = launch.Relaunch(FakeCompiled(), (1, 1, 1), tail=(), device=0)
+    relaunch = launch.Relaunch(compiled, (1, 1, 1), tail=(), device=0)
     relaunch((1,))
     assert seen[-1][6:9] == (None, None, None)
     leave.add(print)
     relaunch((1,))
-    assert seen[-1][6:9] == ("meta", enter, leave)
+    assert seen[-1][6:9] == (("meta", (1, 1, 1), 5), enter, leave)
 
 
 def test_relaunch_calls_the_c_launcher_directly_when_no_scratch_is_needed(monkeypatch):
