@@ -69,3 +69,10 @@ def cute_subtile_enabled(monkeypatch):
     """The same for pages smaller than the cute KV tile
     (flashsplit.cute.configs.SUBTILE_PAGES_VERIFIED_ON_GPU)."""
     yield from _enable_unverified(monkeypatch, "SUBTILE_PAGES_VERIFIED_ON_GPU")
+
+
+@pytest.fixture
+def cute_gather_enabled(monkeypatch):
+    """The same for pages the cute kernel gathers row by row (neither whole-tile nor sub-tile:
+    flashsplit.cute.configs.GATHER_PAGES_VERIFIED_ON_GPU)."""
+    yield from _enable_unverified(monkeypatch, "GATHER_PAGES_VERIFIED_ON_GPU")

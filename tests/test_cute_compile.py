@@ -104,15 +104,23 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
 
     ptx = _compiled_ptx(compile_split, config, tmp_path)
     assert "wgmma.mma_async" in ptx
-    assert "cp.async.bulk.tensor" in ptx
     assert ".minnctapersm" in ptx or config.units_per_sm == 1
-    page_ids = _tma_coords_from_global_loads(ptx)
-    if config.paged:
-        assert page_ids, "paged kernel: no TMA coordinate comes from a block_table load"
-        if config.subtile_page:
-            _check_subtile_copies(config, ptx)
+    if config.gather_pages:
+        # One bulk copy of a key row for K and one for V in the producer loop, completing on the
+        # stage's mbarrier (no TMA tensor copies), from addresses built on block-table loads.
+        assert "cp.async.bulk.tensor" not in ptx
+        rows = re.findall(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes", ptx)
+        assert len(rows) == 2, rows
+        assert _globally_loaded(ptx), "no block-table load"
     else:
-        assert not page_ids, f"dense kernel: TMA coordinates {page_ids} come from global loads"
+        assert "cp.async.bulk.tensor" in ptx
+        page_ids = _tma_coords_from_global_loads(ptx)
+        if config.paged:
+            assert page_ids, "paged kernel: no TMA coordinate comes from a block_table load"
+            if config.subtile_page:
+                _check_subtile_copies(config, ptx)
+        else:
+            assert not page_ids, f"dense kernel: TMA coordinates {page_ids} come from global loads"
     # wgmma always multiplies q's 16-bit type (never fp8 wgmma); fp8 caches convert in registers.
     short = {"float16": "f16", "bfloat16": "bf16"}[config.dtype]
     kinds = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k(\d+)\.f32\.(\w+)\.(\w+)", ptx))
@@ -120,12 +128,14 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
     fp8_cvts = set(re.findall(r"cvt\.rn\.f16x2\.(e4m3x2|e5m2x2)", ptx))
     if config.fp8:
         assert fp8_cvts == {config.kv_dtype.split("_")[1][:4] + "x2"}, fp8_cvts
-        # The converted K and V tiles reach their operand buffers in 16-byte stores; 2-byte
-        # stores are left only in q's one-time load (64 rows x d over 128 threads).
-        assert "st.shared.v4.b32" in ptx
-        assert ptx.count("st.shared.b16") <= config.head_dim // 2, "fp8 tiles stored 2 bytes at a time"
     else:
         assert not fp8_cvts
+    if config.staged:
+        # The converted (fp8) or copied (gathered) K and V tiles reach their operand buffers in
+        # 16-byte stores; 2-byte stores are left only in q's one-time load (64 rows x d over 128
+        # threads).
+        assert "st.shared.v4.b32" in ptx
+        assert ptx.count("st.shared.b16") <= config.head_dim // 2, "staged tiles stored 2 bytes at a time"
 
 
 @needs_cutlass
@@ -201,13 +211,36 @@ def test_subtile_configs():
     assert {(c.kv_dtype, c.head_dim, c.subtile_page) for c in checked} == {
         (c.kv_dtype, c.head_dim, c.subtile_page) for c in sub}
     assert len({(c.dtype, c.causal, c.write_partials) for c in checked}) == 8
-    assert set(compile_check_configs()) - set(checked) == set(whole)
+    gathered = {c for c in compile_check_configs() if c.gather_pages}
+    assert set(compile_check_configs()) - set(checked) - gathered == set(whole)
     # The page size is a compile key only below the tile.
     assert split_config("bfloat16", 128, False, True, True, page_size=128).subtile_page == 0
     assert split_config("bfloat16", 128, False, True, True, page_size=16).subtile_page == 16
     assert split_config("bfloat16", 128, False, True, False, page_size=16).subtile_page == 0
-    with pytest.raises(ValueError, match="page_size 24"):
-        split_config("bfloat16", 128, False, True, True, page_size=24)
+    with pytest.raises(ValueError, match="page_size"):
+        split_config("bfloat16", 128, False, True, True, page_size=0)
+
+
+def test_gather_configs():
+    """Page sizes that are neither multiples of the tile nor sub-tile sizes (1-7, 24, 48, 96, ...)
+    share one gathered compile key per (dtype, head dim, causal, partials, cache type): the page
+    size is a runtime value there. Staging fits two CTAs per SM up to d = 128."""
+    from flashsplit.cute.configs import SMEM_PER_SM, SMEM_RESERVED_PER_CTA, split_config
+
+    keys = {split_config("bfloat16", 128, False, True, True, page_size=p) for p in (1, 3, 7, 24, 48, 96, 200)}
+    assert len(keys) == 1
+    (key,) = keys
+    assert key.gather_pages and key.staged and not key.fp8 and key.subtile_page == 0
+    for page_size in (16, 64, 128, 256):  # sub-tile or whole-tile: TMA, not gathered
+        assert not split_config("bfloat16", 128, False, True, True, page_size=page_size).gather_pages
+    assert not split_config("bfloat16", 128, False, True, False, page_size=24).gather_pages  # dense
+    gathered = [c for c in all_split_configs() if c.gather_pages]
+    assert len(gathered) == len(set(gathered)) == 3 * 24
+    for c in gathered:
+        assert c.units_per_sm * (c.smem_bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM
+        assert c.units_per_sm == (1 if c.head_dim == 256 else 2)
+    checked = [c for c in compile_check_configs() if c.gather_pages]
+    assert {(c.kv_dtype, c.head_dim) for c in checked} == {(c.kv_dtype, c.head_dim) for c in gathered}
 
 
 def test_fp8_configs_keep_two_ctas_per_sm_up_to_d128():
@@ -282,6 +315,20 @@ def test_supports_subtile_pages_once_enabled(overrides, needle, cute_paged_enabl
         needle = "not installed"
     reason = CuteBackend().supports(_problem(**overrides))
     assert reason is not None and needle in reason, reason
+
+
+@pytest.mark.parametrize("overrides", [dict(page_size=1), dict(page_size=24), dict(page_size=48, head_dim=64),
+                                       dict(page_size=96), dict(page_size=3, kv_dtype=torch.float8_e4m3fn)])
+def test_supports_gathered_pages_once_enabled(overrides, cute_paged_enabled, cute_gather_enabled, monkeypatch):
+    """With the gathered-row kernel switched on, any page size passes the paged checks (then
+    fails only on the CPU device); auto still ranks such pages below Triton until timed."""
+    from flashsplit.cute import configs
+
+    monkeypatch.setattr(configs, "FP8_VERIFIED_ON_GPU", True)
+    reason = CuteBackend().supports(_problem(**overrides))
+    assert reason is not None and ("CUDA device" in reason or "not installed" in reason), reason
+    rank, why = CuteBackend().preference(_problem(**overrides))
+    assert rank < 0 and "not yet timed" in why
 
 
 def test_subtile_pages_gate_refuses_them_when_off(monkeypatch):

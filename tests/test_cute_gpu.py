@@ -601,3 +601,70 @@ def test_subtile_through_decode_api(cute_paged_enabled, cute_subtile_enabled):
                                  return_lse=True)
     torch.cuda.synchronize()
     check_against_reference(out, lse, q, k, v, seqlens, False, 1.0 / math.sqrt(128), what="subtile decode api")
+
+
+# Pages the cute kernel gathers row by row (neither whole-tile nor sub-tile sizes: one bulk copy
+# per key row into the staging slots). Until these pass on an H200, configs.
+# GATHER_PAGES_VERIFIED_ON_GPU keeps such pages on Triton; the fixture switches it on here.
+GATHER_CASES = [(128, 1), (128, 3), (128, 24), (128, 48), (128, 96), (64, 5), (64, 48), (64, 200), (256, 7),
+                (256, 40)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim,page_size", GATHER_CASES)
+@pytest.mark.parametrize("seqlen_q,group,causal,num_splits", [(1, 4, False, 1), (1, 5, False, 3), (4, 8, True, 17)])
+def test_gather_paged_decode_matches_reference(dtype, head_dim, page_size, seqlen_q, group, causal, num_splits,
+                                               cute_paged_enabled, cute_gather_enabled):
+    """Shuffled pages of any size, a page shared by rows 0 and 1, NaN in every slot no row uses
+    and garbage block_table entries (10^6) past each row's last page."""
+    case, q, k, v, seqlens, k_pages, v_pages, table = _subtile_inputs(
+        head_dim, page_size, seqlen_q, group, causal, num_splits, page_size + head_dim + num_splits, dtype)
+    scale = 1.0 / math.sqrt(head_dim)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((case.batch, case.num_heads, case.seqlen_q), float("nan"), device="cuda")
+    _backend().decode(q, k_pages, v_pages, seqlens, num_splits, scale, causal, out, lse, block_table=table)
+    torch.cuda.synchronize()
+    check_against_reference(out, lse, q, k, v, seqlens, causal, scale, what=f"gathered paged {page_size} {case}")
+
+
+@pytest.mark.parametrize("head_dim,page_size", [(128, 1), (64, 48), (256, 7)])
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_gather_fp8_paged_decode_matches_reference(head_dim, page_size, fp8, cute_fp8_enabled, cute_paged_enabled,
+                                                   cute_gather_enabled):
+    from flashsplit.cute.configs import split_tile
+    from flashsplit.testing import to_paged
+
+    lengths = _subtile_lengths(page_size, split_tile(head_dim)[0])
+    case = DecodeCase(len(lengths), 1, SEQLEN_K, 2, 4, head_dim, torch.bfloat16, lengths, 3)
+    q, k8, v8, k_descale, v_descale, seqlens, gen = _fp8_inputs(case, fp8, True, page_size + head_dim)
+    k_pages, v_pages, table, k8, v8 = to_paged(k8, v8, list(lengths), page_size, gen)
+    scale = 1.0 / math.sqrt(head_dim)
+    out = torch.full_like(q, float("nan"))
+    _backend().decode(q, k_pages, v_pages, seqlens, 3, scale, False, out, None, block_table=table,
+                      k_descale=k_descale, v_descale=v_descale)
+    torch.cuda.synchronize()
+    _check_fp8(out, None, q, k8, v8, k_descale, v_descale, seqlens, False, scale, f"gathered fp8 {page_size}")
+
+
+def test_gather_one_kernel_for_every_page_size_and_graph_replay(cute_paged_enabled, cute_gather_enabled):
+    """The gathered kernel's page size is a runtime value (pages of 1, 3, 24 and 48 share one
+    compiled kernel), and a captured decode follows a rewritten block table."""
+    from flashsplit.cute import compile_cache_size
+    from flashsplit.testing import to_paged
+
+    backend = _backend()
+    sizes = []
+    for page_size in (1, 3, 24, 48):
+        lengths = (700, 65)
+        case = DecodeCase(2, 1, 1024, 2, 4, 128, torch.bfloat16, lengths, 3)
+        gen = torch.Generator().manual_seed(page_size)
+        q, k, v, seqlens = make_inputs(case, "cuda", gen)
+        k_pages, v_pages, table, k, v = to_paged(k, v, list(lengths), page_size, gen)
+        out = torch.empty_like(q)
+        backend.decode(q, k_pages, v_pages, seqlens, 3, 0.1, False, out, None, block_table=table)
+        torch.cuda.synchronize()
+        check_against_reference(out, None, q, k, v, seqlens, False, 0.1, what=f"gathered pages of {page_size}")
+        sizes.append(compile_cache_size())
+    assert sizes[0] == sizes[1] == sizes[2] == sizes[3], sizes
+
+    _check_graph_replay_with_swapped_table(backend, 5)

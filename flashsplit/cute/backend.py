@@ -48,13 +48,14 @@ class CuteBackend(Backend):
         if problem.paged and not configs.paged_supported(problem.page_size, problem.head_dim):
             tile_n = configs.split_tile(problem.head_dim)[0]
             sub = configs.subtile_page_sizes(problem.head_dim)
-            if problem.page_size not in sub:
+            if problem.page_size not in sub and not configs.GATHER_PAGES_VERIFIED_ON_GPU:
                 return (
                     f"paged KV with page_size {problem.page_size}: the cute kernel needs a multiple of its "
-                    f"{tile_n}-key tile or one of {sub} (TMA boxes on 8-key swizzle atoms); other pages use "
+                    f"{tile_n}-key tile or one of {sub} (TMA boxes on 8-key swizzle atoms); its gathered-row "
+                    f"kernel for other sizes is compile-checked but not yet verified on a GPU; other pages use "
                     f"the triton backend"
                 )
-            if not configs.SUBTILE_PAGES_VERIFIED_ON_GPU:
+            if problem.page_size in sub and not configs.SUBTILE_PAGES_VERIFIED_ON_GPU:
                 return (
                     f"paged KV with page_size {problem.page_size} (smaller than the {tile_n}-key tile): the cute "
                     f"sub-tile kernel is compile-checked but not yet verified on a GPU; such pages use triton"
@@ -83,6 +84,9 @@ class CuteBackend(Backend):
         # pages alike (16: 1.00-1.01x), but 1.06-1.22x slower in Triton; dense 16-bit caches are
         # as fast or faster in Triton at every batch (B = 1, 4k: 10.1 vs 12.7 us; B >= 16 within
         # 0.5%); fp8 caches are about 2x slower here than in Triton.
+        if problem.paged and not (configs.paged_supported(problem.page_size, problem.head_dim)
+                                  or configs.subtile_paged_supported(problem.page_size, problem.head_dim)):
+            return -5, "paged KV gathered row by row: not yet timed on a GPU (triton preferred)"
         if problem.paged and problem.cache_dtype not in FP8_DTYPES:
             return 20, "paged 16-bit KV: the cute TMA kernel reads pages at dense speed (H200)"
         return -10, "cute supports it but was measured slower than triton here (H200)"
@@ -149,8 +153,6 @@ class CuteBackend(Backend):
             # of the tiles it loads (never past a row's last page).
             max_pages = block_table.shape[1]
             seqlen_k = max_pages * cache_len
-            assert configs.paged_supported(cache_len, head_dim) or configs.subtile_paged_supported(
-                cache_len, head_dim), "supports() refuses this page size"
         else:
             seqlen_k, max_pages = cache_len, 1
         kv_dtype = _FP8_NAMES.get(k.dtype, "same")

@@ -46,10 +46,22 @@ class SplitConfig:
     #: each K/V tile is then loaded as tile_n / P TMA boxes of P keys, box j from page
     #: ``block_table[b, t * tile_n / P + j]``. A compile-time value only in this mode.
     subtile_page: int = 0
+    #: Gathered paging, for page sizes neither whole-tile nor sub-tile (1-7 keys, 24, 48, 96, ...):
+    #: the producer copies each key's K and V row (``cp.async.bulk``, one row per copy, completing
+    #: on the stage's mbarrier) into ``stages`` plain staging slots, from page
+    #: ``block_table[b, key // page_size]``, slot ``key % page_size`` (the page size stays a
+    #: runtime value); the consumer copies (or, fp8, converts) each tile into the swizzled
+    #: operand buffers, as for fp8 caches.
+    gather_pages: bool = False
 
     @property
     def fp8(self) -> bool:
         return self.kv_dtype != "same"
+
+    @property
+    def staged(self) -> bool:
+        """Tiles land in plain staging slots and the consumer writes the operand buffers."""
+        return self.fp8 or self.gather_pages
 
     @property
     def smem_bytes(self) -> int:
@@ -60,8 +72,8 @@ class SplitConfig:
         itemsize = 2
         tile = self.tile_n * self.head_dim
         q = 64 * self.head_dim * itemsize
-        if self.fp8:
-            kv = 2 * self.stages * tile + 2 * tile * itemsize
+        if self.staged:
+            kv = 2 * self.stages * tile * (1 if self.fp8 else itemsize) + 2 * tile * itemsize
         else:
             kv = 2 * self.stages * tile * itemsize
         return q + kv + 16 * self.stages
@@ -108,23 +120,33 @@ def fp8_stages(head_dim: int) -> int:
     return 3 if head_dim == 256 else 4
 
 
+#: 16-bit staging slots of a gathered-paging CTA: two (d=64 104 KiB, d=128 112 KiB at two CTAs
+#: per SM; d=256 224 KiB at one).
+GATHER_STAGES = 2
+
+
 def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, paged: bool = False,
                  kv_dtype: str = "same", page_size: int | None = None) -> SplitConfig:
-    """The compile key for a problem. ``page_size`` (paged only) matters only when it is smaller
-    than the tile: then it becomes ``subtile_page``; whole-tile pages keep it a runtime value."""
+    """The compile key for a problem. ``page_size`` (paged only) picks the load mode: a multiple
+    of the tile (one TMA box per tile; the page size a runtime value), a sub-tile size
+    (``subtile_page``: tile_n / P TMA boxes), or anything else (``gather_pages``: one bulk copy
+    per key row; the page size a runtime value)."""
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype: expected one of {KV_DTYPES}, got {kv_dtype!r}")
     tile_n, stages, units = split_tile(head_dim)
+    subtile_page, gather = 0, False
+    if paged and page_size is not None and not paged_supported(page_size, head_dim):
+        if page_size < 1:
+            raise ValueError(f"page_size: expected a positive int, got {page_size}")
+        if page_size in subtile_page_sizes(head_dim):
+            subtile_page = page_size
+        else:
+            gather = True
+            stages = GATHER_STAGES
     if kv_dtype != "same":
         stages = fp8_stages(head_dim)
-    subtile_page = 0
-    if paged and page_size is not None and page_size < tile_n:
-        if page_size not in subtile_page_sizes(head_dim):
-            raise ValueError(f"page_size {page_size}: expected a multiple of {tile_n} or one of "
-                             f"{subtile_page_sizes(head_dim)} (head_dim {head_dim})")
-        subtile_page = page_size
     return SplitConfig(dtype, head_dim, tile_n, stages, causal, write_partials, units, paged, kv_dtype,
-                       subtile_page)
+                       subtile_page, gather)
 
 
 #: The paged kernel passed ``pytest tests/test_cute_gpu.py tests/test_gpu.py`` on an H200
@@ -168,6 +190,17 @@ def subtile_page_sizes(head_dim: int) -> tuple[int, ...]:
     return tuple(p for p in range(SUBTILE_MIN_PAGE, tile_n, SUBTILE_MIN_PAGE) if tile_n % p == 0)
 
 
+#: The gathered kernel's page size is a runtime value: any page size that takes it names the
+#: same compile key (this one lists it).
+GATHER_EXAMPLE_PAGE = 1
+
+#: Gathered paging (``gather_pages``: page sizes that are neither multiples of the tile nor
+#: sub-tile sizes) is compile-checked only. Until ``pytest tests/test_cute_gpu.py -k gather``
+#: passes on an H200, ``supports()`` refuses such pages (auto keeps them on Triton); those tests
+#: switch this on for themselves.
+GATHER_PAGES_VERIFIED_ON_GPU = False
+
+
 def subtile_paged_supported(page_size: int, head_dim: int) -> bool:
     """Whether ``page_size`` takes the sub-tile paged kernel (several TMA boxes per tile).
 
@@ -180,7 +213,8 @@ def subtile_paged_supported(page_size: int, head_dim: int) -> bool:
 def all_split_configs(subtile: bool = True) -> list[SplitConfig]:
     """Every split-kernel configuration the backend can select: 48 with 16-bit caches and 96
     with fp8 caches (two fp8 types), then (``subtile``) the sub-tile paged ones, 80 per cache
-    type (d=64: 4 page sizes, d=128/256: 3, times dtype, causal, partials)."""
+    type (d=64: 4 page sizes, d=128/256: 3, times dtype, causal, partials), and the gathered
+    paged ones, 24 per cache type (one for every page size)."""
     configs = [
         split_config(dtype, head_dim, causal, write_partials, paged, kv_dtype)
         for kv_dtype in KV_DTYPES
@@ -200,13 +234,22 @@ def all_split_configs(subtile: bool = True) -> list[SplitConfig]:
             for write_partials in (False, True)
             for page_size in subtile_page_sizes(head_dim)
         ]
+        configs += [
+            split_config(dtype, head_dim, causal, write_partials, True, kv_dtype, GATHER_EXAMPLE_PAGE)
+            for kv_dtype in KV_DTYPES
+            for dtype in DTYPES
+            for head_dim in HEAD_DIMS
+            for causal in (False, True)
+            for write_partials in (False, True)
+        ]
     return configs
 
 
 def compile_check_configs() -> list[SplitConfig]:
-    """What the CPU compile check builds: every whole-tile configuration, and one sub-tile
-    configuration per (cache type, head dim, page size), with dtype, causal and partials cycled
-    so each of their combinations occurs (the sub-tile mode changes only the producer's loads)."""
+    """What the CPU compile check builds: every whole-tile configuration, one sub-tile
+    configuration per (cache type, head dim, page size) and one gathered configuration per
+    (cache type, head dim), with dtype, causal and partials cycled so each of their combinations
+    occurs (these modes change only the producer's loads and the staging)."""
     configs = all_split_configs(subtile=False)
     combos = [(dtype, causal, wp) for dtype in DTYPES for causal in (False, True) for wp in (False, True)]
     i = 0
@@ -216,6 +259,11 @@ def compile_check_configs() -> list[SplitConfig]:
                 dtype, causal, wp = combos[i % len(combos)]
                 configs.append(split_config(dtype, head_dim, causal, wp, True, kv_dtype, page_size))
                 i += 1
+    for kv_dtype in KV_DTYPES:
+        for head_dim in HEAD_DIMS:
+            dtype, causal, wp = combos[i % len(combos)]
+            configs.append(split_config(dtype, head_dim, causal, wp, True, kv_dtype, GATHER_EXAMPLE_PAGE))
+            i += 1
     return configs
 
 

@@ -70,11 +70,15 @@ class SplitKVDecodeKernel:
         self.subtile_page = config.subtile_page
         self.boxes_per_tile = config.tile_n // config.subtile_page if config.subtile_page else 1
         self.fp8 = config.fp8
+        # Gathered paging (any page size): one bulk copy per key row into the staging slots.
+        self.gather_pages = config.gather_pages
+        self.staged = config.staged
         self.kv_dtype = {
             "same": self.dtype, "float8_e4m3fn": cutlass.Float8E4M3FN, "float8_e5m2": cutlass.Float8E5M2,
         }[config.kv_dtype]
-        # 16-bit operand stages: the TMA stages, or one buffer the consumer converts fp8 tiles into.
-        self.operand_stages = 1 if self.fp8 else self.stages
+        # 16-bit operand stages: the TMA stages, or one buffer the consumer converts (fp8) or
+        # copies (gathered 16-bit rows) each staged tile into.
+        self.operand_stages = 1 if self.staged else self.stages
 
     @staticmethod
     def can_implement(head_dim: int, tile_n: int) -> str | None:
@@ -195,14 +199,21 @@ class SplitKVDecodeKernel:
         q_layout = sm90_utils.make_smem_layout_a(k_major, qk_tiler, self.dtype, 1)
         k_layout = sm90_utils.make_smem_layout_b(k_major, qk_tiler, self.dtype, self.operand_stages)
         v_layout = sm90_utils.make_smem_layout_b(v_major, pv_tiler, self.dtype, self.operand_stages)
-        # What TMA lands: the operand stages themselves (16-bit), or plain (unswizzled, d
-        # contiguous) fp8 staging slots that the consumer converts.
+        # What the loads land: the operand stages themselves (16-bit TMA), or plain (unswizzled,
+        # d contiguous: one key row = D contiguous elements) staging slots that the consumer
+        # converts (fp8) or copies (gathered rows) into the operand buffers.
         k_load_layout, v_load_layout = k_layout, v_layout
-        if cutlass.const_expr(self.fp8):
+        if cutlass.const_expr(self.staged):
             k_load_layout = cute.make_layout((N, D, self.stages), stride=(D, 1, N * D))
             v_load_layout = cute.make_layout((D, N, self.stages), stride=(1, D, N * D))
 
-        if cutlass.const_expr(self.subtile_page > 0):
+        if cutlass.const_expr(self.gather_pages):
+            # No TMA: a bulk-copy atom of one key row (D elements), and the caches themselves.
+            row_bits = D * self.kv_dtype.width
+            tma_k = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), self.kv_dtype, num_bits_per_copy=row_bits)
+            tma_v = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), self.kv_dtype, num_bits_per_copy=row_bits)
+            mK_tma, mV_tma = mK, mV
+        elif cutlass.const_expr(self.subtile_page > 0):
             # One TMA box per page: P keys of a stage, rows [j*P, (j+1)*P) (P a multiple of 8, so
             # every box starts on a 1024-byte swizzle atom of the 16-bit stage).
             P = self.subtile_page
@@ -225,7 +236,7 @@ class SplitKVDecodeKernel:
             self.kv_dtype, cute.slice_(k_load_layout, (None, None, 0))
         ) + cute.size_in_bytes(self.kv_dtype, cute.slice_(v_load_layout, (None, None, 0)))
 
-        if cutlass.const_expr(self.fp8):
+        if cutlass.const_expr(self.staged):
 
             @cute.struct
             class SharedStorage:
@@ -236,12 +247,6 @@ class SplitKVDecodeKernel:
                 sV8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(v_load_layout)], 1024]
                 kv_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
 
-            mKDescale = cute.make_tensor(
-                k_descale_ptr, cute.make_layout((batch, num_heads_kv), stride=(k_descale_stride_b, k_descale_stride_h))
-            )
-            mVDescale = cute.make_tensor(
-                v_descale_ptr, cute.make_layout((batch, num_heads_kv), stride=(v_descale_stride_b, v_descale_stride_h))
-            )
         else:
 
             @cute.struct
@@ -251,8 +256,15 @@ class SplitKVDecodeKernel:
                 sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(v_layout)], 1024]
                 kv_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
 
-            mKDescale = None
-            mVDescale = None
+        mKDescale = None
+        mVDescale = None
+        if cutlass.const_expr(self.fp8):
+            mKDescale = cute.make_tensor(
+                k_descale_ptr, cute.make_layout((batch, num_heads_kv), stride=(k_descale_stride_b, k_descale_stride_h))
+            )
+            mVDescale = cute.make_tensor(
+                v_descale_ptr, cute.make_layout((batch, num_heads_kv), stride=(v_descale_stride_b, v_descale_stride_h))
+            )
 
         self.shared_storage = SharedStorage
 
@@ -315,9 +327,9 @@ class SplitKVDecodeKernel:
         sQ = storage.sQ.get_tensor(q_layout.outer, swizzle=q_layout.inner)
         sK = storage.sK.get_tensor(k_layout.outer, swizzle=k_layout.inner)
         sV = storage.sV.get_tensor(v_layout.outer, swizzle=v_layout.inner)
-        # What TMA writes: the operand stages, or the fp8 staging slots.
+        # What the loads write: the operand stages, or the staging slots.
         sK_load, sV_load = sK, sV
-        if cutlass.const_expr(self.fp8):
+        if cutlass.const_expr(self.staged):
             sK_load = storage.sK8.get_tensor(k_load_layout)
             sV_load = storage.sV8.get_tensor(v_load_layout)
 
@@ -335,7 +347,10 @@ class SplitKVDecodeKernel:
         cute.arch.sync_threads()
 
         if warp_idx == self.producer_warp:
-            if cutlass.const_expr(self.subtile_page > 0):
+            if cutlass.const_expr(self.gather_pages):
+                self.load_gather(tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK_load, sV_load, kv_pipeline,
+                                 batch_idx, kvh, first_tile, num_tiles, end)
+            elif cutlass.const_expr(self.subtile_page > 0):
                 self.load_subtile(tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK_load, sV_load, kv_pipeline,
                                   batch_idx, kvh, first_tile, num_tiles, end)
             else:
@@ -348,6 +363,12 @@ class SplitKVDecodeKernel:
                     qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, tidx, split_idx, batch_idx, kvh,
                     row_block, seqlen_q, group, n_keys, start, end, num_tiles, first_tile,
                     softmax_scale_log2 * mKDescale[batch_idx, kvh], sK_load, sV_load, mVDescale[batch_idx, kvh],
+                )
+            elif cutlass.const_expr(self.staged):  # gathered 16-bit rows: staged, no scales
+                self.mma_softmax_epilogue(
+                    qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, tidx, split_idx, batch_idx, kvh,
+                    row_block, seqlen_q, group, n_keys, start, end, num_tiles, first_tile, softmax_scale_log2,
+                    sK_load, sV_load, None,
                 )
             else:
                 self.mma_softmax_epilogue(
@@ -420,7 +441,7 @@ class SplitKVDecodeKernel:
         ``end`` in the last tile reloads the tile's first page instead, into rows the consumer
         masks (scores) and zeroes (V), so the stage still receives its full byte count.
         """
-        D, N, P = self.head_dim, self.tile_n, self.subtile_page
+        D, P = self.head_dim, self.subtile_page
         boxes = self.boxes_per_tile
         cpasync.prefetch_descriptor(tma_k)
         cpasync.prefetch_descriptor(tma_v)
@@ -451,6 +472,35 @@ class SplitKVDecodeKernel:
             for j in cutlass.range_constexpr(boxes):
                 cute.copy(tma_k, tKgK[(None, pages[j])], tKsK[(None, j, 0, state.index)], tma_bar_ptr=bar)
                 cute.copy(tma_v, tVgV[(None, pages[j])], tVsV[(None, 0, j, state.index)], tma_bar_ptr=bar)
+            kv_pipeline.producer_commit(state)
+            state.advance()
+
+    @cute.jit
+    def load_gather(self, row_k, mK, row_v, mV, mBlockTable, sK, sV, kv_pipeline, batch_idx, kvh, first_tile,
+                    num_tiles, end):
+        """Producer warp, gathered paging (any page size P, a runtime value): key ``n`` of tile
+        ``t`` is slot ``(t*N + n) % P`` of page ``block_table[b, (t*N + n) // P]``; each lane
+        copies its keys' K and V rows (D contiguous elements each, ``cp.async.bulk``) into the
+        stage's staging slots, completing on the stage's full mbarrier (the same byte count as
+        a TMA tile). Keys ``>= end`` of the last tile copy the tile's first key instead (rows the
+        consumer masks and zeroes), so the table is never read past the row's pages."""
+        N = self.tile_n
+        page_size = mK.shape[0]
+        lane = cute.arch.lane_idx()
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        for i in cutlass.range(num_tiles, unroll=1):
+            tile_start = (first_tile + i) * N
+            # Every lane waits for the free stage here before it issues copies into it.
+            kv_pipeline.producer_acquire(state)
+            bar = kv_pipeline.producer_get_barrier(state)
+            for n in cutlass.range(lane, N, 32, unroll=1):
+                key = tile_start + n
+                if key >= end:
+                    key = tile_start
+                page = mBlockTable[batch_idx, key // page_size]
+                slot = key % page_size
+                cute.copy(row_k, mK[slot, None, kvh, page], sK[n, None, state.index], mbar_ptr=bar)
+                cute.copy(row_v, mV[None, slot, kvh, page], sV[None, n, state.index], mbar_ptr=bar)
             kv_pipeline.producer_commit(state)
             state.advance()
 
@@ -566,7 +616,7 @@ class SplitKVDecodeKernel:
             tile_start = (first_tile + i) * N
             kv_pipeline.consumer_wait(state)
             op_stage = state.index
-            if cutlass.const_expr(self.fp8):
+            if cutlass.const_expr(self.staged):
                 op_stage = 0
                 # Every consumer warp has waited on its wgmmas of the previous tile (they read
                 # the operand buffers) before any overwrites them.
@@ -632,7 +682,7 @@ class SplitKVDecodeKernel:
                 cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, op_stage], acc_o)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
-            if cutlass.const_expr(not self.fp8):
+            if cutlass.const_expr(not self.staged):
                 kv_pipeline.consumer_release(state)
             state.advance()
 
