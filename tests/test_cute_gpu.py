@@ -142,12 +142,8 @@ def test_paged_decode_matches_reference(head_dim, page_size, seqlen_q, group, ca
     q, k, v, seqlens = make_inputs(case, "cuda", gen)
     k_pages, v_pages, table, k, v = to_paged(k, v, list(lengths), page_size, gen)
     assert int(table[0, 0]) == int(table[1, 0]), "rows 0 and 1 should share a page"
-    scale = 1.0 / math.sqrt(head_dim)
-    out = torch.full_like(q, float("nan"))
-    lse = torch.full((case.batch, case.num_heads, case.seqlen_q), float("nan"), device="cuda")
-    _backend().decode(q, k_pages, v_pages, seqlens, num_splits, scale, causal, out, lse, block_table=table)
-    torch.cuda.synchronize()
-    check_against_reference(out, lse, q, k, v, seqlens, causal, scale, what=f"paged {page_size} {case}")
+    _decode_paged_and_check(case, q, k, v, seqlens, k_pages, v_pages, table, num_splits, causal,
+                            f"paged {page_size} {case}")
 
 
 @pytest.mark.parametrize("page_size", [64, 256])
@@ -178,22 +174,40 @@ def test_paged_full_capacity_and_partials(page_size, cute_paged_enabled):
 def test_paged_compile_cache_and_graph_replay_with_new_table(cute_paged_enabled):
     """Page sizes and page counts are runtime values (one paged kernel per key), and a captured
     decode follows a block_table / cache_seqlens rewritten between replays (a serving step)."""
+    _check_one_kernel_across_pages([(64, (300, 70), 1024), (128, (900, 5), 1024), (256, (1024, 0), 1024)], 128)
+
+
+def _decode_paged_and_check(case, q, k, v, seqlens, k_pages, v_pages, table, num_splits, causal, what) -> None:
+    """cute decode over the paged cache into NaN-poisoned outputs, against the dense reference."""
+    scale = 1.0 / math.sqrt(case.head_dim)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((case.batch, case.num_heads, case.seqlen_q), float("nan"), device="cuda")
+    _backend().decode(q, k_pages, v_pages, seqlens, num_splits, scale, causal, out, lse, block_table=table)
+    torch.cuda.synchronize()
+    check_against_reference(out, lse, q, k, v, seqlens, causal, scale, what=what)
+
+
+def _check_one_kernel_across_pages(cases, replay_page_size: int) -> None:
+    """Decode paged caches of ``(page_size, lengths, seqlen_k)`` cases (runtime values of one
+    compiled kernel), each against the reference with no new compile after the first; then a
+    graph replay over pages of ``replay_page_size`` with a rewritten table."""
     from flashsplit.cute import compile_cache_size
     from flashsplit.testing import to_paged
 
     backend = _backend()
     sizes = []
-    for page_size, lengths in ((64, (300, 70)), (128, (900, 5)), (256, (1024, 0))):
-        case = DecodeCase(2, 1, 1024, 2, 4, 128, torch.bfloat16, lengths, 3)
-        gen = torch.Generator().manual_seed(page_size)
+    for page_size, lengths, seqlen_k in cases:
+        case = DecodeCase(2, 1, seqlen_k, 2, 4, 128, torch.bfloat16, lengths, 3)
+        gen = torch.Generator().manual_seed(page_size + seqlen_k)
         q, k, v, seqlens = make_inputs(case, "cuda", gen)
         k_pages, v_pages, table, k, v = to_paged(k, v, list(lengths), page_size, gen)
         out = torch.empty_like(q)
         backend.decode(q, k_pages, v_pages, seqlens, 3, 0.1, False, out, None, block_table=table)
+        torch.cuda.synchronize()
+        check_against_reference(out, None, q, k, v, seqlens, False, 0.1, what=f"pages of {page_size}")
         sizes.append(compile_cache_size())
-    assert sizes[0] == sizes[1] == sizes[2], sizes
-
-    _check_graph_replay_with_swapped_table(backend, 128)
+    assert len(set(sizes)) == 1, sizes
+    _check_graph_replay_with_swapped_table(backend, replay_page_size)
 
 
 def _check_graph_replay_with_swapped_table(backend, page_size: int) -> None:
@@ -490,12 +504,8 @@ def test_subtile_paged_decode_matches_reference(head_dim, page_size, seqlen_q, g
     in every slot no row uses and garbage block_table entries (10^6) past each row's last page."""
     case, q, k, v, seqlens, k_pages, v_pages, table = _subtile_inputs(
         head_dim, page_size, seqlen_q, group, causal, num_splits, page_size + head_dim + num_splits)
-    scale = 1.0 / math.sqrt(head_dim)
-    out = torch.full_like(q, float("nan"))
-    lse = torch.full((case.batch, case.num_heads, case.seqlen_q), float("nan"), device="cuda")
-    _backend().decode(q, k_pages, v_pages, seqlens, num_splits, scale, causal, out, lse, block_table=table)
-    torch.cuda.synchronize()
-    check_against_reference(out, lse, q, k, v, seqlens, causal, scale, what=f"subtile paged {page_size} {case}")
+    _decode_paged_and_check(case, q, k, v, seqlens, k_pages, v_pages, table, num_splits, causal,
+                            f"subtile paged {page_size} {case}")
 
 
 @pytest.mark.parametrize("head_dim,page_size", [(128, 8), (128, 32), (64, 16), (256, 16)])
@@ -544,11 +554,16 @@ def test_subtile_paged_narrow_table_full_capacity(page_size, cute_paged_enabled,
     check_against_reference(out, None, q, k, v, None, False, scale, what=f"full capacity {page_size}")
 
 
-@pytest.mark.parametrize("head_dim,page_size", [(128, 16), (64, 8), (256, 32)])
+@pytest.mark.parametrize("head_dim,page_size", [
+    pytest.param(128, 16, id="subtile-128-16"), pytest.param(64, 8, id="subtile-64-8"),
+    pytest.param(256, 32, id="subtile-256-32"), pytest.param(128, 1, id="gather-128-1"),
+    pytest.param(64, 48, id="gather-64-48"), pytest.param(256, 7, id="gather-256-7"),
+])
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
-def test_subtile_fp8_paged_decode_matches_reference(head_dim, page_size, fp8, cute_fp8_enabled, cute_paged_enabled,
-                                                    cute_subtile_enabled):
-    """fp8 caches with pages smaller than the tile (sub-boxes into the fp8 staging slots)."""
+def test_small_page_fp8_paged_decode_matches_reference(head_dim, page_size, fp8, cute_fp8_enabled, cute_paged_enabled,
+                                                       cute_subtile_enabled, cute_gather_enabled):
+    """fp8 caches with pages smaller than the tile: sub-boxes (8/16/32 keys) or gathered rows
+    (any other size) into the fp8 staging slots."""
     from flashsplit.cute.configs import split_tile
     from flashsplit.testing import to_paged
 
@@ -561,30 +576,13 @@ def test_subtile_fp8_paged_decode_matches_reference(head_dim, page_size, fp8, cu
     _backend().decode(q, k_pages, v_pages, seqlens, 3, scale, False, out, None, block_table=table,
                       k_descale=k_descale, v_descale=v_descale)
     torch.cuda.synchronize()
-    _check_fp8(out, None, q, k8, v8, k_descale, v_descale, seqlens, False, scale, f"subtile fp8 {page_size}")
+    _check_fp8(out, None, q, k8, v8, k_descale, v_descale, seqlens, False, scale, f"fp8 pages of {page_size}")
 
 
 def test_subtile_compile_cache_and_graph_replay_with_new_table(cute_paged_enabled, cute_subtile_enabled):
     """One kernel per sub-tile page size (page counts stay runtime values), and a captured decode
     follows a block_table / cache_seqlens rewritten between replays."""
-    from flashsplit.cute import compile_cache_size
-    from flashsplit.testing import to_paged
-
-    backend = _backend()
-    sizes = []
-    for lengths, seqlen_k in (((300, 70), 512), ((900, 5), 1024), ((1024, 0), 2048)):
-        case = DecodeCase(2, 1, seqlen_k, 2, 4, 128, torch.bfloat16, lengths, 3)
-        gen = torch.Generator().manual_seed(seqlen_k)
-        q, k, v, seqlens = make_inputs(case, "cuda", gen)
-        k_pages, v_pages, table, k, v = to_paged(k, v, list(lengths), 16, gen)
-        out = torch.empty_like(q)
-        backend.decode(q, k_pages, v_pages, seqlens, 3, 0.1, False, out, None, block_table=table)
-        torch.cuda.synchronize()
-        check_against_reference(out, None, q, k, v, seqlens, False, 0.1)
-        sizes.append(compile_cache_size())
-    assert sizes[0] == sizes[1] == sizes[2], sizes
-
-    _check_graph_replay_with_swapped_table(backend, 8)
+    _check_one_kernel_across_pages([(16, (300, 70), 512), (16, (900, 5), 1024), (16, (1024, 0), 2048)], 8)
 
 
 def test_subtile_through_decode_api(cute_paged_enabled, cute_subtile_enabled):
@@ -619,52 +617,11 @@ def test_gather_paged_decode_matches_reference(dtype, head_dim, page_size, seqle
     and garbage block_table entries (10^6) past each row's last page."""
     case, q, k, v, seqlens, k_pages, v_pages, table = _subtile_inputs(
         head_dim, page_size, seqlen_q, group, causal, num_splits, page_size + head_dim + num_splits, dtype)
-    scale = 1.0 / math.sqrt(head_dim)
-    out = torch.full_like(q, float("nan"))
-    lse = torch.full((case.batch, case.num_heads, case.seqlen_q), float("nan"), device="cuda")
-    _backend().decode(q, k_pages, v_pages, seqlens, num_splits, scale, causal, out, lse, block_table=table)
-    torch.cuda.synchronize()
-    check_against_reference(out, lse, q, k, v, seqlens, causal, scale, what=f"gathered paged {page_size} {case}")
-
-
-@pytest.mark.parametrize("head_dim,page_size", [(128, 1), (64, 48), (256, 7)])
-@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
-def test_gather_fp8_paged_decode_matches_reference(head_dim, page_size, fp8, cute_fp8_enabled, cute_paged_enabled,
-                                                   cute_gather_enabled):
-    from flashsplit.cute.configs import split_tile
-    from flashsplit.testing import to_paged
-
-    lengths = _subtile_lengths(page_size, split_tile(head_dim)[0])
-    case = DecodeCase(len(lengths), 1, SEQLEN_K, 2, 4, head_dim, torch.bfloat16, lengths, 3)
-    q, k8, v8, k_descale, v_descale, seqlens, gen = _fp8_inputs(case, fp8, True, page_size + head_dim)
-    k_pages, v_pages, table, k8, v8 = to_paged(k8, v8, list(lengths), page_size, gen)
-    scale = 1.0 / math.sqrt(head_dim)
-    out = torch.full_like(q, float("nan"))
-    _backend().decode(q, k_pages, v_pages, seqlens, 3, scale, False, out, None, block_table=table,
-                      k_descale=k_descale, v_descale=v_descale)
-    torch.cuda.synchronize()
-    _check_fp8(out, None, q, k8, v8, k_descale, v_descale, seqlens, False, scale, f"gathered fp8 {page_size}")
+    _decode_paged_and_check(case, q, k, v, seqlens, k_pages, v_pages, table, num_splits, causal,
+                            f"gathered paged {page_size} {case}")
 
 
 def test_gather_one_kernel_for_every_page_size_and_graph_replay(cute_paged_enabled, cute_gather_enabled):
     """The gathered kernel's page size is a runtime value (pages of 1, 3, 24 and 48 share one
     compiled kernel), and a captured decode follows a rewritten block table."""
-    from flashsplit.cute import compile_cache_size
-    from flashsplit.testing import to_paged
-
-    backend = _backend()
-    sizes = []
-    for page_size in (1, 3, 24, 48):
-        lengths = (700, 65)
-        case = DecodeCase(2, 1, 1024, 2, 4, 128, torch.bfloat16, lengths, 3)
-        gen = torch.Generator().manual_seed(page_size)
-        q, k, v, seqlens = make_inputs(case, "cuda", gen)
-        k_pages, v_pages, table, k, v = to_paged(k, v, list(lengths), page_size, gen)
-        out = torch.empty_like(q)
-        backend.decode(q, k_pages, v_pages, seqlens, 3, 0.1, False, out, None, block_table=table)
-        torch.cuda.synchronize()
-        check_against_reference(out, None, q, k, v, seqlens, False, 0.1, what=f"gathered pages of {page_size}")
-        sizes.append(compile_cache_size())
-    assert sizes[0] == sizes[1] == sizes[2] == sizes[3], sizes
-
-    _check_graph_replay_with_swapped_table(backend, 5)
+    _check_one_kernel_across_pages([(p, (700, 65), 1024) for p in (1, 3, 24, 48)], 5)

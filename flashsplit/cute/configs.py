@@ -225,22 +225,16 @@ def all_split_configs(subtile: bool = True) -> list[SplitConfig]:
         for paged in (False, True)
     ]
     if subtile:
+        # Paged only: the sub-tile page sizes, then one gathered key (any other page size).
         configs += [
             split_config(dtype, head_dim, causal, write_partials, True, kv_dtype, page_size)
+            for pages_of in (subtile_page_sizes, lambda head_dim: (GATHER_EXAMPLE_PAGE,))
             for kv_dtype in KV_DTYPES
             for dtype in DTYPES
             for head_dim in HEAD_DIMS
             for causal in (False, True)
             for write_partials in (False, True)
-            for page_size in subtile_page_sizes(head_dim)
-        ]
-        configs += [
-            split_config(dtype, head_dim, causal, write_partials, True, kv_dtype, GATHER_EXAMPLE_PAGE)
-            for kv_dtype in KV_DTYPES
-            for dtype in DTYPES
-            for head_dim in HEAD_DIMS
-            for causal in (False, True)
-            for write_partials in (False, True)
+            for page_size in pages_of(head_dim)
         ]
     return configs
 
@@ -253,17 +247,13 @@ def compile_check_configs() -> list[SplitConfig]:
     configs = all_split_configs(subtile=False)
     combos = [(dtype, causal, wp) for dtype in DTYPES for causal in (False, True) for wp in (False, True)]
     i = 0
-    for kv_dtype in KV_DTYPES:
-        for head_dim in HEAD_DIMS:
-            for page_size in subtile_page_sizes(head_dim):
-                dtype, causal, wp = combos[i % len(combos)]
-                configs.append(split_config(dtype, head_dim, causal, wp, True, kv_dtype, page_size))
-                i += 1
-    for kv_dtype in KV_DTYPES:
-        for head_dim in HEAD_DIMS:
-            dtype, causal, wp = combos[i % len(combos)]
-            configs.append(split_config(dtype, head_dim, causal, wp, True, kv_dtype, GATHER_EXAMPLE_PAGE))
-            i += 1
+    for pages_of in (subtile_page_sizes, lambda head_dim: (GATHER_EXAMPLE_PAGE,)):
+        for kv_dtype in KV_DTYPES:
+            for head_dim in HEAD_DIMS:
+                for page_size in pages_of(head_dim):
+                    dtype, causal, wp = combos[i % len(combos)]
+                    configs.append(split_config(dtype, head_dim, causal, wp, True, kv_dtype, page_size))
+                    i += 1
     return configs
 
 
