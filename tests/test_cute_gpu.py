@@ -443,18 +443,24 @@ def test_fp8_decode_matches_reference(head_dim, dtype, fp8, per_head, seqlen_q, 
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_fp8_paged_decode_matches_reference(head_dim, page_size, fp8, cute_fp8_enabled, cute_paged_enabled):
     """Paged fp8 caches (shuffled and shared pages, NaN in unused pages, garbage page ids)."""
+    lengths = (1000, 2 * page_size + 1, page_size - 1, 129, 1, 0)
+    _decode_fp8_paged_and_check(head_dim, page_size, fp8, lengths, page_size, f"paged fp8 {page_size}")
+
+
+def _decode_fp8_paged_and_check(head_dim, page_size, fp8, lengths, seed, what) -> None:
+    """cute decode (3 splits) over a paged fp8 cache of rows ``lengths`` (per-head descales),
+    against the reference on the dequantized cache."""
     from flashsplit.testing import to_paged
 
-    lengths = (1000, 2 * page_size + 1, page_size - 1, 129, 1, 0)
     case = DecodeCase(len(lengths), 1, SEQLEN_K, 2, 4, head_dim, torch.bfloat16, lengths, 3)
-    q, k8, v8, k_descale, v_descale, seqlens, gen = _fp8_inputs(case, fp8, True, page_size)
+    q, k8, v8, k_descale, v_descale, seqlens, gen = _fp8_inputs(case, fp8, True, seed)
     k_pages, v_pages, table, k8, v8 = to_paged(k8, v8, list(lengths), page_size, gen)
     scale = 1.0 / math.sqrt(head_dim)
     out = torch.full_like(q, float("nan"))
     _backend().decode(q, k_pages, v_pages, seqlens, 3, scale, False, out, None, block_table=table,
                       k_descale=k_descale, v_descale=v_descale)
     torch.cuda.synchronize()
-    _check_fp8(out, None, q, k8, v8, k_descale, v_descale, seqlens, False, scale, f"paged fp8 {page_size}")
+    _check_fp8(out, None, q, k8, v8, k_descale, v_descale, seqlens, False, scale, what)
 
 
 def test_fp8_through_decode_api(cute_fp8_enabled):
@@ -565,18 +571,9 @@ def test_small_page_fp8_paged_decode_matches_reference(head_dim, page_size, fp8,
     """fp8 caches with pages smaller than the tile: sub-boxes (8/16/32 keys) or gathered rows
     (any other size) into the fp8 staging slots."""
     from flashsplit.cute.configs import split_tile
-    from flashsplit.testing import to_paged
 
     lengths = _subtile_lengths(page_size, split_tile(head_dim)[0])
-    case = DecodeCase(len(lengths), 1, SEQLEN_K, 2, 4, head_dim, torch.bfloat16, lengths, 3)
-    q, k8, v8, k_descale, v_descale, seqlens, gen = _fp8_inputs(case, fp8, True, page_size + head_dim)
-    k_pages, v_pages, table, k8, v8 = to_paged(k8, v8, list(lengths), page_size, gen)
-    scale = 1.0 / math.sqrt(head_dim)
-    out = torch.full_like(q, float("nan"))
-    _backend().decode(q, k_pages, v_pages, seqlens, 3, scale, False, out, None, block_table=table,
-                      k_descale=k_descale, v_descale=v_descale)
-    torch.cuda.synchronize()
-    _check_fp8(out, None, q, k8, v8, k_descale, v_descale, seqlens, False, scale, f"fp8 pages of {page_size}")
+    _decode_fp8_paged_and_check(head_dim, page_size, fp8, lengths, page_size + head_dim, f"fp8 pages of {page_size}")
 
 
 def test_subtile_compile_cache_and_graph_replay_with_new_table(cute_paged_enabled, cute_subtile_enabled):
