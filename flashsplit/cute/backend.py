@@ -114,10 +114,8 @@ class CuteBackend(Backend):
         lse_buf = lse if lse is not None else self._lse_scratch(out)
         if lse_buf.stride() != _compact_strides(lse_buf.shape):
             raise ValueError(f"lse: expected a contiguous [B, H, L_q] tensor, got strides {lse_buf.stride()}")
-        kernel, static = self._combine_launch(out_partial, lse_partial, out)
-        raw = (out_partial.data_ptr(), lse_partial.data_ptr(), out.data_ptr(), lse_buf.data_ptr(), *static,
-               _raw_stream(out))
-        _run(kernel, raw, lambda: _combine_library_args(raw, out.dtype))
+        _launch_combine(self._combine_launch(out_partial, lse_partial, out), out_partial.data_ptr(),
+                        lse_partial.data_ptr(), out.data_ptr(), lse_buf.data_ptr(), _raw_stream(out), out.dtype)
 
     def _combine_launch(self, out_partial, lse_partial, out) -> tuple[object, tuple]:
         """The compiled combine for these shapes and its static raw arguments (sizes, strides)."""
@@ -134,9 +132,8 @@ class CuteBackend(Backend):
                       write_partials, k_descale=None, v_descale=None) -> None:
         launch = self._split_launch(q, k, v, cache_seqlens, block_table, num_splits, scale, causal, o, lse,
                                     write_partials, k_descale, v_descale)
-        raw = launch.raw(q, k, v, o.data_ptr(), lse.data_ptr(), cache_seqlens, block_table, k_descale, v_descale,
-                         _raw_stream(q))
-        _run(launch.kernel, raw, lambda: launch.library_args(raw))
+        launch.launch(q, k, v, o.data_ptr(), lse.data_ptr(), cache_seqlens, block_table, k_descale, v_descale,
+                      _raw_stream(q))
 
     def _split_launch(self, q, k, v, cache_seqlens, block_table, num_splits, scale, causal, o, lse,
                       write_partials, k_descale=None, v_descale=None) -> _SplitLaunch:
@@ -231,17 +228,12 @@ class PreparedCuteDecode:
             self._first_launch_setup(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse,
                                      buffer, partial_rows, rows)
         stream = _raw_stream(q)
-        split = self.split
-        if splits == 1:
-            raw = split.raw(q, k_cache, v_cache, out_ptr, lse_ptr, cache_seqlens, block_table, k_descale,
-                            v_descale, stream)
-            _run(split.kernel, raw, lambda: split.library_args(raw))
-            return
-        raw = split.raw(q, k_cache, v_cache, op, lp, cache_seqlens, block_table, k_descale, v_descale, stream)
-        _run(split.kernel, raw, lambda: split.library_args(raw))
-        kernel, static = self.combine
-        craw = (op, lp, out_ptr, lse_ptr, *static, stream)
-        _run(kernel, craw, lambda: _combine_library_args(craw, out.dtype))
+        # One split writes the final outputs; several write the partials, which the combine merges.
+        o_ptr, l_ptr = (out_ptr, lse_ptr) if splits == 1 else (op, lp)
+        self.split.launch(q, k_cache, v_cache, o_ptr, l_ptr, cache_seqlens, block_table, k_descale, v_descale,
+                          stream)
+        if splits > 1:
+            _launch_combine(self.combine, op, lp, out_ptr, lse_ptr, stream, out.dtype)
 
     def _first_launch_setup(self, q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse,
                             buffer, partial_rows, rows) -> None:
@@ -296,6 +288,12 @@ class _SplitLaunch:
             stream,
         )
 
+    def launch(self, q, k, v, o_ptr: int, lse_ptr: int, cache_seqlens, block_table, k_descale, v_descale,
+               stream: int) -> None:
+        """Launch the split kernel with :meth:`raw`'s arguments."""
+        raw = self.raw(q, k, v, o_ptr, lse_ptr, cache_seqlens, block_table, k_descale, v_descale, stream)
+        _run(self.kernel, raw, lambda: self.library_args(raw))
+
     def library_args(self, raw: tuple) -> tuple:
         """The same arguments as CuteDSL objects (the fallback when no FastLauncher fits)."""
         import cutlass
@@ -311,6 +309,15 @@ class _SplitLaunch:
             *(I64(x) for x in raw[33:37]),
             _stream(),
         )
+
+
+def _launch_combine(combine: tuple, op: int, lp: int, out_ptr: int, lse_ptr: int, stream: int,
+                    out_dtype: torch.dtype) -> None:
+    """Launch ``combine`` (compiled kernel, static raw arguments from ``_combine_launch``) on the
+    partials at ``op``/``lp``, writing ``out_ptr`` and ``lse_ptr``."""
+    kernel, static = combine
+    raw = (op, lp, out_ptr, lse_ptr, *static, stream)
+    _run(kernel, raw, lambda: _combine_library_args(raw, out_dtype))
 
 
 def _combine_library_args(raw: tuple, out_dtype: torch.dtype) -> tuple:

@@ -194,6 +194,11 @@ def subtile_page_sizes(head_dim: int) -> tuple[int, ...]:
 #: same compile key (this one lists it).
 GATHER_EXAMPLE_PAGE = 1
 
+
+def _gather_compile_pages(head_dim: int) -> tuple[int, ...]:
+    """The page sizes that list the gathered compile keys (one, any head dim)."""
+    return (GATHER_EXAMPLE_PAGE,)
+
 #: Gathered paging (``gather_pages``: page sizes that are neither multiples of the tile nor
 #: sub-tile sizes) is compile-checked only. Until ``pytest tests/test_cute_gpu.py -k gather``
 #: passes on an H200, ``supports()`` refuses such pages (auto keeps them on Triton); those tests
@@ -228,7 +233,7 @@ def all_split_configs(subtile: bool = True) -> list[SplitConfig]:
         # Paged only: the sub-tile page sizes, then one gathered key (any other page size).
         configs += [
             split_config(dtype, head_dim, causal, write_partials, True, kv_dtype, page_size)
-            for pages_of in (subtile_page_sizes, lambda head_dim: (GATHER_EXAMPLE_PAGE,))
+            for pages_of in (subtile_page_sizes, _gather_compile_pages)
             for kv_dtype in KV_DTYPES
             for dtype in DTYPES
             for head_dim in HEAD_DIMS
@@ -247,7 +252,7 @@ def compile_check_configs() -> list[SplitConfig]:
     configs = all_split_configs(subtile=False)
     combos = [(dtype, causal, wp) for dtype in DTYPES for causal in (False, True) for wp in (False, True)]
     i = 0
-    for pages_of in (subtile_page_sizes, lambda head_dim: (GATHER_EXAMPLE_PAGE,)):
+    for pages_of in (subtile_page_sizes, _gather_compile_pages):
         for kv_dtype in KV_DTYPES:
             for head_dim in HEAD_DIMS:
                 for page_size in pages_of(head_dim):
