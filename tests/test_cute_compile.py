@@ -282,11 +282,10 @@ def _problem(**overrides) -> DecodeProblem:
     (dict(page_size=16), "CUDA device"),
     (dict(page_size=8, head_dim=256), "CUDA device"),
     (dict(page_size=64, head_dim=64), "CUDA device"),
-    (dict(page_size=1), "page_size 1: the cute kernel needs a multiple of its 64-key tile or one of (8, 16, 32)"),
-    (dict(page_size=4), "page_size 4"),
-    (dict(page_size=24), "page_size 24"),
-    (dict(page_size=96), "page_size 96"),
-    (dict(page_size=48, head_dim=64), "multiple of its 128-key tile or one of (8, 16, 32, 64)"),
+    # Any other page size: the gathered-row kernel (GPU-verified).
+    (dict(page_size=1), "CUDA device"),
+    (dict(page_size=24), "CUDA device"),
+    (dict(page_size=48, head_dim=64), "CUDA device"),
     (dict(page_size=128, kv_dtype=torch.float8_e4m3fn), "CUDA device"),
     (dict(page_size=16, kv_dtype=torch.float8_e4m3fn), "CUDA device"),
 ])
@@ -303,8 +302,7 @@ def test_supports_reasons_on_cpu_problems(overrides, needle, cute_paged_enabled)
     (dict(page_size=32, head_dim=256), "CUDA device"),
     (dict(page_size=64, head_dim=64), "CUDA device"),
     (dict(page_size=8, kv_dtype=torch.float8_e5m2), "CUDA device"),
-    (dict(page_size=24), "page_size 24"),
-    (dict(page_size=4), "page_size 4"),
+    (dict(page_size=24), "CUDA device"),  # gathered
 ])
 def test_supports_subtile_pages_once_enabled(overrides, needle, cute_paged_enabled, cute_subtile_enabled,
                                              monkeypatch):
@@ -328,7 +326,23 @@ def test_supports_gathered_pages_once_enabled(overrides, cute_paged_enabled, cut
     reason = CuteBackend().supports(_problem(**overrides))
     assert reason is not None and ("CUDA device" in reason or "not installed" in reason), reason
     rank, why = CuteBackend().preference(_problem(**overrides))
-    assert rank < 0 and "not yet timed" in why
+    assert rank < 0 and "slower than triton" in why
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (dict(page_size=1), "page_size 1: the cute kernel needs a multiple of its 64-key tile or one of (8, 16, 32)"),
+    (dict(page_size=4), "page_size 4"),
+    (dict(page_size=96), "page_size 96"),
+    (dict(page_size=48, head_dim=64), "multiple of its 128-key tile or one of (8, 16, 32, 64)"),
+    (dict(kv_dtype=torch.float8_e5m2, page_size=96, head_dim=64), "multiple of its 128-key tile"),
+])
+def test_gathered_pages_gate_refuses_them_when_off(overrides, needle, cute_paged_enabled, monkeypatch):
+    """Switching GATHER_PAGES_VERIFIED_ON_GPU off sends other page sizes back to Triton, with the reason."""
+    from flashsplit.cute import configs
+
+    monkeypatch.setattr(configs, "GATHER_PAGES_VERIFIED_ON_GPU", False)
+    reason = CuteBackend().supports(_problem(**overrides))
+    assert reason is not None and needle in reason and "not yet verified on a GPU" in reason, reason
 
 
 def test_subtile_pages_gate_refuses_them_when_off(monkeypatch):
@@ -345,7 +359,7 @@ def test_subtile_pages_gate_refuses_them_when_off(monkeypatch):
     (dict(kv_dtype=torch.float8_e5m2, dtype=torch.float16, head_dim=256), "CUDA device"),
     (dict(kv_dtype=torch.float8_e4m3fn, page_size=128), "CUDA device"),
     (dict(kv_dtype=torch.float8_e5m2, page_size=64, head_dim=64), "CUDA device"),  # sub-tile pages
-    (dict(kv_dtype=torch.float8_e5m2, page_size=96, head_dim=64), "multiple of its 128-key tile"),
+    (dict(kv_dtype=torch.float8_e5m2, page_size=96, head_dim=64), "CUDA device"),  # gathered pages
     (dict(kv_dtype=torch.float8_e4m3fn, head_dim=96), "head_dim 96"),
 ])
 def test_supports_fp8_once_enabled(overrides, needle, cute_paged_enabled, monkeypatch):
