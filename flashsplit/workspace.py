@@ -38,3 +38,47 @@ class Workspace:
     def clear(self) -> None:
         """Drop every cached buffer (their memory returns to torch's caching allocator)."""
         self._buffers.clear()
+
+
+class ArrivalCounters:
+    """int32 counters that are zero between launches.
+
+    A split kernel that merges in its last program counts each row's finished splits here and
+    the last one sets the count back to zero, so counters zeroed once serve every later launch
+    that cannot overlap with another user of them:
+
+    - eager calls: one buffer per (device, stream) (launches on one stream never overlap);
+    - calls captured into a CUDA graph: a slice of a per-device arena, zeroed when the first eager
+      call made it, never handed out again (a graph may be replayed on any stream, beside eager
+      calls and other graphs). Without an arena, or once it is used up, a fresh zeroed tensor
+      (its memset is then a node of the graph).
+    """
+
+    ARENA_COUNTERS = 1 << 20  # 4 MiB per device: ~500 captured calls of 64 rows x 32 q heads
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[int, int], torch.Tensor] = {}
+        self._arenas: dict[int, list] = {}  # device index -> [arena tensor, next free offset]
+
+    def get(self, device: torch.device, numel: int) -> torch.Tensor:
+        if device.type != "cuda":
+            return torch.zeros(numel, dtype=torch.int32, device=device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if torch.cuda.is_current_stream_capturing():
+            arena = self._arenas.get(index)
+            if arena is not None and arena[1] + numel <= arena[0].numel():
+                arena[1] += numel
+                return arena[0][arena[1] - numel: arena[1]]
+            return torch.zeros(numel, dtype=torch.int32, device=device)
+        if index not in self._arenas:
+            self._arenas[index] = [torch.zeros(self.ARENA_COUNTERS, dtype=torch.int32, device=device), 0]
+        key = (index, torch._C._cuda_getCurrentRawStream(index))
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.numel() < numel:
+            buffer = torch.zeros(max(numel, 1024), dtype=torch.int32, device=device)
+            self._buffers[key] = buffer
+        return buffer
+
+    def clear(self) -> None:
+        """Drop the eager buffers (the arena stays: captured graphs may still use its slices)."""
+        self._buffers.clear()

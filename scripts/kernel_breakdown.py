@@ -6,6 +6,7 @@ for comparison. Where the two differ, the rest is launch gaps between the kernel
 
     python scripts/kernel_breakdown.py                       # on the H200
     python scripts/kernel_breakdown.py --cells 1x4k 1x128k --backends triton cute
+    python scripts/kernel_breakdown.py --backends triton triton-combine   # last-split merge vs combine kernel
 """
 
 from __future__ import annotations
@@ -16,8 +17,12 @@ import collections
 import torch
 
 import flashsplit
+import flashsplit.registry
 from flashsplit.bench.cases import parse_seqlen
 from flashsplit.bench.timing import TimingConfig, time_graph
+from flashsplit.triton.backend import TritonBackend
+
+MERGE_MAX_SPLITS = TritonBackend.merge_max_splits
 
 DEFAULT_CELLS = ["1x4k", "1x16k", "1x128k", "4x16k", "16x16k", "64x4k"]
 
@@ -64,7 +69,11 @@ def main() -> None:
         plan = flashsplit.plan(batch, seqlen_k, heads, heads_kv, 128, dtype=torch.bfloat16, device="cuda")
         print(f"== B={batch} L_k={seqlen_k} {heads}/{heads_kv} d=128 bf16: {plan.num_splits} splits ({plan.backend})")
         for backend in args.backends:
-            def run(i, backend=backend, sets=sets, lens=lens):
+            # "triton-combine": Triton with a separate combine kernel instead of the last split's merge.
+            TritonBackend.merge_max_splits = 0 if backend == "triton-combine" else MERGE_MAX_SPLITS
+            flashsplit.registry.invalidate()
+
+            def run(i, backend=backend.removesuffix("-combine"), sets=sets, lens=lens):
                 q, k, v = sets[i]
                 return flashsplit.decode(q, k, v, cache_seqlens=lens, backend=backend)
             try:

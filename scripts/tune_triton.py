@@ -45,7 +45,8 @@ def use_tiles(block_n: int, num_warps: int, num_stages: int) -> None:
 _ORIGINAL_CHOOSE = tb.choose_tiles
 
 
-def run_cell(batch: int, seqlen_k: int, device: str, check_only: bool, fp8: bool = False) -> list[tuple]:
+def run_cell(batch: int, seqlen_k: int, device: str, check_only: bool, fp8: bool = False,
+             variants: list | None = None, split_counts: list | None = None) -> list[tuple]:
     heads, heads_kv, dim = 32, 8, 128
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
     kv_elem = 1 if fp8 else 2
@@ -69,10 +70,13 @@ def run_cell(batch: int, seqlen_k: int, device: str, check_only: bool, fp8: bool
     # heuristic's count (one of each is enough to exercise the plumbing on the CPU).
     default = _ORIGINAL_CHOOSE(heads // heads_kv, dim, fp8_cache=fp8)
     default = (default.block_n, default.num_warps, default.num_stages)
-    variants = FP8_VARIANTS if fp8 else VARIANTS
-    splits = {chosen} if check_only else {max(1, chosen * f // 4) for f in (2, 3, 4, 5, 6, 8)} | {16, 24, 32, 48, 64}
-    runs = [(default, s) for s in sorted(x for x in splits if x <= 256)]
-    runs += [(variant, chosen) for variant in (variants[:1] if check_only else variants) if variant != default]
+    if variants is not None:  # every listed variant at every listed split count
+        runs = [(v, s) for v in variants for s in (split_counts or [chosen])]
+    else:
+        variants = FP8_VARIANTS if fp8 else VARIANTS
+        splits = {chosen} if check_only else {max(1, chosen * f // 4) for f in (2, 3, 4, 5, 6, 8)} | {16, 24, 32, 48, 64}
+        runs = [(default, s) for s in sorted(x for x in splits if x <= 256)]
+        runs += [(variant, chosen) for variant in (variants[:1] if check_only else variants) if variant != default]
     results = []
     for (block_n, warps, stages), num_splits in runs:
         use_tiles(block_n, warps, stages)
@@ -103,13 +107,18 @@ def main() -> None:
     parser.add_argument("--check-only", action="store_true", help="run each variant once, no timing (CPU-friendly)")
     parser.add_argument("--fp8", action="store_true", help="fp8 e4m3 caches (scales 1) and their tile variants")
     parser.add_argument("--cells", nargs="+", metavar="BxL", help="cells as batch x keys, e.g. 1x131072")
+    parser.add_argument("--variants", nargs="+", metavar="N:W:S",
+                        help="tile variants block_n:warps:stages (instead of the default sweep)")
+    parser.add_argument("--splits", nargs="+", type=int, help="split counts to time each --variants entry at")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cells = (FP8_CELLS if args.fp8 else CELLS) if device == "cuda" else [(2, 300)]
     if args.cells:
         cells = [tuple(int(x) for x in c.split("x")) for c in args.cells]
     for batch, seqlen_k in cells:
-        results = run_cell(batch, seqlen_k, device, args.check_only or device == "cpu", args.fp8)
+        variants = [tuple(int(x) for x in v.split(":")) for v in args.variants] if args.variants else None
+        results = run_cell(batch, seqlen_k, device, args.check_only or device == "cpu", args.fp8, variants,
+                           args.splits)
         bad = [r for r in results if not (r[5] < 5e-2)]
         if bad:
             print(f"  {len(bad)} variant(s) failed or were wrong: {bad[:3]}")

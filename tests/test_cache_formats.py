@@ -58,9 +58,12 @@ def test_page_table_alias_and_plan(generator):
     a = flashsplit.decode(q, k_pages, v_pages, page_table=table, cache_seqlens=seqlens, num_splits=1)
     b = flashsplit.decode(q, k_pages, v_pages, block_table=table, cache_seqlens=seqlens, num_splits=1)
     assert torch.equal(a, b)
-    # 24-key pages are no multiple of the 8-key rows cute's TMA boxes start on: only Triton can.
+    # 24-key pages are no multiple of the 8-key rows cute's TMA boxes start on: cute gathers them
+    # row by row, measured slower than Triton, so auto plans Triton (on a CPU: cute needs CUDA).
     p = flashsplit.plan(2, table.shape[1] * 24, 4, 1, 64, page_size=24, device=DEVICE)
-    assert p.backend == "triton" and "cute: paged KV with page_size 24" in p.backend_reason, p.backend_reason
+    assert p.backend == "triton", p.backend_reason
+    if DEVICE == "cuda" and "cute" in flashsplit.backends():
+        assert "also able: cute" in p.backend_reason, p.backend_reason
 
 
 # fp8 caches run their dots in fp16 whatever q's dtype, so bf16 q is exact on the CPU too.

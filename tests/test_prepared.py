@@ -136,14 +136,17 @@ def test_misaligned_out_clears_the_16_byte_flag_and_still_decodes(generator):
     torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
 
 
-def test_prepared_triton_replay_passes_addresses_in_kernel_order(generator, monkeypatch):
+@pytest.mark.parametrize("merge", [True, False])
+def test_prepared_triton_replay_passes_addresses_in_kernel_order(merge, generator, monkeypatch):
     """After the first call, PreparedDecode hands its Relaunch handles device addresses (ints;
     None where the kernel was compiled without that pointer), the partials at the workspace's
-    base and right after the rows * head_dim outputs. Fakes stand in for the compiled kernels."""
+    base and right after the rows * head_dim outputs; the arrival counters last when the split
+    kernel merges, else a combine launch follows. Fakes stand in for the compiled kernels."""
     from flashsplit.registry import get
     from flashsplit.triton.backend import PreparedDecode
 
     backend = get("triton")
+    monkeypatch.setattr(backend, "merge_max_splits", 256 if merge else 0)
     q, k, v = _inputs(generator, batch=2, heads=(8, 2), dim=32)
     lens = torch.tensor([300, 9], dtype=torch.int32, device=DEVICE)
     out, lse = torch.empty_like(q), torch.empty(2, 8, 1, device=DEVICE)
@@ -151,18 +154,23 @@ def test_prepared_triton_replay_passes_addresses_in_kernel_order(generator, monk
     calls = []
     prepared.split = lambda ptrs: calls.append(("split", ptrs))
     prepared.combine = lambda ptrs: calls.append(("combine", ptrs))
-    bases = []
-    real_buffer = backend._workspace.buffer
+    bases, counters = [], []
+    real_buffer, real_arrivals = backend._workspace.buffer, backend._arrivals_for
     monkeypatch.setattr(backend._workspace, "buffer", lambda *a: bases.append(real_buffer(*a)) or bases[-1])
+    monkeypatch.setattr(backend, "_arrivals_for", lambda q: counters.append(real_arrivals(q)) or counters[-1])
     prepared(q, k, v, lens, None, None, None, out, lse)
-    (name_s, split), (name_c, comb) = calls
     op = bases[0].data_ptr()
     lp = op + 3 * 2 * 1 * 8 * 32 * 4  # splits x batch x L_q x heads x head_dim fp32
     assert bases[0].numel() >= 3 * 2 * 8 * 33
-    assert (name_s, name_c) == ("split", "combine")
-    assert split == (q.data_ptr(), k.data_ptr(), v.data_ptr(), lens.data_ptr(), None, None, None, op, lp,
-                     out.data_ptr(), lse.data_ptr())
-    assert comb == (op, lp, lens.data_ptr(), out.data_ptr(), lse.data_ptr())
+    addresses = (q.data_ptr(), k.data_ptr(), v.data_ptr(), lens.data_ptr(), None, None, None, op, lp,
+                 out.data_ptr(), lse.data_ptr())
+    if merge:
+        assert calls == [("split", (*addresses, counters[0].data_ptr()))]
+        assert counters[0].numel() >= 2 * 2 and int(counters[0].abs().sum()) == 0  # [B, H_kv x row blocks]
+    else:
+        assert calls == [("split", (*addresses, None)), ("combine", (op, lp, lens.data_ptr(), out.data_ptr(),
+                                                                      lse.data_ptr()))]
+        assert counters == []
 
 
 class _FakeCompiled:

@@ -156,3 +156,57 @@ def test_tile_stages_follow_the_h200_sweep():
     assert choose_tiles(4, 128, num_splits=32, programs=256, split_keys=128).block_n == 32
     assert choose_tiles(4, 128, num_splits=32, programs=256, split_keys=512).block_n == 64
     assert choose_tiles(4, 128, num_splits=1, programs=8, split_keys=128).block_n == 64
+
+
+@pytest.mark.parametrize("lengths", [(600, 129, 0), (600, 600, 600), (0, 0, 0)])
+def test_last_split_merge_matches_the_combine_kernel(lengths, generator, monkeypatch):
+    """The split kernel's last-program merge and the separate combine kernel give
+    the same out and lse (fp32 rounding), rows of one split, full rows and empty rows alike, and
+    every arrival counter is back at zero after the launch."""
+    from flashsplit.registry import get, invalidate
+    from flashsplit.triton.backend import PreparedDecode, TritonBackend
+
+    case = DecodeCase(batch=3, seqlen_q=2, seqlen_k=600, num_heads_kv=2, group=5, head_dim=64,
+                      dtype=torch.float16, lengths=lengths, causal=True)
+    q, k, v, seqlens = make_inputs(case, DEVICE, generator)
+    results = {}
+    for merge in (True, False):
+        monkeypatch.setattr(TritonBackend, "merge_max_splits", 256 if merge else 0)
+        invalidate()
+        out, lse = flashsplit.decode(q, k, v, cache_seqlens=seqlens, num_splits=5, causal=True, return_lse=True,
+                                     backend="triton")
+        check_against_reference(out, lse, q, k, v, seqlens, True)
+        results[merge] = (out, lse)
+    invalidate()
+    torch.testing.assert_close(results[True][0], results[False][0], atol=2e-3, rtol=1e-3)
+    torch.testing.assert_close(results[True][1], results[False][1], atol=1e-5, rtol=1e-5)
+    # The counters: one launch with a known buffer, which must end all zeros.
+    backend = get("triton")
+    arrivals = torch.zeros(3 * 2 * 10, dtype=torch.int32, device=DEVICE)
+    monkeypatch.setattr(backend, "_arrivals_for", lambda q: arrivals)
+    monkeypatch.setattr(backend, "merge_max_splits", 256)
+    out = torch.full_like(q, POISON)
+    PreparedDecode(backend, 5, 0.125, True)(q, k, v, seqlens, None, None, None, out, None)
+    check_against_reference(out, None, q, k, v, seqlens, True, 0.125)
+    assert int(arrivals.abs().sum()) == 0
+
+
+def test_arrival_counters_are_zeroed_once_per_stream():
+    from flashsplit.workspace import ArrivalCounters
+
+    counters = ArrivalCounters()
+    a = counters.get(torch.device(DEVICE), 10)
+    assert a.dtype == torch.int32 and a.numel() >= 10 and int(a.abs().sum()) == 0
+    if DEVICE == "cuda":  # the stream's buffer is reused (its kernels leave it zero)
+        assert counters.get(torch.device(DEVICE), 10).data_ptr() == a.data_ptr()
+
+
+def test_merge_only_for_few_splits():
+    """The last split merges up to merge_max_splits splits; more take the combine kernel (H200)."""
+    from flashsplit.registry import get
+    from flashsplit.triton.backend import PreparedDecode
+
+    backend = get("triton")
+    limit = backend.merge_max_splits
+    assert 2 <= limit < 8
+    assert PreparedDecode(backend, limit, 0.1, False).merge and not PreparedDecode(backend, limit + 1, 0.1, False).merge

@@ -59,14 +59,18 @@ def split_variants():
     for has_seqlens, causal, write_lse in itertools.product([False, True], repeat=3):
         common = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=has_seqlens, CAUSAL=causal)
         yield dict(common, HAS_PARTIALS=False, FINAL_FOR_SINGLE_SPLIT_ROWS=False, WRITE_LSE=write_lse, HAS_OUT=True)
-        yield dict(common, HAS_PARTIALS=True, FINAL_FOR_SINGLE_SPLIT_ROWS=has_seqlens, WRITE_LSE=write_lse,
-                   HAS_OUT=True)
+        for merge in (False, True):  # a combine kernel follows, or the last split merges
+            yield dict(common, HAS_PARTIALS=True, FINAL_FOR_SINGLE_SPLIT_ROWS=has_seqlens, WRITE_LSE=write_lse,
+                       HAS_OUT=True, MERGE_IN_LAST_SPLIT=merge)
         yield dict(common, HAS_PARTIALS=True, FINAL_FOR_SINGLE_SPLIT_ROWS=False, WRITE_LSE=False, HAS_OUT=False)
     for paged, kv in itertools.product([False, True], ["same", "fp8e4nv", "fp8e5"]):
         yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,
                    FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=paged, KV=kv)
     yield dict(BLOCK_M=16, BLOCK_N=128, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,  # dense fp8,
                FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, KV="fp8e4nv")  # long splits
+    yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,  # fp8,
+               FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, KV="fp8e4nv",  # merged in the
+               MERGE_IN_LAST_SPLIT=True)  # last split
     for page_size in (1, 48, 128):  # page sizes are constexprs (16 above)
         yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,
                    FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=True, PAGE=page_size)
@@ -91,7 +95,9 @@ def main() -> int:
             flags["PAGE_SIZE"] = page_size
             flags["CHUNK_TILES"], flags["CHUNK_PAGES"] = _page_chunk(page_size, flags["BLOCK_N"])
             flags["HAS_DESCALE"] = kv != dtype
-            flags["LAUNCH_DEPENDENTS"] = flags["HAS_PARTIALS"] and has_out  # decode: the combine follows (PDL)
+            flags.setdefault("MERGE_IN_LAST_SPLIT", False)
+            # decode without merging: the combine follows (PDL)
+            flags["LAUNCH_DEPENDENTS"] = flags["HAS_PARTIALS"] and has_out and not flags["MERGE_IN_LAST_SPLIT"]
             pointers = {"Q": f"*{dtype}", "K": f"*{kv}", "V": f"*{kv}", "OUT": f"*{dtype}" if has_out else None,
                         "BLOCK_TABLE": "*i32" if flags["PAGED"] else None,
                         "K_DESCALE": "*fp32" if flags["HAS_DESCALE"] else None,
@@ -99,11 +105,16 @@ def main() -> int:
                         "SEQLENS": "*i32" if flags["HAS_SEQLENS"] else None,
                         "OUT_PARTIAL": "*fp32" if flags["HAS_PARTIALS"] else None,
                         "LSE_PARTIAL": "*fp32" if flags["HAS_PARTIALS"] else None,
-                        "LSE": "*fp32" if flags["WRITE_LSE"] else None}
+                        "LSE": "*fp32" if flags["WRITE_LSE"] else None,
+                        "ARRIVALS": "*i32" if flags["MERGE_IN_LAST_SPLIT"] else None}
             started = time.perf_counter()
             ptx = compile_variant(split_kv_kernel, pointers, {**flags, "GRANULE": 128, "RUNTIME_BOUND_WHILE": False},
                                   floats=("qk_scale_log2",))
             assert "mma" in ptx, "the split kernel's dots should use tensor cores"
+            if flags["MERGE_IN_LAST_SPLIT"]:
+                # The last split's merge: a gpu-scope acq_rel count, partials read through L2.
+                assert re.search(r"atom\.global\.gpu\.acq_rel\.add", ptx), f"no arrival count: {flags}"
+                assert "ld.global.cg" in ptx, f"merge reads partials through L1: {flags}"
             if flags["BLOCK_N"] == 64 and flags["HAS_PARTIALS"] and has_out and kv == dtype:
                 # K/V tiles stream through a 3-stage cp.async pipeline, two tiles in flight, in the
                 # dense and the paged kernel alike (paged used to wait for every tile: wait_group 0).

@@ -15,7 +15,7 @@ import triton
 from ..plan import SPLIT_GRANULE, cdiv, splits_used, tokens_per_split
 from ..problem import DecodeProblem
 from ..registry import Backend
-from ..workspace import Workspace
+from ..workspace import ArrivalCounters, Workspace
 from . import interpreter_active
 from .combine_kernel import combine_kernel
 from .launch import Relaunch, launch
@@ -78,8 +78,17 @@ class TritonBackend(Backend):
     name = "triton"
     priority = 0
 
+    #: Up to this many splits, the split kernel's last program per row tile merges the partials
+    #: (one launch per decode step) instead of a combine kernel. H200, 32/8 heads, d = 128: 2 splits
+    #: (B = 16, 4k / 16k) 65.8 / 240.4 us merged vs 67.9 / 242.6 with the combine kernel, but 8
+    #: splits (B = 4, 16k) 67.4 vs 66.7 and 32 (B = 1, 4k) 19.6 vs 10.6: one program then reads
+    #: every split's partial one after another, where the combine (launched early, as a
+    #: programmatic dependent) reads them all at once over many programs.
+    merge_max_splits = 4
+
     def __init__(self) -> None:
         self._workspace = Workspace()
+        self._arrivals = ArrivalCounters()
 
     def supports(self, problem: DecodeProblem) -> str | None:
         if problem.device_type == "cuda":
@@ -104,7 +113,9 @@ class TritonBackend(Backend):
 
     def _launch_split(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
                       out_partial, lse_partial, out, lse, final_for_single_split_rows: bool,
-                      block_table=None, k_descale=None, v_descale=None) -> Relaunch | None:
+                      block_table=None, k_descale=None, v_descale=None, arrivals=None) -> Relaunch | None:
+        """The split kernel; with ``arrivals`` (:meth:`_arrivals_for`) its last program per row
+        merges the partials into ``out``/``lse`` (no combine kernel follows)."""
         batch, seqlen_q, num_heads, head_dim = q.shape
         num_heads_kv = k_cache.shape[2]
         seqlen_k = _capacity(k_cache, block_table)
@@ -117,7 +128,7 @@ class TritonBackend(Backend):
                              block_table is not None)
         grid = (num_splits, batch, num_heads_kv * row_blocks)
         tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale,
-                   out_partial, lse_partial, out, lse)
+                   out_partial, lse_partial, out, lse, arrivals)
         tail = (
             *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
             *_strides(out_partial, 4), *_strides(lse_partial, 3),
@@ -137,8 +148,10 @@ class TritonBackend(Backend):
             final_for_single_split_rows,
             lse is not None,  # WRITE_LSE
             interpreter_active(),  # RUNTIME_BOUND_WHILE
-            out_partial is not None and _pdl(q),  # LAUNCH_DEPENDENTS: the combine follows
+            out_partial is not None and arrivals is None and out is not None and _pdl(q),  # LAUNCH_DEPENDENTS:
+            #                                                                  the combine follows
             *_page_chunk(page_size, tiles.block_n),  # CHUNK_TILES, CHUNK_PAGES
+            arrivals is not None,  # MERGE_IN_LAST_SPLIT
         )
         return launch(split_kv_kernel, grid, tensors, tail,
                       dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages))
@@ -165,6 +178,12 @@ class TritonBackend(Backend):
         )
         return launch(combine_kernel, grid, tensors, tail,
                       dict(num_warps=4 if head_dim >= 128 else 2, launch_pdl=pdl))
+
+    def _arrivals_for(self, q: torch.Tensor) -> torch.Tensor:
+        """Zeroed int32 counters, one per split-kernel row tile ``[B, H_kv x row_blocks]`` (a
+        bound on it: one per q head and query position)."""
+        batch, seqlen_q, num_heads, _ = q.shape
+        return self._arrivals.get(q.device, batch * seqlen_q * num_heads)
 
     def _alloc_partials(self, q: torch.Tensor, num_splits: int, scratch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """``out_partial`` ``[S, B, L_q, H, D]`` and ``lse_partial`` ``[S, B, H, L_q]``, fp32, both
@@ -215,6 +234,7 @@ class PreparedDecode:
         self.num_splits = num_splits  # as launched (see _splits_launched)
         self.softmax_scale = softmax_scale
         self.causal = causal
+        self.merge = num_splits <= backend.merge_max_splits  # fixed per prepared launch (its compiled kernel)
         self.split: Relaunch | None = None
         self.combine: Relaunch | None = None
 
@@ -224,16 +244,17 @@ class PreparedDecode:
             if self.split is not None:
                 self.split((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _address(cache_seqlens),
                             _address(block_table), _address(k_descale), _address(v_descale), None, None,
-                            out.data_ptr(), _address(lse)))
+                            out.data_ptr(), _address(lse), None))
             else:
                 self.split = self.backend._launch_split(
                     q, k_cache, v_cache, cache_seqlens, 1, self.softmax_scale, self.causal, None, None, out, lse,
                     final_for_single_split_rows=True, block_table=block_table, k_descale=k_descale,
                     v_descale=v_descale)
             return
-        # Rows whose live keys fit in one split skip the partials, and the combine skips them.
+        # Rows whose live keys fit in one split skip the partials, and the merge skips them.
         shortcut = cache_seqlens is not None
-        if self.split is not None and self.combine is not None:
+        merge = self.merge
+        if self.split is not None and (merge or self.combine is not None):
             batch, seqlen_q, num_heads, head_dim = q.shape
             rows = num_splits * batch * seqlen_q * num_heads
             # The workspace holds out_partial then lse_partial (the layout _alloc_partials views).
@@ -241,18 +262,22 @@ class PreparedDecode:
             op = buffer.data_ptr()
             lp = op + rows * head_dim * 4
             seqlens, out_ptr, lse_ptr = _address(cache_seqlens), out.data_ptr(), _address(lse)
+            arrivals = self.backend._arrivals_for(q) if merge else None
             self.split((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), seqlens, _address(block_table),
-                        _address(k_descale), _address(v_descale), op, lp, out_ptr, lse_ptr))
-            self.combine((op, lp, seqlens, out_ptr, lse_ptr))
+                        _address(k_descale), _address(v_descale), op, lp, out_ptr, lse_ptr, _address(arrivals)))
+            if not merge:
+                self.combine((op, lp, seqlens, out_ptr, lse_ptr))
             return
         out_partial, lse_partial = self.backend._alloc_partials(q, num_splits)
+        arrivals = self.backend._arrivals_for(q) if merge else None
         self.split = self.backend._launch_split(
             q, k_cache, v_cache, cache_seqlens, num_splits, self.softmax_scale, self.causal, out_partial,
             lse_partial, out, lse, final_for_single_split_rows=shortcut, block_table=block_table,
-            k_descale=k_descale, v_descale=v_descale)
-        self.combine = self.backend._launch_combine(
-            out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows=shortcut,
-            seqlen_k=_capacity(k_cache, block_table), after_split=True)
+            k_descale=k_descale, v_descale=v_descale, arrivals=arrivals)
+        if not merge:
+            self.combine = self.backend._launch_combine(
+                out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows=shortcut,
+                seqlen_k=_capacity(k_cache, block_table), after_split=True)
 
 
 def _splits_launched(num_splits: int, has_cache_seqlens: bool, capacity: int) -> int:

@@ -51,16 +51,11 @@ def chunk_page_ids(bt_row, c0, seqlen, PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.
 
 
 @triton.jit
-def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
-                n0, end, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
-                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PAGED: tl.constexpr,
-                PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr):
-    """Online-softmax update of (max, sum, acc) with keys [n0, n0 + BLOCK_N) of a split ending at end.
-
-    fp8 caches are converted to q's dtype in registers (exact for e4m3/e5m2 into fp16), q being
-    fp16 then (:func:`q_for_fp16_dots`, with ``qk_scale_log2`` a ``[BLOCK_M, 1]`` row scale);
-    their scales are folded into ``qk_scale_log2`` (K) and applied to the output (V).
-    """
+def load_kv_tile(k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
+                 n0, end, head_dim, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGED: tl.constexpr,
+                 PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr):
+    """K^T ``[BLOCK_D, BLOCK_N]`` and V ``[BLOCK_N, BLOCK_D]`` of keys [n0, n0 + BLOCK_N), in the
+    cache's dtype; keys at or past ``end`` are not read (0)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_n = offs_n < end
@@ -69,6 +64,22 @@ def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, s
                                  stride_vn, PAGED, PAGE_SIZE, CHUNK_PAGES)
     # Masked loads: cache slots past the row's end may hold NaN and are never read.
     kt = tl.load(k_base + k_tok[None, :] + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+    v = tl.load(v_base + v_tok[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    return kt, v
+
+
+@triton.jit
+def softmax_update(q, kt, v, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2,
+                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """Online-softmax update of (max, sum, acc) with the loaded tile ``kt``, ``v`` of keys
+    [n0, n0 + BLOCK_N) of a split ending at ``end``.
+
+    fp8 caches are converted to q's dtype in registers (exact for e4m3/e5m2 into fp16), q being
+    fp16 then (:func:`q_for_fp16_dots`, with ``qk_scale_log2`` a ``[BLOCK_M, 1]`` row scale);
+    their scales are folded into ``qk_scale_log2`` (K) and applied to the output (V).
+    """
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < end
     s = tl.dot(q, kt.to(q.dtype)) * qk_scale_log2
     visible = mask_n[None, :]
     if CAUSAL:
@@ -80,9 +91,19 @@ def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, s
     alpha = tl.exp2(m_i - m_shift)
     p = tl.exp2(s - m_shift[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = tl.load(v_base + v_tok[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
     acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
     return m_new, l_i, acc
+
+
+@triton.jit
+def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
+                n0, end, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PAGED: tl.constexpr,
+                PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr):
+    """:func:`load_kv_tile` then :func:`softmax_update` of keys [n0, n0 + BLOCK_N)."""
+    kt, v = load_kv_tile(k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb,
+                         stride_vn, n0, end, head_dim, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, CHUNK_PAGES)
+    return softmax_update(q, kt, v, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2, BLOCK_N, CAUSAL)
 
 
 @triton.jit
@@ -148,9 +169,77 @@ def store_partial(OUT_PARTIAL, LSE_PARTIAL, out, lse, split, b, offs_m, offs_hq,
 
 
 @triton.jit
+def merge_one_split(lse_ptrs, o_ptrs, s, m, total, acc, mask_out, mask_r, stride_ops, stride_lps):
+    """Fold split ``s``'s partial into the running (max, total, acc) of :func:`merge_splits`."""
+    s64 = s.to(tl.int64)
+    lse_s = tl.load(lse_ptrs + s64 * stride_lps, mask=mask_r, other=float("-inf"), cache_modifier=".cg")
+    o_s = tl.load(o_ptrs + s64 * stride_ops, mask=mask_out, other=0.0, cache_modifier=".cg")
+    m_new = tl.maximum(m, lse_s)
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    rescale = tl.exp(m - m_shift)  # 0 while m is -inf
+    weight = tl.where(lse_s == float("-inf"), 0.0, tl.exp(lse_s - m_shift))
+    return m_new, total * rescale + weight, acc * rescale[:, None] + weight[:, None] * o_s
+
+
+@triton.jit
+def merge_splits(OUT_PARTIAL, LSE_PARTIAL, b, offs_m, offs_hq, offs_d, mask_out, mask_r, num_splits,
+                 stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph,
+                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, RUNTIME_BOUND_WHILE: tl.constexpr):
+    """The merge of a tile's ``num_splits`` partials (what the combine kernel computes, in one pass):
+    returns ``out`` ``[BLOCK_M, BLOCK_D]`` fp32 and ``lse`` ``[BLOCK_M]`` (natural log).
+
+    Online over the splits: the running max ``m``, ``total = sum exp(lse_s - m)`` and
+    ``acc = sum exp(lse_s - m) * O_s`` are rescaled when ``m`` grows. A split with
+    ``lse_s = -inf`` (no visible key) weighs 0; a row where every split is empty gets O = 0 and
+    LSE = -inf. The partials were written by other SMs: loaded through L2 (``.cg``).
+    """
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    lse_ptrs = LSE_PARTIAL + b * stride_lpb + offs_hq * stride_lph + offs_m
+    o_ptrs = OUT_PARTIAL + b * stride_opb + offs_m[:, None] * stride_opm + offs_hq[:, None] * stride_oph + offs_d[None, :]
+    if RUNTIME_BOUND_WHILE:  # the CPU interpreter takes no runtime range() bound (triton 3.6)
+        s = tl.full([], 0, tl.int32)
+        while s < num_splits:
+            m, total, acc = merge_one_split(lse_ptrs, o_ptrs, s, m, total, acc, mask_out, mask_r, stride_ops, stride_lps)
+            s += 1
+    else:
+        for s in range(0, num_splits):
+            m, total, acc = merge_one_split(lse_ptrs, o_ptrs, s, m, total, acc, mask_out, mask_r, stride_ops, stride_lps)
+    has_keys = total > 0.0
+    safe_total = tl.where(has_keys, total, 1.0)
+    lse = tl.where(has_keys, m + tl.log(safe_total), float("-inf"))
+    return acc / safe_total[:, None], lse
+
+
+@triton.jit
+def store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, out, lse, split, b, offs_m, offs_hq, offs_d,
+                            mask_out, mask_r, num_splits, stride_ops, stride_opb, stride_opm, stride_oph, stride_lps,
+                            stride_lpb, stride_lph, stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
+                            BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, WRITE_LSE: tl.constexpr,
+                            RUNTIME_BOUND_WHILE: tl.constexpr, MERGE_IN_LAST_SPLIT: tl.constexpr):
+    """:func:`store_partial`; with MERGE_IN_LAST_SPLIT, the row tile's last split to arrive then
+    merges every split's partial (:func:`merge_splits`) into ``OUT``/``LSE``."""
+    store_partial(OUT_PARTIAL, LSE_PARTIAL, out, lse, split, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
+                  stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph)
+    if MERGE_IN_LAST_SPLIT:
+        # Every thread's partial stores come before the count (bar.sync; the atomic is a gpu-scope
+        # release), and the last program's reads come after it (acquire): it sees every split.
+        tl.debug_barrier()
+        arrivals = ARRIVALS + b * tl.num_programs(2) + tl.program_id(2)
+        if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+            tl.store(arrivals, 0)  # every program of this row tile has counted: reset for the next launch
+            merged, merged_lse = merge_splits(OUT_PARTIAL, LSE_PARTIAL, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
+                                              num_splits, stride_ops, stride_opb, stride_opm, stride_oph, stride_lps,
+                                              stride_lpb, stride_lph, BLOCK_M, BLOCK_D, RUNTIME_BOUND_WHILE)
+            store_final(OUT, LSE, merged, merged_lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
+                        stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE)
+
+
+@triton.jit
 def split_kv_kernel(
     Q, K, V, SEQLENS, BLOCK_TABLE, K_DESCALE, V_DESCALE,
-    OUT_PARTIAL, LSE_PARTIAL, OUT, LSE,
+    OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -175,6 +264,7 @@ def split_kv_kernel(
     LAUNCH_DEPENDENTS: tl.constexpr = False,
     CHUNK_TILES: tl.constexpr = 0,
     CHUNK_PAGES: tl.constexpr = 0,
+    MERGE_IN_LAST_SPLIT: tl.constexpr = False,
 ):
     """Attention of one split of one row's keys for one tile of packed (query, q head) rows.
 
@@ -182,6 +272,11 @@ def split_kv_kernel(
     (natural log, -inf when no key is visible). With FINAL_FOR_SINGLE_SPLIT_ROWS, a row whose
     keys fit in one split instead gets its final ``OUT[b, m, hq, :]`` (q dtype) and
     ``LSE[b, hq, m]`` from split 0, and the combine skips it.
+
+    With MERGE_IN_LAST_SPLIT no combine kernel follows: each program counts itself in
+    ``ARRIVALS[b, kv head x row block]`` (int32, zero between launches) once its partial is
+    written, and the last of the row's ``num_splits`` programs merges all of them
+    (:func:`merge_splits`), writes ``OUT``/``LSE`` and sets the count back to zero.
     """
     if LAUNCH_DEPENDENTS:
         # Programmatic dependent launch (sm_90+): once every program has started, the combine
@@ -260,11 +355,15 @@ def split_kv_kernel(
         store_final(OUT, LSE, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
                     stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE)
     elif not FINAL_FOR_SINGLE_SPLIT_ROWS:  # partials for every row (forward_partials: no OUT)
-        store_partial(OUT_PARTIAL, LSE_PARTIAL, out, lse, split, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
-                      stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph)
+        store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, out, lse, split, b, offs_m, offs_hq,
+                                offs_d, mask_out, mask_r, num_splits, stride_ops, stride_opb, stride_opm, stride_oph,
+                                stride_lps, stride_lpb, stride_lph, stride_ob, stride_om, stride_oh, stride_lb,
+                                stride_lh, BLOCK_M, BLOCK_D, WRITE_LSE, RUNTIME_BOUND_WHILE, MERGE_IN_LAST_SPLIT)
     elif write_final:
         store_final(OUT, LSE, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
                     stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE)
     else:
-        store_partial(OUT_PARTIAL, LSE_PARTIAL, out, lse, split, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
-                      stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph)
+        store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, out, lse, split, b, offs_m, offs_hq,
+                                offs_d, mask_out, mask_r, num_splits, stride_ops, stride_opb, stride_opm, stride_oph,
+                                stride_lps, stride_lpb, stride_lph, stride_ob, stride_om, stride_oh, stride_lb,
+                                stride_lh, BLOCK_M, BLOCK_D, WRITE_LSE, RUNTIME_BOUND_WHILE, MERGE_IN_LAST_SPLIT)
