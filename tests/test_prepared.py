@@ -143,10 +143,10 @@ def test_prepared_triton_replay_passes_addresses_in_kernel_order(merge, generato
     base and right after the rows * head_dim outputs; the arrival counters last when the split
     kernel merges, else a combine launch follows. Fakes stand in for the compiled kernels."""
     from flashsplit.registry import get
-    from flashsplit.triton.backend import PreparedDecode
+    from flashsplit.triton.backend import PreparedDecode, TritonBackend
 
     backend = get("triton")
-    monkeypatch.setattr(backend, "merge_max_splits", 256 if merge else 0)
+    monkeypatch.setattr(TritonBackend, "merge_max_splits", 256 if merge else 0)
     q, k, v = _inputs(generator, batch=2, heads=(8, 2), dim=32)
     lens = torch.tensor([300, 9], dtype=torch.int32, device=DEVICE)
     out, lse = torch.empty_like(q), torch.empty(2, 8, 1, device=DEVICE)

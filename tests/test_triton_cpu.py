@@ -184,7 +184,7 @@ def test_last_split_merge_matches_the_combine_kernel(lengths, generator, monkeyp
     backend = get("triton")
     arrivals = torch.zeros(3 * 2 * 10, dtype=torch.int32, device=DEVICE)
     monkeypatch.setattr(backend, "_arrivals_for", lambda q: arrivals)
-    monkeypatch.setattr(backend, "merge_max_splits", 256)
+    monkeypatch.setattr(TritonBackend, "merge_max_splits", 256)
     out = torch.full_like(q, POISON)
     PreparedDecode(backend, 5, 0.125, True)(q, k, v, seqlens, None, None, None, out, None)
     check_against_reference(out, None, q, k, v, seqlens, True, 0.125)
