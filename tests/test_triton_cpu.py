@@ -158,15 +158,16 @@ def test_tile_stages_follow_the_h200_sweep():
     assert choose_tiles(4, 128, num_splits=1, programs=8, split_keys=128).block_n == 64
 
 
+@pytest.mark.parametrize("group, head_dim", [(5, 64), (8, 256)])  # merged in one chunk of 8 splits / 4 chunks of 2
 @pytest.mark.parametrize("lengths", [(600, 129, 0), (600, 600, 600), (0, 0, 0)])
-def test_last_split_merge_matches_the_combine_kernel(lengths, generator, monkeypatch):
+def test_last_split_merge_matches_the_combine_kernel(group, head_dim, lengths, generator, monkeypatch):
     """The split kernel's last-program merge and the separate combine kernel give
     the same out and lse (fp32 rounding), rows of one split, full rows and empty rows alike, and
     every arrival counter is back at zero after the launch."""
     from flashsplit.registry import get, invalidate
     from flashsplit.triton.backend import PreparedDecode, TritonBackend
 
-    case = DecodeCase(batch=3, seqlen_q=2, seqlen_k=600, num_heads_kv=2, group=5, head_dim=64,
+    case = DecodeCase(batch=3, seqlen_q=2, seqlen_k=600, num_heads_kv=2, group=group, head_dim=head_dim,
                       dtype=torch.float16, lengths=lengths, causal=True)
     q, k, v, seqlens = make_inputs(case, DEVICE, generator)
     results = {}
@@ -186,8 +187,8 @@ def test_last_split_merge_matches_the_combine_kernel(lengths, generator, monkeyp
     monkeypatch.setattr(backend, "_arrivals_for", lambda q: arrivals)
     monkeypatch.setattr(TritonBackend, "merge_max_splits", 256)
     out = torch.full_like(q, POISON)
-    PreparedDecode(backend, 5, 0.125, True)(q, k, v, seqlens, None, None, None, out, None)
-    check_against_reference(out, None, q, k, v, seqlens, True, 0.125)
+    PreparedDecode(backend, 5, head_dim ** -0.5, True)(q, k, v, seqlens, None, None, None, out, None)
+    check_against_reference(out, None, q, k, v, seqlens, True, head_dim ** -0.5)
     assert int(arrivals.abs().sum()) == 0
 
 
@@ -201,12 +202,17 @@ def test_arrival_counters_are_zeroed_once_per_stream():
         assert counters.get(torch.device(DEVICE), 10).data_ptr() == a.data_ptr()
 
 
-def test_merge_only_for_few_splits():
-    """The last split merges up to merge_max_splits splits; more take the combine kernel (H200)."""
+def test_merge_tiles_and_when_the_last_split_merges():
+    """The merge loads the real rows only and as many splits per chunk as 64 registers a thread
+    hold; the last split merges up to merge_max_splits splits (H200), more take the combine kernel."""
     from flashsplit.registry import get
-    from flashsplit.triton.backend import PreparedDecode
+    from flashsplit.triton.backend import MergeTiles, PreparedDecode, merge_tiles
 
+    assert merge_tiles(4, 128, 32) == merge_tiles(4, 128, 29) == MergeTiles(rows=4, splits=32, chunk=16)
+    assert merge_tiles(1, 128, 8) == MergeTiles(1, 8, 8)  # MHA: one chunk
+    assert merge_tiles(80, 128, 4) == MergeTiles(64, 4, 1)  # full 64-row tiles: a split per chunk
+    assert merge_tiles(20, 256, 3) == merge_tiles(32, 256, 4)  # padded to powers of two
     backend = get("triton")
     limit = backend.merge_max_splits
-    assert 2 <= limit < 8
+    assert 2 <= limit < 7
     assert PreparedDecode(backend, limit, 0.1, False).merge and not PreparedDecode(backend, limit + 1, 0.1, False).merge

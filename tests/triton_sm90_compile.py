@@ -96,6 +96,8 @@ def main() -> int:
             flags["CHUNK_TILES"], flags["CHUNK_PAGES"] = _page_chunk(page_size, flags["BLOCK_N"])
             flags["HAS_DESCALE"] = kv != dtype
             flags.setdefault("MERGE_IN_LAST_SPLIT", False)
+            if flags["MERGE_IN_LAST_SPLIT"]:  # 4 packed rows, 32 splits: two chunks of 16 (merge_tiles)
+                flags.update(MERGE_ROWS=4, MERGE_SPLITS=32, MERGE_CHUNK=16)
             # decode without merging: the combine follows (PDL)
             flags["LAUNCH_DEPENDENTS"] = flags["HAS_PARTIALS"] and has_out and not flags["MERGE_IN_LAST_SPLIT"]
             pointers = {"Q": f"*{dtype}", "K": f"*{kv}", "V": f"*{kv}", "OUT": f"*{dtype}" if has_out else None,

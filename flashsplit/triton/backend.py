@@ -6,6 +6,7 @@ Triton interpreter. Inputs arrive validated by :func:`flashsplit.problem.check_d
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -79,11 +80,11 @@ class TritonBackend(Backend):
     priority = 0
 
     #: Up to this many splits, the split kernel's last program per row tile merges the partials
-    #: (one launch per decode step) instead of a combine kernel. H200, 32/8 heads, d = 128: 2 splits
-    #: (B = 16, 4k / 16k) 65.8 / 240.4 us merged vs 67.9 / 242.6 with the combine kernel, but 8
-    #: splits (B = 4, 16k) 67.4 vs 66.7 and 32 (B = 1, 4k) 19.6 vs 10.6: one program then reads
-    #: every split's partial one after another, where the combine (launched early, as a
-    #: programmatic dependent) reads them all at once over many programs.
+    #: (one launch per decode step, no combine kernel); more take a combine kernel, launched early
+    #: as a programmatic dependent, whose many programs read the partials at once. H200, graph
+    #: replay, merged vs combine kernel (docs/performance.md): 2 splits 66.9 vs 69.1 us (B = 16,
+    #: 4k) and 245.7 vs 247.6 (16k); 7-8 splits 24.4 vs 23.5 (B = 4, 4k), 68.8 vs 67.8 (16k);
+    #: 29-32 splits 16.4 vs 10.6 (B = 1, 4k), 133.1 vs 128.2 (128k). 0: never merge.
     merge_max_splits = 4
 
     def __init__(self) -> None:
@@ -152,6 +153,7 @@ class TritonBackend(Backend):
             #                                                                  the combine follows
             *_page_chunk(page_size, tiles.block_n),  # CHUNK_TILES, CHUNK_PAGES
             arrivals is not None,  # MERGE_IN_LAST_SPLIT
+            *dataclasses.astuple(merge_tiles(seqlen_q * group, head_dim, num_splits)),  # MERGE_ROWS/_SPLITS/_CHUNK
         )
         return launch(split_kv_kernel, grid, tensors, tail,
                       dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages))
@@ -278,6 +280,29 @@ class PreparedDecode:
             self.combine = self.backend._launch_combine(
                 out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows=shortcut,
                 seqlen_k=_capacity(k_cache, block_table), after_split=True)
+
+
+@dataclass(frozen=True)
+class MergeTiles:
+    """Compile-time shape of the last split's merge (:func:`~flashsplit.triton.split_kernel.merge_splits`)."""
+
+    rows: int  # packed rows merged per tile (a power of two)
+    splits: int  # next power of two >= num_splits
+    chunk: int  # splits per loaded chunk
+
+
+def merge_tiles(packed_rows: int, head_dim: int, num_splits: int) -> MergeTiles:
+    """The merge's tiles for ``packed_rows`` (L_q x group) rows: the real rows only (a power of two,
+    at most the split kernel's row tile), and as many splits per chunk as fit 64 fp32 registers a
+    thread (8192 values in a 128-thread program).
+
+    >>> merge_tiles(4, 128, 32)       # Llama-3-8B decode: 4 q heads per KV head, 32 splits
+    MergeTiles(rows=4, splits=32, chunk=16)
+    """
+    tiles = choose_tiles(packed_rows, head_dim)
+    rows = min(tiles.block_m, triton.next_power_of_2(packed_rows))
+    splits = max(2, triton.next_power_of_2(num_splits))
+    return MergeTiles(rows, splits, min(splits, max(1, 8192 // (rows * tiles.block_d))))
 
 
 def _splits_launched(num_splits: int, has_cache_seqlens: bool, capacity: int) -> int:

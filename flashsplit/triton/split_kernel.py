@@ -169,55 +169,66 @@ def store_partial(OUT_PARTIAL, LSE_PARTIAL, out, lse, split, b, offs_m, offs_hq,
 
 
 @triton.jit
-def merge_one_split(lse_ptrs, o_ptrs, s, m, total, acc, mask_out, mask_r, stride_ops, stride_lps):
-    """Fold split ``s``'s partial into the running (max, total, acc) of :func:`merge_splits`."""
-    s64 = s.to(tl.int64)
-    lse_s = tl.load(lse_ptrs + s64 * stride_lps, mask=mask_r, other=float("-inf"), cache_modifier=".cg")
-    o_s = tl.load(o_ptrs + s64 * stride_ops, mask=mask_out, other=0.0, cache_modifier=".cg")
-    m_new = tl.maximum(m, lse_s)
-    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-    rescale = tl.exp(m - m_shift)  # 0 while m is -inf
-    weight = tl.where(lse_s == float("-inf"), 0.0, tl.exp(lse_s - m_shift))
-    return m_new, total * rescale + weight, acc * rescale[:, None] + weight[:, None] * o_s
-
-
-@triton.jit
-def merge_splits(OUT_PARTIAL, LSE_PARTIAL, b, offs_m, offs_hq, offs_d, mask_out, mask_r, num_splits,
+def merge_splits(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, b, kvh, row_block, seqlen_q, group, head_dim, num_splits,
                  stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph,
-                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, RUNTIME_BOUND_WHILE: tl.constexpr):
-    """The merge of a tile's ``num_splits`` partials (what the combine kernel computes, in one pass):
-    returns ``out`` ``[BLOCK_M, BLOCK_D]`` fp32 and ``lse`` ``[BLOCK_M]`` (natural log).
+                 stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
+                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
+                 MERGE_CHUNK: tl.constexpr, WRITE_LSE: tl.constexpr):
+    """Merge a row tile's ``num_splits`` partials (what the combine kernel computes) and write
+    ``OUT``/``LSE``.
 
-    Online over the splits: the running max ``m``, ``total = sum exp(lse_s - m)`` and
-    ``acc = sum exp(lse_s - m) * O_s`` are rescaled when ``m`` grows. A split with
-    ``lse_s = -inf`` (no visible key) weighs 0; a row where every split is empty gets O = 0 and
-    LSE = -inf. The partials were written by other SMs: loaded through L2 (``.cg``).
+    Only the tile's first MERGE_ROWS packed rows (the real ones, a power of two >= L_q x group
+    when that is under BLOCK_M) are merged, in chunks of MERGE_CHUNK splits: a chunk's LSEs
+    ``[MERGE_CHUNK, MERGE_ROWS]`` and outputs ``[MERGE_CHUNK, MERGE_ROWS, BLOCK_D]`` (64 fp32
+    registers a thread) are loaded together, one L2 round trip per chunk instead of one per split,
+    and folded into a running (max, sum, output) rescaled when the max grows. A split with
+    ``lse_s = -inf`` (no visible key) weighs 0 and its output is not read; a row where every split
+    is empty gets O = 0 and LSE = -inf. The partials were written by other SMs: loaded through
+    L2 (``.cg``).
     """
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    total = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    lse_ptrs = LSE_PARTIAL + b * stride_lpb + offs_hq * stride_lph + offs_m
-    o_ptrs = OUT_PARTIAL + b * stride_opb + offs_m[:, None] * stride_opm + offs_hq[:, None] * stride_oph + offs_d[None, :]
-    if RUNTIME_BOUND_WHILE:  # the CPU interpreter takes no runtime range() bound (triton 3.6)
-        s = tl.full([], 0, tl.int32)
-        while s < num_splits:
-            m, total, acc = merge_one_split(lse_ptrs, o_ptrs, s, m, total, acc, mask_out, mask_r, stride_ops, stride_lps)
-            s += 1
-    else:
-        for s in range(0, num_splits):
-            m, total, acc = merge_one_split(lse_ptrs, o_ptrs, s, m, total, acc, mask_out, mask_r, stride_ops, stride_lps)
+    offs_r = row_block * BLOCK_M + tl.arange(0, MERGE_ROWS)
+    offs_m = offs_r // group
+    offs_hq = kvh * group + offs_r % group
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_r = offs_r < seqlen_q * group
+    row_part = b * stride_lpb + offs_hq * stride_lph + offs_m  # [MERGE_ROWS] offsets into LSE_PARTIAL
+    o_row = b * stride_opb + offs_m[:, None] * stride_opm + offs_hq[:, None] * stride_oph + offs_d[None, :]
+    mask_rd = mask_r[:, None] & (offs_d < head_dim)[None, :]
+    m = tl.full([MERGE_ROWS], float("-inf"), tl.float32)  # running max of the LSEs seen
+    total = tl.zeros([MERGE_ROWS], tl.float32)  # sum of exp(lse_s - m)
+    acc = tl.zeros([MERGE_ROWS, BLOCK_D], tl.float32)  # sum of exp(lse_s - m) * O_s
+    for c0 in tl.static_range(0, MERGE_SPLITS, MERGE_CHUNK):
+        offs_c = c0 + tl.arange(0, MERGE_CHUNK)
+        in_range = (offs_c[:, None] < num_splits) & mask_r[None, :]
+        # A chunk's LSEs and outputs are loaded together (no load waits for another).
+        lse_c = tl.load(LSE_PARTIAL + offs_c[:, None].to(tl.int64) * stride_lps + row_part[None, :],
+                        mask=in_range, other=float("-inf"), cache_modifier=".cg")
+        o = tl.load(OUT_PARTIAL + offs_c[:, None, None].to(tl.int64) * stride_ops + o_row[None, :, :],
+                    mask=in_range[:, :, None] & mask_rd[None, :, :], other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m, tl.max(lse_c, axis=0))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # no -inf - -inf
+        rescale = tl.exp(m - shift)  # 0 while nothing was seen
+        live = lse_c > float("-inf")  # an empty split's output is garbage: dropped by a select
+        weight = tl.where(live, tl.exp(lse_c - shift[None, :]), 0.0)
+        total = total * rescale + tl.sum(weight, axis=0)
+        acc = acc * rescale[:, None] + tl.sum(tl.where(live[:, :, None], weight[:, :, None] * o, 0.0), axis=0)
+        m = m_new
     has_keys = total > 0.0
     safe_total = tl.where(has_keys, total, 1.0)
     lse = tl.where(has_keys, m + tl.log(safe_total), float("-inf"))
-    return acc / safe_total[:, None], lse
+    acc = acc / safe_total[:, None]
+    store_final(OUT, LSE, acc, lse, b, offs_m, offs_hq, offs_d, mask_rd, mask_r,
+                stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE)
 
 
 @triton.jit
-def store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, out, lse, split, b, offs_m, offs_hq, offs_d,
-                            mask_out, mask_r, num_splits, stride_ops, stride_opb, stride_opm, stride_oph, stride_lps,
-                            stride_lpb, stride_lph, stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
+def store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, out, lse, split, b, kvh, row_block, offs_m,
+                            offs_hq, offs_d, mask_out, mask_r, seqlen_q, group, head_dim, num_splits,
+                            stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph,
+                            stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
                             BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, WRITE_LSE: tl.constexpr,
-                            RUNTIME_BOUND_WHILE: tl.constexpr, MERGE_IN_LAST_SPLIT: tl.constexpr):
+                            MERGE_IN_LAST_SPLIT: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
+                            MERGE_CHUNK: tl.constexpr):
     """:func:`store_partial`; with MERGE_IN_LAST_SPLIT, the row tile's last split to arrive then
     merges every split's partial (:func:`merge_splits`) into ``OUT``/``LSE``."""
     store_partial(OUT_PARTIAL, LSE_PARTIAL, out, lse, split, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
@@ -229,11 +240,10 @@ def store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, out, l
         arrivals = ARRIVALS + b * tl.num_programs(2) + tl.program_id(2)
         if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
             tl.store(arrivals, 0)  # every program of this row tile has counted: reset for the next launch
-            merged, merged_lse = merge_splits(OUT_PARTIAL, LSE_PARTIAL, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
-                                              num_splits, stride_ops, stride_opb, stride_opm, stride_oph, stride_lps,
-                                              stride_lpb, stride_lph, BLOCK_M, BLOCK_D, RUNTIME_BOUND_WHILE)
-            store_final(OUT, LSE, merged, merged_lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
-                        stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE)
+            merge_splits(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, b, kvh, row_block, seqlen_q, group, head_dim, num_splits,
+                         stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph,
+                         stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
+                         BLOCK_M, BLOCK_D, MERGE_ROWS, MERGE_SPLITS, MERGE_CHUNK, WRITE_LSE)
 
 
 @triton.jit
@@ -265,6 +275,9 @@ def split_kv_kernel(
     CHUNK_TILES: tl.constexpr = 0,
     CHUNK_PAGES: tl.constexpr = 0,
     MERGE_IN_LAST_SPLIT: tl.constexpr = False,
+    MERGE_ROWS: tl.constexpr = 16,
+    MERGE_SPLITS: tl.constexpr = 16,
+    MERGE_CHUNK: tl.constexpr = 16,
 ):
     """Attention of one split of one row's keys for one tile of packed (query, q head) rows.
 
@@ -355,15 +368,17 @@ def split_kv_kernel(
         store_final(OUT, LSE, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
                     stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE)
     elif not FINAL_FOR_SINGLE_SPLIT_ROWS:  # partials for every row (forward_partials: no OUT)
-        store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, out, lse, split, b, offs_m, offs_hq,
-                                offs_d, mask_out, mask_r, num_splits, stride_ops, stride_opb, stride_opm, stride_oph,
-                                stride_lps, stride_lpb, stride_lph, stride_ob, stride_om, stride_oh, stride_lb,
-                                stride_lh, BLOCK_M, BLOCK_D, WRITE_LSE, RUNTIME_BOUND_WHILE, MERGE_IN_LAST_SPLIT)
+        store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, out, lse, split, b, kvh, row_block,
+                                offs_m, offs_hq, offs_d, mask_out, mask_r, seqlen_q, group, head_dim, num_splits,
+                                stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph,
+                                stride_ob, stride_om, stride_oh, stride_lb, stride_lh, BLOCK_M, BLOCK_D, WRITE_LSE,
+                                MERGE_IN_LAST_SPLIT, MERGE_ROWS, MERGE_SPLITS, MERGE_CHUNK)
     elif write_final:
         store_final(OUT, LSE, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
                     stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE)
     else:
-        store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, out, lse, split, b, offs_m, offs_hq,
-                                offs_d, mask_out, mask_r, num_splits, stride_ops, stride_opb, stride_opm, stride_oph,
-                                stride_lps, stride_lpb, stride_lph, stride_ob, stride_om, stride_oh, stride_lb,
-                                stride_lh, BLOCK_M, BLOCK_D, WRITE_LSE, RUNTIME_BOUND_WHILE, MERGE_IN_LAST_SPLIT)
+        store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, out, lse, split, b, kvh, row_block,
+                                offs_m, offs_hq, offs_d, mask_out, mask_r, seqlen_q, group, head_dim, num_splits,
+                                stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph,
+                                stride_ob, stride_om, stride_oh, stride_lb, stride_lh, BLOCK_M, BLOCK_D, WRITE_LSE,
+                                MERGE_IN_LAST_SPLIT, MERGE_ROWS, MERGE_SPLITS, MERGE_CHUNK)
