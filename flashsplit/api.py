@@ -80,7 +80,7 @@ def plan(
 
     >>> p = plan(1, 32768, 32, 8, 128, num_sms=132, backend="triton")
     >>> p.num_splits, p.grid
-    (29, (29, 1, 8))
+    (32, (32, 1, 8))
     """
     for name, value in (("batch", batch), ("seqlen_k", seqlen_k), ("num_heads", num_heads),
                         ("num_heads_kv", num_heads_kv), ("head_dim", head_dim), ("seqlen_q", seqlen_q)):

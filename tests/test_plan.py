@@ -29,9 +29,10 @@ def test_split_bounds_worked_examples():
 @pytest.mark.parametrize(
     "work_units, seqlen_k, units_per_sm, expected",
     [
-        (8, 32768, 1, 15),      # FA3's example: b=1, 8 KV heads, 15 splits
-        (8, 32768, 2, 29),      # 2 CTAs per SM: 264 slots
-        (8, 131072, 2, 29),
+        (8, 32768, 1, 16),      # FA3's example, b=1, 8 KV heads: 16 splits (FA3's 0.85 slack: 15)
+        (8, 32768, 2, 32),      # 2 CTAs per SM: 264 slots, 0.97 of a wave
+        (8, 131072, 2, 32),
+        (8, 16384, 2, 32),
         (8, 1024, 2, 8),        # capped by the 8 granules of a 1k cache
         (8, 256, 2, 1),         # 2 granules: never split
         (32, 16384, 2, 8),      # b=4: 32 * 8 / 264 = 0.97 of a wave
@@ -55,9 +56,9 @@ def test_heuristic_never_leaves_a_split_empty_at_capacity():
 
 def test_plan_reports_choice_and_grid():
     p = flashsplit.plan(1, 32768, 32, 8, 128, num_sms=132, backend="triton")
-    assert (p.num_splits, p.grid, p.block_m, p.row_blocks, p.runs_combine) == (29, (29, 1, 8), 16, 1, True)
-    assert p.tokens_per_split == 9 * 128
-    assert "triton" in str(p) and "29 split" in str(p)
+    assert (p.num_splits, p.grid, p.block_m, p.row_blocks, p.runs_combine) == (32, (32, 1, 8), 16, 1, True)
+    assert p.tokens_per_split == 8 * 128
+    assert "triton" in str(p) and "32 split" in str(p)
     assert p.boundaries(300)[:3] == [(0, 128), (128, 256), (256, 300)]
 
 
