@@ -15,7 +15,9 @@ import time
 import torch
 
 import flashsplit
+import flashsplit.registry
 from flashsplit import api
+from flashsplit.triton.backend import TritonBackend
 
 
 def per_call_us(fn, calls: int) -> float:
@@ -45,8 +47,14 @@ def main(calls: int = 500) -> None:
     out = torch.empty_like(q)
     print(f"{device}: B={batch} L_k={seqlen_k} 32/8 d=128, {calls} eager calls, host us per call (no sync)")
     print(f"  torch.empty_like(q)                      {per_call_us(lambda: torch.empty_like(q), calls):8.1f}")
-    backends = ["triton", "cute"] if cuda else ["triton"]
-    for name in backends:
+    # "triton-merged": the split kernel merges its partials itself at every split count (one
+    # launch), beside the default (a combine kernel past TritonBackend.merge_max_splits splits).
+    backends = ["triton", "triton-merged", "cute"] if cuda else ["triton", "triton-merged"]
+    default_merge = TritonBackend.merge_max_splits
+    for label in backends:
+        TritonBackend.merge_max_splits = 256 if label == "triton-merged" else default_merge
+        flashsplit.registry.invalidate()
+        name = label.removesuffix("-merged")
         try:
             flashsplit.decode(q, k, v, cache_seqlens=lens, backend=name)
         except ValueError as e:
@@ -58,7 +66,9 @@ def main(calls: int = 500) -> None:
         key = api._signature(q, k, v, out, None, lens, None, None, None, None, False, 0, name)
         run = api._PREPARED[key]
         launch = per_call_us(lambda run=run: run(q, k, v, lens, None, None, None, out, None), calls)
-        print(f"  {name:7s} decode() {whole:8.1f}   decode_into() {into:8.1f}   prepared launcher alone {launch:8.1f}")
+        print(f"  {label:13s} decode() {whole:8.1f}   decode_into() {into:8.1f}   prepared launcher alone {launch:8.1f}")
+    TritonBackend.merge_max_splits = default_merge
+    flashsplit.registry.invalidate()
     if cuda:
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         from torch.nn.attention import SDPBackend, sdpa_kernel
