@@ -72,6 +72,13 @@ def cute_subtile_enabled(monkeypatch):
 
 
 @pytest.fixture
+def cute_fp16_operands_enabled(monkeypatch):
+    """fp16 wgmma operands for fp8 caches with a bf16 q
+    (flashsplit.cute.configs.FP16_OPERANDS_VERIFIED_ON_GPU)."""
+    yield from _enable_unverified(monkeypatch, "FP16_OPERANDS_VERIFIED_ON_GPU")
+
+
+@pytest.fixture
 def cute_gather_enabled(monkeypatch):
     """The same for pages the cute kernel gathers row by row (neither whole-tile nor sub-tile:
     flashsplit.cute.configs.GATHER_PAGES_VERIFIED_ON_GPU)."""

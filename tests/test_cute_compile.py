@@ -121,10 +121,17 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
                 _check_subtile_copies(config, ptx)
         else:
             assert not page_ids, f"dense kernel: TMA coordinates {page_ids} come from global loads"
-    # wgmma always multiplies q's 16-bit type (never fp8 wgmma); fp8 caches convert in registers.
-    short = {"float16": "f16", "bfloat16": "bf16"}[config.dtype]
+    # wgmma multiplies q's 16-bit type, or fp16 for fp8 caches with fp16 operands (never fp8
+    # wgmma); fp8 caches convert in registers.
+    short = "f16" if config.fp16_operands else {"float16": "f16", "bfloat16": "bf16"}[config.dtype]
     kinds = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k(\d+)\.f32\.(\w+)\.(\w+)", ptx))
     assert kinds == {("16", short, short)}, kinds
+    if config.fp16_operands:
+        # fp8 -> fp16 is one cvt per pair: no detour through fp32 and bf16 (cvt.f32.f16 and
+        # cvt.rn.bf16x2.f32 per pair in the bf16-operand kernel), and the q rows' scale is a
+        # butterfly max over each row's lanes.
+        assert "cvt.f32.f16" not in ptx and "cvt.rn.bf16x2.f32" not in ptx
+        assert "shfl.sync.bfly" in ptx
     fp8_cvts = set(re.findall(r"cvt\.rn\.f16x2\.(e4m3x2|e5m2x2)", ptx))
     if config.fp8:
         assert fp8_cvts == {config.kv_dtype.split("_")[1][:4] + "x2"}, fp8_cvts
@@ -207,12 +214,13 @@ def test_subtile_configs():
     for c in sub:
         assert c.paged and c.tile_n % c.subtile_page == 0 and c.subtile_page % 8 == 0
         assert c.__class__(**{**c.__dict__, "subtile_page": 0}) in whole
-    checked = [c for c in compile_check_configs() if c.subtile_page]
+    checked = [c for c in compile_check_configs() if c.subtile_page and not c.fp16_operands]
     assert {(c.kv_dtype, c.head_dim, c.subtile_page) for c in checked} == {
         (c.kv_dtype, c.head_dim, c.subtile_page) for c in sub}
     assert len({(c.dtype, c.causal, c.write_partials) for c in checked}) == 8
-    gathered = {c for c in compile_check_configs() if c.gather_pages}
-    assert set(compile_check_configs()) - set(checked) - gathered == set(whole)
+    gathered = {c for c in compile_check_configs() if c.gather_pages and not c.fp16_operands}
+    fp16_operands = {c for c in compile_check_configs() if c.fp16_operands}
+    assert set(compile_check_configs()) - set(checked) - gathered - fp16_operands == set(whole)
     # The page size is a compile key only below the tile.
     assert split_config("bfloat16", 128, False, True, True, page_size=128).subtile_page == 0
     assert split_config("bfloat16", 128, False, True, True, page_size=16).subtile_page == 16
@@ -493,3 +501,26 @@ def _cute_reason_off_device(real, backend, problem):
     if reason is None or any(s in reason for s in ("CUDA", "not installed", "compute capability")):
         return None
     return reason
+
+
+def test_fp16_operand_configs():
+    """fp16 wgmma operands are a compile key of fp8 caches with a bf16 q only, off until verified
+    on a GPU (FP16_OPERANDS_VERIFIED_ON_GPU); the compile check builds them for every fp8 type
+    and head dim, dense, and for whole-tile, sub-tile and gathered pages."""
+    from flashsplit.cute import configs
+
+    assert not any(c.fp16_operands for c in all_split_configs())  # the flag is off
+    with pytest.raises(ValueError, match="fp16_operands: only for an fp8 cache with a bfloat16 q"):
+        configs.split_config("float16", 128, False, True, kv_dtype="float8_e4m3fn", fp16_operands=True)
+    with pytest.raises(ValueError, match="fp16_operands"):
+        configs.split_config("bfloat16", 128, False, True, fp16_operands=True)
+    checked = [c for c in compile_check_configs() if c.fp16_operands]
+    assert all(c.fp8 and c.dtype == "bfloat16" for c in checked)
+    assert {(c.kv_dtype, c.head_dim) for c in checked if not c.paged} == {
+        (kv, d) for kv in configs.KV_DTYPES[1:] for d in configs.HEAD_DIMS}
+    assert {(c.subtile_page > 0, c.gather_pages) for c in checked if c.paged} == {
+        (False, False), (True, False), (False, True)}
+    for c in checked:  # 256 bytes of row scales, still two CTAs per SM where the tile wants them
+        plain = c.__class__(**{**c.__dict__, "fp16_operands": False})
+        assert c.smem_bytes == plain.smem_bytes + 256
+        configs.check_smem(c)

@@ -463,6 +463,47 @@ def _decode_fp8_paged_and_check(head_dim, page_size, fp8, lengths, seed, what) -
     _check_fp8(out, None, q, k8, v8, k_descale, v_descale, seqlens, False, scale, what)
 
 
+# fp16 wgmma operands for fp8 caches with a bf16 q (configs.FP16_OPERANDS_VERIFIED_ON_GPU, off
+# until these pass on an H200; the fixture switches it on here).
+@pytest.mark.parametrize("head_dim,dtype,fp8,per_head,seqlen_q,group,causal",
+                         [c for c in FP8_CASES if c[1] == torch.bfloat16], ids=str)
+@pytest.mark.parametrize("num_splits", [1, 3, 17])
+def test_fp16_operands_fp8_decode_matches_reference(head_dim, dtype, fp8, per_head, seqlen_q, group, causal,
+                                                    num_splits, cute_fp8_enabled, cute_fp16_operands_enabled):
+    from flashsplit.cute.configs import split_config
+
+    assert split_config("bfloat16", head_dim, causal, num_splits > 1, kv_dtype=str(fp8)[6:]).fp16_operands
+    test_fp8_decode_matches_reference(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits,
+                                      cute_fp8_enabled)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_fp16_operands_scale_q_rows_of_any_magnitude(head_dim, cute_fp8_enabled, cute_fp16_operands_enabled):
+    """Rows of q far above and below 1 (2^12, 2^-12, beyond fp16's range unscaled: 3e5 * d^0.5
+    scores), and an all-zero row, through the per-row power-of-two scaling."""
+    case = DecodeCase(3, 2, 1024, 2, 4, head_dim, torch.bfloat16, (1024, 300, 65), 3)
+    q, k8, v8, k_descale, v_descale, seqlens, _ = _fp8_inputs(case, torch.float8_e4m3fn, True, 7)
+    q[:, :, 0] *= 4096.0
+    q[:, :, 1] *= 1.0 / 4096.0
+    q[0, 0, 2] = 0.0
+    q[1, 1, 3] = 3e5
+    scale = 1.0 / math.sqrt(head_dim) / 64.0  # keep the 3e5 row's softmax finite in the reference
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((case.batch, case.num_heads, case.seqlen_q), float("nan"), device="cuda")
+    _backend().decode(q, k8, v8, seqlens, 3, scale, False, out, lse, k_descale=k_descale, v_descale=v_descale)
+    torch.cuda.synchronize()
+    _check_fp8(out, lse, q, k8, v8, k_descale, v_descale, seqlens, False, scale, "fp16 operands, scaled rows")
+
+
+@pytest.mark.parametrize("head_dim,page_size", [(128, 64), (128, 16), (64, 24), (256, 5)])
+def test_fp16_operands_fp8_paged(head_dim, page_size, cute_fp8_enabled, cute_paged_enabled,
+                                 cute_fp16_operands_enabled):
+    """Whole-tile, sub-tile and gathered pages with fp16 operands (bf16 q, e4m3, per-head descales)."""
+    lengths = (1000, 2 * page_size + 1, 129, 1, 0)
+    _decode_fp8_paged_and_check(head_dim, page_size, torch.float8_e4m3fn, lengths, page_size + 11,
+                                f"fp16 operands, pages of {page_size}")
+
+
 def test_fp8_through_decode_api(cute_fp8_enabled):
     """``flashsplit.decode(backend="cute")`` on an fp8 cache, scalar descales, several splits."""
     import flashsplit

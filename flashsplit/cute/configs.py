@@ -53,6 +53,11 @@ class SplitConfig:
     #: runtime value); the consumer copies (or, fp8, converts) each tile into the swizzled
     #: operand buffers, as for fp8 caches.
     gather_pages: bool = False
+    #: fp8 cache with a bf16 q: the wgmma operands (q, the converted K/V tiles, P) are fp16, each
+    #: q row scaled by a power of two into (2^13, 2^14] (exact: bf16's 8-bit mantissa fits fp16's
+    #: 11) and the score scale divided by it; e4m3/e5m2 -> fp16 is one conversion per pair where
+    #: -> bf16 takes four instructions (``FP16_OPERANDS_VERIFIED_ON_GPU``).
+    fp16_operands: bool = False
 
     @property
     def fp8(self) -> bool:
@@ -76,7 +81,8 @@ class SplitConfig:
             kv = 2 * self.stages * tile * (1 if self.fp8 else itemsize) + 2 * tile * itemsize
         else:
             kv = 2 * self.stages * tile * itemsize
-        return q + kv + 16 * self.stages
+        row_scales = 64 * 4 if self.fp16_operands else 0  # fp32 per q row, after the mbarriers
+        return q + kv + 16 * self.stages + row_scales
 
 
 @dataclass(frozen=True)
@@ -126,13 +132,20 @@ GATHER_STAGES = 2
 
 
 def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, paged: bool = False,
-                 kv_dtype: str = "same", page_size: int | None = None) -> SplitConfig:
+                 kv_dtype: str = "same", page_size: int | None = None,
+                 fp16_operands: bool | None = None) -> SplitConfig:
     """The compile key for a problem. ``page_size`` (paged only) picks the load mode: a multiple
     of the tile (one TMA box per tile; the page size a runtime value), a sub-tile size
     (``subtile_page``: tile_n / P TMA boxes), or anything else (``gather_pages``: one bulk copy
-    per key row; the page size a runtime value)."""
+    per key row; the page size a runtime value). ``fp16_operands`` (fp8 cache, bf16 q only)
+    defaults to ``FP16_OPERANDS_VERIFIED_ON_GPU``."""
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype: expected one of {KV_DTYPES}, got {kv_dtype!r}")
+    eligible = kv_dtype != "same" and dtype == "bfloat16"
+    if fp16_operands is None:
+        fp16_operands = eligible and FP16_OPERANDS_VERIFIED_ON_GPU
+    elif fp16_operands and not eligible:
+        raise ValueError(f"fp16_operands: only for an fp8 cache with a bfloat16 q, got {dtype}/{kv_dtype}")
     tile_n, stages, units = split_tile(head_dim)
     subtile_page, gather = 0, False
     if paged and page_size is not None and not paged_supported(page_size, head_dim):
@@ -146,7 +159,7 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
     if kv_dtype != "same":
         stages = fp8_stages(head_dim)
     return SplitConfig(dtype, head_dim, tile_n, stages, causal, write_partials, units, paged, kv_dtype,
-                       subtile_page, gather)
+                       subtile_page, gather, fp16_operands)
 
 
 #: The paged kernel passed ``pytest tests/test_cute_gpu.py tests/test_gpu.py`` on an H200
@@ -157,6 +170,12 @@ PAGED_VERIFIED_ON_GPU = True
 #: The fp8-cache kernel passed ``pytest tests/test_cute_gpu.py -k fp8`` on an H200 (2026-11-29,
 #: e4m3/e5m2, dense and paged). False makes ``supports()`` refuse fp8 caches (Triton takes them).
 FP8_VERIFIED_ON_GPU = True
+
+#: fp16 wgmma operands for fp8 caches with a bf16 q (``SplitConfig.fp16_operands``): compile-checked
+#: for sm_90a (fourth session, after its last GPU call), not yet run on a GPU. Until
+#: ``pytest tests/test_cute_gpu.py -k fp16_operands`` passes on an H200, such problems compile the
+#: bf16-operand kernel (GPU-verified); those tests switch this on for themselves.
+FP16_OPERANDS_VERIFIED_ON_GPU = False
 
 #: Pages smaller than the KV tile (``subtile_page_sizes``): ``pytest tests/test_cute_gpu.py -k subtile``
 #: passed on an H200 (2026-11-29 session 2: 45 tests, page sizes 8/16/32 (and 64 at d = 64), 16-bit
@@ -258,6 +277,14 @@ def compile_check_configs() -> list[SplitConfig]:
                     dtype, causal, wp = combos[i % len(combos)]
                     configs.append(split_config(dtype, head_dim, causal, wp, True, kv_dtype, page_size))
                     i += 1
+    # fp16 operands (fp8 cache, bf16 q): every (fp8 type, head dim), dense with causal/partials
+    # cycled, and paged (whole-tile, sub-tile and gathered pages) once per head dim.
+    for j, (kv_dtype, head_dim) in enumerate((kv, d) for kv in KV_DTYPES[1:] for d in HEAD_DIMS):
+        configs.append(split_config("bfloat16", head_dim, j % 2 == 1, j % 3 != 2, False, kv_dtype,
+                                    fp16_operands=True))
+    for head_dim, page_size in zip(HEAD_DIMS, (128, 16, GATHER_EXAMPLE_PAGE)):
+        configs.append(split_config("bfloat16", head_dim, False, True, True, "float8_e4m3fn", page_size,
+                                    fp16_operands=True))
     return configs
 
 

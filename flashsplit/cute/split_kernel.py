@@ -79,6 +79,10 @@ class SplitKVDecodeKernel:
         # 16-bit operand stages: the TMA stages, or one buffer the consumer converts (fp8) or
         # copies (gathered 16-bit rows) each staged tile into.
         self.operand_stages = 1 if self.staged else self.stages
+        # The wgmma operands' type (q, K, V, P): q's, or fp16 for an fp8 cache with a bf16 q
+        # (SplitConfig.fp16_operands: q rows scaled into fp16's range, the scores scaled back).
+        self.fp16_operands = config.fp16_operands
+        self.op_dtype = cutlass.Float16 if config.fp16_operands else self.dtype
 
     @staticmethod
     def can_implement(head_dim: int, tile_n: int) -> str | None:
@@ -188,17 +192,17 @@ class SplitKVDecodeKernel:
         v_major = LayoutEnum.COL_MAJOR
         qk_tiler = (M, N, D)
         pv_tiler = (M, D, N)
+        op = self.op_dtype
         qk_mma = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, k_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(),
-            Float32, (1, 1, 1), qk_tiler[:2],
+            op, op, k_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(), Float32, (1, 1, 1), qk_tiler[:2],
         )
         pv_mma = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, v_major.sm90_mma_major_mode(),
+            op, op, cute.nvgpu.OperandMajorMode.K, v_major.sm90_mma_major_mode(),
             Float32, (1, 1, 1), pv_tiler[:2], warpgroup.OperandSource.RMEM,
         )
-        q_layout = sm90_utils.make_smem_layout_a(k_major, qk_tiler, self.dtype, 1)
-        k_layout = sm90_utils.make_smem_layout_b(k_major, qk_tiler, self.dtype, self.operand_stages)
-        v_layout = sm90_utils.make_smem_layout_b(v_major, pv_tiler, self.dtype, self.operand_stages)
+        q_layout = sm90_utils.make_smem_layout_a(k_major, qk_tiler, op, 1)
+        k_layout = sm90_utils.make_smem_layout_b(k_major, qk_tiler, op, self.operand_stages)
+        v_layout = sm90_utils.make_smem_layout_b(v_major, pv_tiler, op, self.operand_stages)
         # What the loads land: the operand stages themselves (16-bit TMA), or plain (unswizzled,
         # d contiguous: one key row = D contiguous elements) staging slots that the consumer
         # converts (fp8) or copies (gathered rows) into the operand buffers.
@@ -236,13 +240,25 @@ class SplitKVDecodeKernel:
             self.kv_dtype, cute.slice_(k_load_layout, (None, None, 0))
         ) + cute.size_in_bytes(self.kv_dtype, cute.slice_(v_load_layout, (None, None, 0)))
 
-        if cutlass.const_expr(self.staged):
+        if cutlass.const_expr(self.fp16_operands):  # staged, plus each q row's score scale
 
             @cute.struct
             class SharedStorage:
-                sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_layout)], 1024]
-                sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(k_layout)], 1024]
-                sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(v_layout)], 1024]
+                sQ: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(q_layout)], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(k_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(v_layout)], 1024]
+                sK8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(k_load_layout)], 1024]
+                sV8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(v_load_layout)], 1024]
+                kv_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+                row_scale: cute.struct.MemRange[Float32, M]
+
+        elif cutlass.const_expr(self.staged):
+
+            @cute.struct
+            class SharedStorage:
+                sQ: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(q_layout)], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(k_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(v_layout)], 1024]
                 sK8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(k_load_layout)], 1024]
                 sV8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(v_load_layout)], 1024]
                 kv_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
@@ -251,9 +267,9 @@ class SplitKVDecodeKernel:
 
             @cute.struct
             class SharedStorage:
-                sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(q_layout)], 1024]
-                sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(k_layout)], 1024]
-                sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(v_layout)], 1024]
+                sQ: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(q_layout)], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(k_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(v_layout)], 1024]
                 kv_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
 
         mKDescale = None
@@ -327,6 +343,9 @@ class SplitKVDecodeKernel:
         sQ = storage.sQ.get_tensor(q_layout.outer, swizzle=q_layout.inner)
         sK = storage.sK.get_tensor(k_layout.outer, swizzle=k_layout.inner)
         sV = storage.sV.get_tensor(v_layout.outer, swizzle=v_layout.inner)
+        sRowScale = None  # fp16 operands: each q row's score scale (1 / its power-of-two factor)
+        if cutlass.const_expr(self.fp16_operands):
+            sRowScale = storage.row_scale.get_tensor(cute.make_layout((self.block_m,)))
         # What the loads write: the operand stages, or the staging slots.
         sK_load, sV_load = sK, sV
         if cutlass.const_expr(self.staged):
@@ -363,18 +382,19 @@ class SplitKVDecodeKernel:
                     qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, tidx, split_idx, batch_idx, kvh,
                     row_block, seqlen_q, group, n_keys, start, end, num_tiles, first_tile,
                     softmax_scale_log2 * mKDescale[batch_idx, kvh], sK_load, sV_load, mVDescale[batch_idx, kvh],
+                    sRowScale,
                 )
             elif cutlass.const_expr(self.staged):  # gathered 16-bit rows: staged, no scales
                 self.mma_softmax_epilogue(
                     qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, tidx, split_idx, batch_idx, kvh,
                     row_block, seqlen_q, group, n_keys, start, end, num_tiles, first_tile, softmax_scale_log2,
-                    sK_load, sV_load, None,
+                    sK_load, sV_load, None, None,
                 )
             else:
                 self.mma_softmax_epilogue(
                     qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, tidx, split_idx, batch_idx, kvh,
                     row_block, seqlen_q, group, n_keys, start, end, num_tiles, first_tile, softmax_scale_log2,
-                    None, None, None,
+                    None, None, None, None,
                 )
 
     def make_kv_pipeline(self, mbar_ptr):
@@ -517,8 +537,30 @@ class SplitKVDecodeKernel:
                 pages[j] = mBlockTable[batch_idx, tile * boxes + j]
 
     @cute.jit
-    def load_q(self, mQ, sQ, tidx, batch_idx, kvh, row_block, seqlen_q, group):
-        """Consumer warpgroup: gather the packed Q rows into the swizzled A-operand tile."""
+    def pow2_scale(self, amax):
+        """``(2^s, 2^-s)`` with ``amax * 2^s`` in [2^13, 2^14) (fp32 bit patterns: exact);
+        ``(1, 1)`` for 0 (an all-zero or masked row) or a denormal, ``s`` clamped to +-100."""
+        bits = cute.make_rmem_tensor((1,), Float32)
+        bits[0] = amax
+        biased = (cute.recast_tensor(bits, Int32)[0] >> 23) & 0xFF  # amax in [2^(biased-127), ...)
+        shift = Int32(0)
+        if biased > 0:
+            shift = cutlass.max(cutlass.min(140 - biased, Int32(100)), Int32(-100))  # 13 - exponent
+        pows = cute.make_rmem_tensor((2,), Int32)
+        pows[0] = (shift + 127) << 23
+        pows[1] = (127 - shift) << 23
+        as_float = cute.recast_tensor(pows, Float32)
+        return as_float[0], as_float[1]
+
+    @cute.jit
+    def load_q(self, mQ, sQ, sRowScale, tidx, batch_idx, kvh, row_block, seqlen_q, group):
+        """Consumer warpgroup: gather the packed Q rows into the swizzled A-operand tile.
+
+        fp16 operands (bf16 q): each row is multiplied by the power of two that brings its
+        largest magnitude into [2^13, 2^14) (exact in fp16, whose mantissa holds bf16's) and
+        ``sRowScale[row]`` gets the inverse, which the softmax applies to the row's scores. A
+        row's ``D / 8`` chunks are consecutive lanes of one warp: its max is a butterfly shuffle.
+        """
         D, M = self.head_dim, self.block_m
         chunks_per_row = D // 8
         num_rows = seqlen_q * group
@@ -534,8 +576,21 @@ class SplitKVDecodeKernel:
                 hq = kvh * group + r % group
                 gsrc = cute.local_tile(mQ[m, hq, None, batch_idx], (8,), (col // 8,))
                 cute.autovec_copy(gsrc, frag)
-            for j in cutlass.range_constexpr(8):
-                sQ[row, col + j, 0] = frag[j]
+            if cutlass.const_expr(self.fp16_operands):
+                amax = Float32(0.0)
+                for j in cutlass.range_constexpr(8):
+                    x = frag[j].to(Float32)
+                    amax = cute.arch.fmax(amax, cute.arch.fmax(x, -x))
+                for o in cutlass.range_constexpr(chunks_per_row.bit_length() - 1):  # offsets 1, 2, ...
+                    amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1 << o))
+                scale, inverse = self.pow2_scale(amax)
+                for j in cutlass.range_constexpr(8):
+                    sQ[row, col + j, 0] = (frag[j].to(Float32) * scale).to(self.op_dtype)
+                if chunk % chunks_per_row == 0:
+                    sRowScale[row] = inverse
+            else:
+                for j in cutlass.range_constexpr(8):
+                    sQ[row, col + j, 0] = frag[j]
         # Generic-proxy smem writes must be visible to wgmma (async proxy) before it reads sQ.
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=self.q_barrier_id, number_of_threads=self.num_consumer_threads)
@@ -546,7 +601,7 @@ class SplitKVDecodeKernel:
         and 0 * NaN would poison O even though P is 0 there."""
         D, N = self.head_dim, self.tile_n
         for idx in cutlass.range(tidx, (N - valid) * D, self.num_consumer_threads, unroll=1):
-            sV[idx % D, valid + idx // D, stage] = self.dtype(0.0)
+            sV[idx % D, valid + idx // D, stage] = self.op_dtype(0.0)
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=self.q_barrier_id, number_of_threads=self.num_consumer_threads)
 
@@ -563,15 +618,15 @@ class SplitKVDecodeKernel:
             c = chunk % chunks_per_row
             k8 = cute.make_rmem_tensor((16,), self.kv_dtype)
             cute.autovec_copy(cute.local_tile(sK8[n, None, stage], (16,), (c,)), k8)
-            k16 = cute.make_rmem_tensor((16,), self.dtype)
-            k16.store(k8.load().to(self.dtype))
+            k16 = cute.make_rmem_tensor((16,), self.op_dtype)
+            k16.store(k8.load().to(self.op_dtype))
             cute.autovec_copy(k16, cute.local_tile(sK[n, None, 0], (16,), (c,)))
-            v16 = cute.make_rmem_tensor((16,), self.dtype)
+            v16 = cute.make_rmem_tensor((16,), self.op_dtype)
             v16.fill(0.0)
             if n < valid:
                 v8 = cute.make_rmem_tensor((16,), self.kv_dtype)
                 cute.autovec_copy(cute.local_tile(sV8[None, n, stage], (16,), (c,)), v8)
-                v16.store(v8.load().to(self.dtype))
+                v16.store(v8.load().to(self.op_dtype))
             cute.autovec_copy(v16, cute.local_tile(sV[None, n, 0], (16,), (c,)))
         # Generic-proxy smem writes must be visible to wgmma (async proxy) before it reads them.
         cute.arch.fence_proxy("async.shared", space="cta")
@@ -581,10 +636,10 @@ class SplitKVDecodeKernel:
     def mma_softmax_epilogue(
         self, qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, tidx, split_idx, batch_idx, kvh,
         row_block, seqlen_q, group, n_keys, start, end, num_tiles, first_tile, softmax_scale_log2,
-        sK8, sV8, v_scale,
+        sK8, sV8, v_scale, sRowScale,
     ):
         D, N, M = self.head_dim, self.tile_n, self.block_m
-        self.load_q(mQ, sQ, tidx, batch_idx, kvh, row_block, seqlen_q, group)
+        self.load_q(mQ, sQ, sRowScale, tidx, batch_idx, kvh, row_block, seqlen_q, group)
 
         qk_thr = qk_mma.get_slice(tidx)
         pv_thr = pv_mma.get_slice(tidx)
@@ -602,7 +657,10 @@ class SplitKVDecodeKernel:
         row_max = cute.make_rmem_tensor((2,), Float32)
         row_sum = cute.make_rmem_tensor((2,), Float32)
         key_limit = cute.make_rmem_tensor((2,), Int32)  # first key a row may not see
+        row_qk_scale = cute.make_rmem_tensor((2,), Float32)  # fp16 operands: the row's score scale
         for r in cutlass.range_constexpr(2):
+            if cutlass.const_expr(self.fp16_operands):
+                row_qk_scale[r] = softmax_scale_log2 * sRowScale[warp * 16 + lane // 4 + 8 * r]
             row_max[r] = -Float32.inf
             row_sum[r] = 0.0
             key_limit[r] = end
@@ -646,6 +704,8 @@ class SplitKVDecodeKernel:
                         idx = c + 2 * r + 4 * v
                         col = (lane % 4) * 2 + c + 8 * v
                         s = acc_s[idx] * softmax_scale_log2
+                        if cutlass.const_expr(self.fp16_operands):
+                            s = acc_s[idx] * row_qk_scale[r]
                         if col >= limit:
                             s = -Float32.inf
                         acc_s[idx] = s
@@ -672,9 +732,9 @@ class SplitKVDecodeKernel:
                         acc_o[c + 2 * r + 4 * v] = acc_o[c + 2 * r + 4 * v] * rescale
 
             # P (fp32 C layout) -> 16-bit A-operand registers; same element order per thread.
-            tOrP = cute.make_rmem_tensor(self.p_layout(acc_s.layout), self.dtype)
+            tOrP = cute.make_rmem_tensor(self.p_layout(acc_s.layout), self.op_dtype)
             tOrP_as_acc = cute.make_tensor(tOrP.iterator, acc_s.layout)
-            tOrP_as_acc.store(acc_s.load().to(self.dtype))
+            tOrP_as_acc.store(acc_s.load().to(self.op_dtype))
 
             warpgroup.fence()
             pv_mma.set(warpgroup.Field.ACCUMULATE, True)
