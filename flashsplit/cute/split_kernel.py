@@ -240,7 +240,8 @@ class SplitKVDecodeKernel:
             self.kv_dtype, cute.slice_(k_load_layout, (None, None, 0))
         ) + cute.size_in_bytes(self.kv_dtype, cute.slice_(v_load_layout, (None, None, 0)))
 
-        if cutlass.const_expr(self.fp16_operands):  # staged, plus each q row's score scale
+        if cutlass.const_expr(self.staged):
+            fp16_operands = self.fp16_operands
 
             @cute.struct
             class SharedStorage:
@@ -250,18 +251,8 @@ class SplitKVDecodeKernel:
                 sK8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(k_load_layout)], 1024]
                 sV8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(v_load_layout)], 1024]
                 kv_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-                row_scale: cute.struct.MemRange[Float32, M]
-
-        elif cutlass.const_expr(self.staged):
-
-            @cute.struct
-            class SharedStorage:
-                sQ: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(q_layout)], 1024]
-                sK: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(k_layout)], 1024]
-                sV: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(v_layout)], 1024]
-                sK8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(k_load_layout)], 1024]
-                sV8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(v_load_layout)], 1024]
-                kv_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+                if cutlass.const_expr(fp16_operands):  # each q row's score scale (fp16 operands)
+                    row_scale: cute.struct.MemRange[Float32, M]
 
         else:
 
