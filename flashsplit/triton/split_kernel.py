@@ -51,11 +51,16 @@ def chunk_page_ids(bt_row, c0, seqlen, PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.
 
 
 @triton.jit
-def load_kv_tile(k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
-                 n0, end, head_dim, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGED: tl.constexpr,
-                 PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr):
-    """K^T ``[BLOCK_D, BLOCK_N]`` and V ``[BLOCK_N, BLOCK_D]`` of keys [n0, n0 + BLOCK_N), in the
-    cache's dtype; keys at or past ``end`` are not read (0)."""
+def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
+                n0, end, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PAGED: tl.constexpr,
+                PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr):
+    """Online-softmax update of (max, sum, acc) with keys [n0, n0 + BLOCK_N) of a split ending at end.
+
+    fp8 caches are converted to q's dtype in registers (exact for e4m3/e5m2 into fp16), q being
+    fp16 then (:func:`q_for_fp16_dots`, with ``qk_scale_log2`` a ``[BLOCK_M, 1]`` row scale);
+    their scales are folded into ``qk_scale_log2`` (K) and applied to the output (V).
+    """
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_n = offs_n < end
@@ -65,21 +70,6 @@ def load_kv_tile(k_base, v_base, page_ids, first_page, num_pages, stride_kb, str
     # Masked loads: cache slots past the row's end may hold NaN and are never read.
     kt = tl.load(k_base + k_tok[None, :] + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0)
     v = tl.load(v_base + v_tok[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-    return kt, v
-
-
-@triton.jit
-def softmax_update(q, kt, v, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2,
-                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """Online-softmax update of (max, sum, acc) with the loaded tile ``kt``, ``v`` of keys
-    [n0, n0 + BLOCK_N) of a split ending at ``end``.
-
-    fp8 caches are converted to q's dtype in registers (exact for e4m3/e5m2 into fp16), q being
-    fp16 then (:func:`q_for_fp16_dots`, with ``qk_scale_log2`` a ``[BLOCK_M, 1]`` row scale);
-    their scales are folded into ``qk_scale_log2`` (K) and applied to the output (V).
-    """
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < end
     s = tl.dot(q, kt.to(q.dtype)) * qk_scale_log2
     visible = mask_n[None, :]
     if CAUSAL:
@@ -93,17 +83,6 @@ def softmax_update(q, kt, v, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
     return m_new, l_i, acc
-
-
-@triton.jit
-def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
-                n0, end, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
-                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PAGED: tl.constexpr,
-                PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr):
-    """:func:`load_kv_tile` then :func:`softmax_update` of keys [n0, n0 + BLOCK_N)."""
-    kt, v = load_kv_tile(k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb,
-                         stride_vn, n0, end, head_dim, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, CHUNK_PAGES)
-    return softmax_update(q, kt, v, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2, BLOCK_N, CAUSAL)
 
 
 @triton.jit
