@@ -12,6 +12,12 @@ from __future__ import annotations
 import torch
 
 
+def _stream_key(device: torch.device) -> tuple[int, int]:
+    """(device index, raw handle of its current stream): what the per-stream caches key on."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return index, torch._C._cuda_getCurrentRawStream(index)
+
+
 class Workspace:
     def __init__(self) -> None:
         self._buffers: dict[tuple[int, int], torch.Tensor] = {}
@@ -25,8 +31,7 @@ class Workspace:
         until the kernels that use it are enqueued: during a capture it is a fresh tensor)."""
         if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
             return torch.empty(numel, dtype=torch.float32, device=device)
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        key = (index, torch._C._cuda_getCurrentRawStream(index))
+        key = _stream_key(device)
         buffer = self._buffers.get(key)
         if buffer is None or buffer.numel() < numel:
             # Grow geometrically so alternating shapes do not reallocate every step.
@@ -63,7 +68,8 @@ class ArrivalCounters:
     def get(self, device: torch.device, numel: int) -> torch.Tensor:
         if device.type != "cuda":
             return torch.zeros(numel, dtype=torch.int32, device=device)
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        key = _stream_key(device)
+        index = key[0]
         if torch.cuda.is_current_stream_capturing():
             arena = self._arenas.get(index)
             if arena is not None and arena[1] + numel <= arena[0].numel():
@@ -72,7 +78,6 @@ class ArrivalCounters:
             return torch.zeros(numel, dtype=torch.int32, device=device)
         if index not in self._arenas:
             self._arenas[index] = [torch.zeros(self.ARENA_COUNTERS, dtype=torch.int32, device=device), 0]
-        key = (index, torch._C._cuda_getCurrentRawStream(index))
         buffer = self._buffers.get(key)
         if buffer is None or buffer.numel() < numel:
             buffer = torch.zeros(max(numel, 1024), dtype=torch.int32, device=device)

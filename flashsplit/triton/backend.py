@@ -149,8 +149,8 @@ class TritonBackend(Backend):
             final_for_single_split_rows,
             lse is not None,  # WRITE_LSE
             interpreter_active(),  # RUNTIME_BOUND_WHILE
-            out_partial is not None and arrivals is None and out is not None and _pdl(q),  # LAUNCH_DEPENDENTS:
-            #                                                                  the combine follows
+            # LAUNCH_DEPENDENTS: a combine kernel follows (partials, an output, no in-kernel merge)
+            out_partial is not None and arrivals is None and out is not None and _pdl(q),
             *_page_chunk(page_size, tiles.block_n),  # CHUNK_TILES, CHUNK_PAGES
             arrivals is not None,  # MERGE_IN_LAST_SPLIT
             *dataclasses.astuple(merge_tiles(seqlen_q * group, head_dim, num_splits)),  # MERGE_ROWS/_SPLITS/_CHUNK
