@@ -648,9 +648,10 @@ class SplitKVDecodeKernel:
         row_max = cute.make_rmem_tensor((2,), Float32)
         row_sum = cute.make_rmem_tensor((2,), Float32)
         key_limit = cute.make_rmem_tensor((2,), Int32)  # first key a row may not see
-        row_qk_scale = cute.make_rmem_tensor((2,), Float32)  # fp16 operands: the row's score scale
+        row_qk_scale = cute.make_rmem_tensor((2,), Float32)  # log2 score scale of the row
         for r in cutlass.range_constexpr(2):
-            if cutlass.const_expr(self.fp16_operands):
+            row_qk_scale[r] = softmax_scale_log2
+            if cutlass.const_expr(self.fp16_operands):  # times 1 / the q row's power of two
                 row_qk_scale[r] = softmax_scale_log2 * sRowScale[warp * 16 + lane // 4 + 8 * r]
             row_max[r] = -Float32.inf
             row_sum[r] = 0.0
@@ -694,9 +695,7 @@ class SplitKVDecodeKernel:
                     for c in cutlass.range_constexpr(2):
                         idx = c + 2 * r + 4 * v
                         col = (lane % 4) * 2 + c + 8 * v
-                        s = acc_s[idx] * softmax_scale_log2
-                        if cutlass.const_expr(self.fp16_operands):
-                            s = acc_s[idx] * row_qk_scale[r]
+                        s = acc_s[idx] * row_qk_scale[r]
                         if col >= limit:
                             s = -Float32.inf
                         acc_s[idx] = s
