@@ -193,7 +193,8 @@ def test_all_split_configs_include_fp8():
         fp8 = [c for c in configs if c.kv_dtype == kv_dtype]
         assert len(fp8) == 48
         for c in fp8:
-            base = c.__class__(**{**c.__dict__, "kv_dtype": "same", "stages": {64: 3, 128: 2, 256: 3}[c.head_dim]})
+            base = c.__class__(**{**c.__dict__, "kv_dtype": "same", "fp16_operands": False,
+                                  "stages": {64: 3, 128: 2, 256: 3}[c.head_dim]})
             assert base in same
             assert c.stages >= base.stages
 
@@ -214,13 +215,13 @@ def test_subtile_configs():
     for c in sub:
         assert c.paged and c.tile_n % c.subtile_page == 0 and c.subtile_page % 8 == 0
         assert c.__class__(**{**c.__dict__, "subtile_page": 0}) in whole
-    checked = [c for c in compile_check_configs() if c.subtile_page and not c.fp16_operands]
+    dispatched = set(all_split_configs())  # the rest of the compile check: test_fp16_operand_configs
+    checked = [c for c in compile_check_configs() if c.subtile_page and c in dispatched]
     assert {(c.kv_dtype, c.head_dim, c.subtile_page) for c in checked} == {
         (c.kv_dtype, c.head_dim, c.subtile_page) for c in sub}
     assert len({(c.dtype, c.causal, c.write_partials) for c in checked}) == 8
-    gathered = {c for c in compile_check_configs() if c.gather_pages and not c.fp16_operands}
-    fp16_operands = {c for c in compile_check_configs() if c.fp16_operands}
-    assert set(compile_check_configs()) - set(checked) - gathered - fp16_operands == set(whole)
+    gathered = {c for c in compile_check_configs() if c.gather_pages and c in dispatched}
+    assert (set(compile_check_configs()) & dispatched) - set(checked) - gathered == set(whole)
     # The page size is a compile key only below the tile.
     assert split_config("bfloat16", 128, False, True, True, page_size=128).subtile_page == 0
     assert split_config("bfloat16", 128, False, True, True, page_size=16).subtile_page == 16
@@ -504,23 +505,28 @@ def _cute_reason_off_device(real, backend, problem):
 
 
 def test_fp16_operand_configs():
-    """fp16 wgmma operands are a compile key of fp8 caches with a bf16 q only, off until verified
-    on a GPU (FP16_OPERANDS_VERIFIED_ON_GPU); the compile check builds them for every fp8 type
-    and head dim, dense, and for whole-tile, sub-tile and gathered pages."""
+    """fp16 wgmma operands are a compile key of fp8 caches with a bf16 q only; the dispatcher's
+    configurations take the operand type FP16_OPERANDS_VERIFIED_ON_GPU selects (fp16 since the
+    fifth session), and the compile check also builds the other one for every fp8 type and head
+    dim, dense, and for whole-tile, sub-tile and gathered pages."""
     from flashsplit.cute import configs
 
-    assert not any(c.fp16_operands for c in all_split_configs())  # the flag is off
+    chosen = configs.FP16_OPERANDS_VERIFIED_ON_GPU
+    assert chosen  # verified on the H200 (fifth session)
+    assert all(c.fp16_operands == (chosen and c.fp8 and c.dtype == "bfloat16") for c in all_split_configs())
     with pytest.raises(ValueError, match="fp16_operands: only for an fp8 cache with a bfloat16 q"):
         configs.split_config("float16", 128, False, True, kv_dtype="float8_e4m3fn", fp16_operands=True)
     with pytest.raises(ValueError, match="fp16_operands"):
         configs.split_config("bfloat16", 128, False, True, fp16_operands=True)
-    checked = [c for c in compile_check_configs() if c.fp16_operands]
-    assert all(c.fp8 and c.dtype == "bfloat16" for c in checked)
-    assert {(c.kv_dtype, c.head_dim) for c in checked if not c.paged} == {
+    dispatched = set(all_split_configs())
+    others = [c for c in compile_check_configs() if c not in dispatched]
+    assert all(c.fp8 and c.dtype == "bfloat16" and c.fp16_operands != chosen for c in others)
+    assert {(c.kv_dtype, c.head_dim) for c in others if not c.paged} == {
         (kv, d) for kv in configs.KV_DTYPES[1:] for d in configs.HEAD_DIMS}
-    assert {(c.subtile_page > 0, c.gather_pages) for c in checked if c.paged} == {
+    assert {(c.subtile_page > 0, c.gather_pages) for c in others if c.paged} == {
         (False, False), (True, False), (False, True)}
-    for c in checked:  # 256 bytes of row scales, still two CTAs per SM where the tile wants them
-        plain = c.__class__(**{**c.__dict__, "fp16_operands": False})
-        assert c.smem_bytes == plain.smem_bytes + 256
-        configs.check_smem(c)
+    for c in compile_check_configs():  # 256 bytes of row scales, still two CTAs per SM where the tile wants them
+        if c.fp16_operands:
+            plain = c.__class__(**{**c.__dict__, "fp16_operands": False})
+            assert c.smem_bytes == plain.smem_bytes + 256
+            configs.check_smem(c)

@@ -171,11 +171,11 @@ PAGED_VERIFIED_ON_GPU = True
 #: e4m3/e5m2, dense and paged). False makes ``supports()`` refuse fp8 caches (Triton takes them).
 FP8_VERIFIED_ON_GPU = True
 
-#: fp16 wgmma operands for fp8 caches with a bf16 q (``SplitConfig.fp16_operands``): compile-checked
-#: for sm_90a (fourth session, after its last GPU call), not yet run on a GPU. Until
-#: ``pytest tests/test_cute_gpu.py -k fp16_operands`` passes on an H200, such problems compile the
-#: bf16-operand kernel (GPU-verified); those tests switch this on for themselves.
-FP16_OPERANDS_VERIFIED_ON_GPU = False
+#: fp16 wgmma operands for fp8 caches with a bf16 q (``SplitConfig.fp16_operands``): passed
+#: ``pytest tests/test_cute_gpu.py -k fp16_operands`` on an H200 (2026-11-29, fifth session: 19 tests,
+#: q rows of 2^12 / 2^-12 / 3e5 / 0, whole-tile, sub-tile and gathered pages). False compiles the
+#: bf16-operand kernel for such problems again.
+FP16_OPERANDS_VERIFIED_ON_GPU = True
 
 #: Pages smaller than the KV tile (``subtile_page_sizes``): ``pytest tests/test_cute_gpu.py -k subtile``
 #: passed on an H200 (2026-11-29 session 2: 45 tests, page sizes 8/16/32 (and 64 at d = 64), 16-bit
@@ -277,14 +277,16 @@ def compile_check_configs() -> list[SplitConfig]:
                     dtype, causal, wp = combos[i % len(combos)]
                     configs.append(split_config(dtype, head_dim, causal, wp, True, kv_dtype, page_size))
                     i += 1
-    # fp16 operands (fp8 cache, bf16 q): every (fp8 type, head dim), dense with causal/partials
-    # cycled, and paged (whole-tile, sub-tile and gathered pages) once per head dim.
+    # fp8 cache with a bf16 q: the operand type FP16_OPERANDS_VERIFIED_ON_GPU does not select
+    # (above: the one it does) for every (fp8 type, head dim), dense with causal/partials cycled,
+    # and paged (whole-tile, sub-tile and gathered pages) once per head dim.
+    other = not FP16_OPERANDS_VERIFIED_ON_GPU
     for j, (kv_dtype, head_dim) in enumerate((kv, d) for kv in KV_DTYPES[1:] for d in HEAD_DIMS):
         configs.append(split_config("bfloat16", head_dim, j % 2 == 1, j % 3 != 2, False, kv_dtype,
-                                    fp16_operands=True))
+                                    fp16_operands=other))
     for head_dim, page_size in zip(HEAD_DIMS, (128, 16, GATHER_EXAMPLE_PAGE)):
         configs.append(split_config("bfloat16", head_dim, False, True, True, "float8_e4m3fn", page_size,
-                                    fp16_operands=True))
+                                    fp16_operands=other))
     return configs
 
 
