@@ -7,6 +7,7 @@ for comparison. Where the two differ, the rest is launch gaps between the kernel
     python scripts/kernel_breakdown.py                       # on the H200
     python scripts/kernel_breakdown.py --cells 1x4k 1x128k --backends triton cute
     python scripts/kernel_breakdown.py --backends triton triton-combine   # last-split merge vs combine kernel
+    python scripts/kernel_breakdown.py --backends cute-combine cute-merge  # cute: combine kernel vs last-CTA merge
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ import flashsplit
 import flashsplit.registry
 from flashsplit.bench.cases import parse_seqlen
 from flashsplit.bench.timing import TimingConfig, time_graph
+from flashsplit.cute.backend import CuteBackend
+from flashsplit.plan import MAX_SPLITS
 from flashsplit.triton.backend import TritonBackend
 
 MERGE_MAX_SPLITS = TritonBackend.merge_max_splits
+CUTE_MERGE_MAX_SPLITS = CuteBackend.merge_max_splits
 
 DEFAULT_CELLS = ["1x4k", "1x16k", "1x128k", "4x16k", "16x16k", "64x4k"]
 
@@ -71,9 +75,12 @@ def main() -> None:
         for backend in args.backends:
             # "triton-combine": Triton with a separate combine kernel instead of the last split's merge.
             TritonBackend.merge_max_splits = 0 if backend == "triton-combine" else MERGE_MAX_SPLITS
+            # "cute-merge" / "cute-combine": cute with its split kernel's last-CTA merge at every
+            # split count / never.
+            CuteBackend.merge_max_splits = {"cute-merge": MAX_SPLITS, "cute-combine": 0}.get(backend, CUTE_MERGE_MAX_SPLITS)
             flashsplit.registry.invalidate()
 
-            def run(i, backend=backend.removesuffix("-combine"), sets=sets, lens=lens):
+            def run(i, backend=backend.split("-")[0], sets=sets, lens=lens):
                 q, k, v = sets[i]
                 return flashsplit.decode(q, k, v, cache_seqlens=lens, backend=backend)
             try:

@@ -83,3 +83,14 @@ def cute_gather_enabled(monkeypatch):
     """The same for pages the cute kernel gathers row by row (neither whole-tile nor sub-tile:
     flashsplit.cute.configs.GATHER_PAGES_VERIFIED_ON_GPU)."""
     yield from _enable_unverified(monkeypatch, "GATHER_PAGES_VERIFIED_ON_GPU")
+
+
+@pytest.fixture
+def cute_merge_enabled(monkeypatch):
+    """The cute split kernel's last-CTA merge for every split count (no combine kernel;
+    flashsplit.cute.configs.MERGE_VERIFIED_ON_GPU, CuteBackend.merge_max_splits)."""
+    from flashsplit.cute.backend import CuteBackend
+    from flashsplit.plan import MAX_SPLITS
+
+    monkeypatch.setattr(CuteBackend, "merge_max_splits", MAX_SPLITS)
+    yield from _enable_unverified(monkeypatch, "MERGE_VERIFIED_ON_GPU")

@@ -130,19 +130,41 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
         # fp8 -> fp16 is one cvt per pair: no detour through fp32 and bf16 (cvt.f32.f16 and
         # cvt.rn.bf16x2.f32 per pair in the bf16-operand kernel), and the q rows' scale is a
         # butterfly max over each row's lanes.
-        assert "cvt.f32.f16" not in ptx and "cvt.rn.bf16x2.f32" not in ptx
+        # (A merging kernel's tail converts its fp32 sums to q's bf16: only the code before it.)
+        main = ptx[:ptx.index("atom.")] if config.merge else ptx
+        assert "cvt.f32.f16" not in main and "cvt.rn.bf16x2.f32" not in main
         assert "shfl.sync.bfly" in ptx
     fp8_cvts = set(re.findall(r"cvt\.rn\.f16x2\.(e4m3x2|e5m2x2)", ptx))
     if config.fp8:
         assert fp8_cvts == {config.kv_dtype.split("_")[1][:4] + "x2"}, fp8_cvts
     else:
         assert not fp8_cvts
+    _check_merge(ptx, config)
     if config.staged:
         # The converted (fp8) or copied (gathered) K and V tiles reach their operand buffers in
         # 16-byte stores; 2-byte stores are left only in q's one-time load (64 rows x d over 128
         # threads).
         assert "st.shared.v4.b32" in ptx
         assert ptx.count("st.shared.b16") <= config.head_dim // 2, "staged tiles stored 2 bytes at a time"
+
+
+def _check_merge(ptx: str, config) -> None:
+    """Only a merging kernel counts arrivals: one acq_rel atomic add per CTA (gpu scope, PTX's
+    default), after which the last CTA loads the partials as vectors (a lane's D / 32 columns),
+    a whole chunk of splits before the first use, and again in the loop over further chunks."""
+    from flashsplit.cute.split_kernel import SplitKVDecodeKernel
+
+    atomics = re.findall(r"atom\.[\w.:]*", ptx)
+    if not config.merge:
+        assert not atomics, atomics
+        return
+    assert len(atomics) == 1 and ".acq_rel" in atomics[0] and ".add" in atomics[0], atomics
+    assert ".cta" not in atomics[0] and ".sys" not in atomics[0], atomics
+    merge = SplitKVDecodeKernel(config).row_merge
+    vec = min(merge.cols_per_lane, 4)
+    tail = ptx[ptx.index(atomics[0]):]
+    loads = len(re.findall(rf"ld\.global\.v{vec}\.b32", tail)) if vec > 1 else None
+    assert loads == 2 * merge.chunk * merge.cols_per_lane // vec, loads
 
 
 @needs_cutlass
@@ -215,7 +237,7 @@ def test_subtile_configs():
     for c in sub:
         assert c.paged and c.tile_n % c.subtile_page == 0 and c.subtile_page % 8 == 0
         assert c.__class__(**{**c.__dict__, "subtile_page": 0}) in whole
-    dispatched = set(all_split_configs())  # the rest of the compile check: test_fp16_operand_configs
+    dispatched = set(all_split_configs())  # the rest: test_fp16_operand_configs, test_merge_configs
     checked = [c for c in compile_check_configs() if c.subtile_page and c in dispatched]
     assert {(c.kv_dtype, c.head_dim, c.subtile_page) for c in checked} == {
         (c.kv_dtype, c.head_dim, c.subtile_page) for c in sub}
@@ -248,8 +270,30 @@ def test_gather_configs():
     for c in gathered:
         assert c.units_per_sm * (c.smem_bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM
         assert c.units_per_sm == (1 if c.head_dim == 256 else 2)
-    checked = [c for c in compile_check_configs() if c.gather_pages]
+    checked = [c for c in compile_check_configs() if c.gather_pages and not c.merge]
     assert {(c.kv_dtype, c.head_dim) for c in checked} == {(c.kv_dtype, c.head_dim) for c in gathered}
+
+
+def test_merge_configs():
+    """The last-CTA merge is a compile key of partials launches only; the compile check builds it
+    for every (cache type, head dim) dense, with both dtypes and causal among them, and for
+    whole-tile, sub-tile and gathered pages; its 16-byte ticket keeps the CTAs per SM."""
+    from flashsplit.cute import configs
+
+    with pytest.raises(ValueError, match="merge: only for a launch that writes partials"):
+        configs.split_config("bfloat16", 128, False, False, merge=True)
+    merged = [c for c in compile_check_configs() if c.merge]
+    assert all(c.write_partials for c in merged)
+    assert {(c.kv_dtype, c.head_dim) for c in merged if not c.paged} == {
+        (kv, d) for kv in configs.KV_DTYPES for d in configs.HEAD_DIMS}
+    assert {c.dtype for c in merged} == set(configs.DTYPES) and {c.causal for c in merged} == {False, True}
+    assert {(c.subtile_page > 0, c.gather_pages) for c in merged if c.paged} == {
+        (False, False), (True, False), (False, True)}
+    for c in merged:
+        plain = c.__class__(**{**c.__dict__, "merge": False})
+        assert plain in set(all_split_configs()) and c.smem_bytes == plain.smem_bytes + 16
+        configs.check_smem(c)
+    assert not any(c.merge for c in all_split_configs())  # the twins are listed here, not there
 
 
 def test_fp8_configs_keep_two_ctas_per_sm_up_to_d128():
@@ -519,7 +563,7 @@ def test_fp16_operand_configs():
     with pytest.raises(ValueError, match="fp16_operands"):
         configs.split_config("bfloat16", 128, False, True, fp16_operands=True)
     dispatched = set(all_split_configs())
-    others = [c for c in compile_check_configs() if c not in dispatched]
+    others = [c for c in compile_check_configs() if c not in dispatched and not c.merge]
     assert all(c.fp8 and c.dtype == "bfloat16" and c.fp16_operands != chosen for c in others)
     assert {(c.kv_dtype, c.head_dim) for c in others if not c.paged} == {
         (kv, d) for kv in configs.KV_DTYPES[1:] for d in configs.HEAD_DIMS}

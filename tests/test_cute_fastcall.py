@@ -99,7 +99,9 @@ def test_backend_style_split_arguments():
                 p(base + 0x4004, F32, 4), p(base + 0x5008, I32, 4), p(base + 0x600C, I32, 4),
                 *(I32(s * i - 3) for i in range(9)), I64(-(2**40) - s), *(I64(s * 2**33 + i) for i in range(13)),
                 F32(0.1 * s * 1.4426950408889634), p(base + 0x7000, F32, 4), p(base + 0x8000, F32, 4),
-                *(I64(s + i) for i in range(4)), driver.CUstream(0x7F0012340000 + s))
+                *(I64(s + i) for i in range(4)),
+                p(base + 0x9000, bf16), p(base + 0xA004, F32, 4), p(base + 0xB008, I32, 4),  # merge: out, lse, counters
+                *(I64(s * 4096 + i) for i in range(3)), driver.CUstream(0x7F0012340000 + s))
 
     self_check(_split(), [args(0x7F0000000000, 1), args(0x7E0000001000, 7), args(0x10, 2**20)])
 

@@ -663,3 +663,71 @@ def test_gather_one_kernel_for_every_page_size_and_graph_replay(cute_paged_enabl
     """The gathered kernel's page size is a runtime value (pages of 1, 3, 24 and 48 share one
     compiled kernel), and a captured decode follows a rewritten block table."""
     _check_one_kernel_across_pages([(p, (700, 65), 1024) for p in (1, 3, 24, 48)], 5)
+
+
+# The split kernel's last-CTA merge (configs.MERGE_VERIFIED_ON_GPU, off until these pass on an
+# H200; the fixture switches it on): every launch of several splits below is one kernel.
+@pytest.mark.parametrize("case", [c for c in _cases() if c.num_splits > 1], ids=str)
+def test_merge_decode_matches_reference(case, cute_merge_enabled):
+    """The decode matrix with 3, 5 and 17 splits: empty rows and empty splits (lengths 0/1),
+    1-128 packed rows per KV head (one warp merges rows w, w + 4, ...; two row tiles at 16 x 8)."""
+    test_decode_matches_reference(case)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("num_splits", [32, 64, 256])
+def test_merge_many_splits(head_dim, num_splits, cute_merge_enabled):
+    """Split counts past one register chunk (d = 128: 16 splits a round trip) and past the 32
+    LSEs a lane holds per register; the longest row fills all 256 splits of 128 keys."""
+    lengths = (32768, 5000, 129)
+    case = DecodeCase(len(lengths), 1, 32768, 2, 4, head_dim, torch.bfloat16, lengths, num_splits)
+    test_decode_matches_reference(case)
+
+
+def test_merge_counters_reset_between_calls_and_streams(cute_merge_enabled):
+    """The last CTA sets each arrival counter back to 0: back-to-back calls (new inputs, other
+    split counts, another stream) all match the reference."""
+    backend = _backend()
+    side = torch.cuda.Stream()
+    for i, (num_splits, stream) in enumerate([(3, None), (3, None), (7, None), (3, side), (7, side), (3, None)]):
+        case = DecodeCase(3, 1, 2048, 2, 4, 128, torch.bfloat16, (2000, 700, 1), num_splits)
+        q, k, v, seqlens = make_inputs(case, "cuda", torch.Generator().manual_seed(i))
+        out = torch.full_like(q, float("nan"))
+        with torch.cuda.stream(stream or torch.cuda.current_stream()):
+            backend.decode(q, k, v, seqlens, num_splits, 0.1, False, out, None)
+        torch.cuda.synchronize()
+        check_against_reference(out, None, q, k, v, seqlens, False, 0.1, what=f"call {i}")
+
+
+def test_merge_cuda_graph_capture(cute_merge_enabled):
+    test_cuda_graph_capture()
+
+
+@pytest.mark.parametrize("head_dim,dtype,fp8,per_head,seqlen_q,group,causal", FP8_CASES[:4], ids=str)
+@pytest.mark.parametrize("num_splits", [3, 17])
+def test_merge_fp8(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits, cute_fp8_enabled,
+                   cute_merge_enabled):
+    test_fp8_decode_matches_reference(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits,
+                                      cute_fp8_enabled)
+
+
+@pytest.mark.parametrize("page_size", [128, 16, 48])
+def test_merge_paged(page_size, cute_paged_enabled, cute_merge_enabled):
+    """Whole-tile, sub-tile and gathered pages with the merge (17 splits, 4 x 8 packed rows)."""
+    case, q, k, v, seqlens, k_pages, v_pages, table = _subtile_inputs(128, page_size, 4, 8, True, 17, page_size)
+    _decode_paged_and_check(case, q, k, v, seqlens, k_pages, v_pages, table, 17, True, f"merged pages of {page_size}")
+
+
+def test_merge_through_decode_api(cute_merge_enabled):
+    """flashsplit.decode(backend="cute") with the heuristic's split count (B = 1, 32 splits at 8k
+    keys for 8 KV heads) and lse returned."""
+    import flashsplit
+
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 1, 32, 128, generator=gen).to("cuda", torch.bfloat16)
+    k = torch.randn(1, 8192, 8, 128, generator=gen).to("cuda", torch.bfloat16)
+    v = torch.randn(1, 8192, 8, 128, generator=gen).to("cuda", torch.bfloat16)
+    assert flashsplit.plan(1, 8192, 32, 8, 128, has_cache_seqlens=False, backend="cute").num_splits > 4
+    out, lse = flashsplit.decode(q, k, v, backend="cute", return_lse=True)
+    torch.cuda.synchronize()
+    check_against_reference(out, lse, q, k, v, None, False, 1.0 / math.sqrt(128))

@@ -261,24 +261,31 @@ def test_relaunch_calls_the_c_launcher_directly_when_no_scratch_is_needed(monkey
     assert seen[-1] == ("py", (5, 1, 1, 7, "fn", (4, 1, 0), None, None, None, 99, None, 3))
 
 
-@pytest.mark.parametrize("num_splits, with_lse", [(3, True), (3, False), (1, False)])
-def test_prepared_cute_launches_with_workspace_addresses(num_splits, with_lse, generator, monkeypatch):
+@pytest.mark.parametrize("num_splits, with_lse, merge",
+                         [(3, True, False), (3, False, False), (1, False, False), (3, True, True), (3, False, True),
+                          (1, False, True)])
+def test_prepared_cute_launches_with_workspace_addresses(num_splits, with_lse, merge, generator, monkeypatch):
     """PreparedCuteDecode computes the static launch arguments once, then passes each launch the
     tensors' addresses, the partials at the workspace's base and after the S x rows x D outputs,
-    and (no lse asked for) an lse scratch after the partial LSEs. Fakes stand in for the
-    compiled kernels (no cutlass launch on the CPU)."""
-    from flashsplit.cute import backend as cute_backend
+    and (no lse asked for) an lse scratch after the partial LSEs. With the in-kernel merge
+    (``configs.MERGE_VERIFIED_ON_GPU``) a launch of several splits is one split-kernel launch
+    that also gets ``out``, the lse and zeroed arrival counters; otherwise the combine follows.
+    Fakes stand in for the compiled kernels (no cutlass launch on the CPU)."""
+    from flashsplit.cute import backend as cute_backend, configs
 
+    monkeypatch.setattr(configs, "MERGE_VERIFIED_ON_GPU", merge)
     backend = cute_backend.CuteBackend()
     q, k, v = _inputs(generator, batch=2, heads=(8, 2), dim=32)
     lens = torch.tensor([300, 9], dtype=torch.int32, device=DEVICE)
     out = torch.empty_like(q)
     lse = torch.empty(2, 8, 1, device=DEVICE) if with_lse else None
-    setups, launches, bases = [], [], []
+    setups, launches, bases, counters = [], [], [], []
 
-    def split_launch(self, q_, k_, v_, seqlens, table, splits, scale, causal, o, lse_, partials, kd, vd):
-        setups.append(("split", o.shape, lse_.shape, partials))
-        return cute_backend._SplitLaunch("split-kernel", (7,), (0, 0, 0, 0), None, partials, q.dtype, k.dtype)
+    def split_launch(self, q_, k_, v_, seqlens, table, splits, scale, causal, o, lse_, partials, kd, vd, out_=None):
+        setups.append(("split", o.shape, lse_.shape, partials, out_ is out))
+        strides = (0, 0, 0) if out_ is None else out_.stride()[:3]
+        return cute_backend._SplitLaunch("split-kernel", (7,), (0, 0, 0, 0), strides, None, partials, q.dtype,
+                                         k.dtype)
 
     def combine_launch(self, out_partial, lse_partial, out_):
         setups.append(("combine", out_partial.shape, lse_partial.shape))
@@ -289,26 +296,39 @@ def test_prepared_cute_launches_with_workspace_addresses(num_splits, with_lse, g
     monkeypatch.setattr(cute_backend, "_run", lambda kernel, raw, library_args: launches.append((kernel, raw)))
     real_buffer = backend._workspace.buffer
     monkeypatch.setattr(backend._workspace, "buffer", lambda *a: bases.append(real_buffer(*a)) or bases[-1])
+    real_counters = backend._arrivals.get
+    monkeypatch.setattr(backend._arrivals, "get", lambda *a: counters.append(real_counters(*a)) or counters[-1])
     prepared = backend.prepare(None, num_splits, 0.2, False)
     for _ in range(2):  # the second call reuses the static arguments
         prepared(q, k, v, lens, None, None, None, out, lse)
     rows = 2 * 1 * 8
     partial_rows = num_splits * rows if num_splits > 1 else 0
-    if num_splits > 1:
-        assert setups == [("split", (3, 2, 1, 8, 32), (3, 2, 8, 1), True), ("combine", (3, 2, 1, 8, 32), (3, 2, 8, 1))]
+    merged = merge and num_splits > 1
+    if merged:
+        assert setups == [("split", (3, 2, 1, 8, 32), (3, 2, 8, 1), True, True)]
+    elif num_splits > 1:
+        assert setups == [("split", (3, 2, 1, 8, 32), (3, 2, 8, 1), True, False),
+                          ("combine", (3, 2, 1, 8, 32), (3, 2, 8, 1))]
     else:
-        assert setups == [("split", (2, 1, 8, 32), (2, 8, 1), False)]
+        assert setups == [("split", (2, 1, 8, 32), (2, 8, 1), False, False)]
     assert bases[0].numel() >= partial_rows * 33 + (0 if with_lse else rows)
     op = bases[-1].data_ptr()
     lp = op + partial_rows * 32 * 4
     lse_ptr = lse.data_ptr() if with_lse else lp + partial_rows * 4
     seqlens = lens.data_ptr()
-    # raw: q, k, v, o, lse, seqlens, table (seqlens when dense), sizes, 2 descales (lse when none), strides, stream
+    # raw: q, k, v, o, lse, seqlens, table (seqlens when dense), sizes, 2 descales (lse when none),
+    # their strides, the merge's out / lse / counters (o / lse / lse when not merging) and out strides, stream
     o_ptr, l_ptr = (op, lp) if num_splits > 1 else (out.data_ptr(), lse_ptr)
+    if merged:
+        assert len(counters) == 2 and counters[0].numel() >= rows and not counters[0].any()
+        merge_args = (out.data_ptr(), lse_ptr, counters[-1].data_ptr(), *out.stride()[:3])
+    else:
+        assert counters == []
+        merge_args = (o_ptr, l_ptr, l_ptr, 0, 0, 0)
     split_raw = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o_ptr, l_ptr, seqlens, seqlens, 7, l_ptr, l_ptr,
-                 0, 0, 0, 0, 0)
+                 0, 0, 0, 0, *merge_args, 0)
     expected = [("split-kernel", split_raw)]
-    if num_splits > 1:
+    if num_splits > 1 and not merged:
         expected.append(("combine-kernel", (op, lp, out.data_ptr(), lse_ptr, 11, 12, 0)))
     assert launches[-len(expected):] == expected
     assert len(launches) == 2 * len(expected)

@@ -15,7 +15,7 @@ import torch
 
 from ..problem import FP8_DTYPES, DecodeProblem
 from ..registry import Backend
-from ..workspace import Workspace
+from ..workspace import ArrivalCounters, Workspace
 from . import configs
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -30,10 +30,17 @@ def cutlass_available() -> bool:
 class CuteBackend(Backend):
     name = "cute"
     priority = 10
+    #: Launches of 2..merge_max_splits splits merge in the split kernel's tail (one launch; with
+    #: ``configs.MERGE_VERIFIED_ON_GPU``), more keep the combine kernel. H200, 32/8 heads, d = 128,
+    #: same run (fifth session): 2 splits merged 67.7 vs 68.9 us (B = 16, 4k), 8 splits 23.4 vs 24.7
+    #: (B = 4, 4k); 32 splits 13.1 vs 12.7 (B = 1, 4k: one warp per row walks 32 splits in two
+    #: register chunks, where the combine's 32 CTAs take one round trip each).
+    merge_max_splits = 8
 
     def __init__(self) -> None:
         self._full_seqlens: dict[tuple, torch.Tensor] = {}
         self._workspace = Workspace()
+        self._arrivals = ArrivalCounters()
 
     # ------------------------------------------------------------------ capability
     def supports(self, problem: DecodeProblem) -> str | None:
@@ -135,11 +142,12 @@ class CuteBackend(Backend):
         launch = self._split_launch(q, k, v, cache_seqlens, block_table, num_splits, scale, causal, o, lse,
                                     write_partials, k_descale, v_descale)
         launch.launch(q, k, v, o.data_ptr(), lse.data_ptr(), cache_seqlens, block_table, k_descale, v_descale,
-                      _raw_stream(q))
+                      None, _raw_stream(q))
 
     def _split_launch(self, q, k, v, cache_seqlens, block_table, num_splits, scale, causal, o, lse,
-                      write_partials, k_descale=None, v_descale=None) -> _SplitLaunch:
-        """The compiled split kernel for this call's static facts and its static raw arguments."""
+                      write_partials, k_descale=None, v_descale=None, out=None) -> _SplitLaunch:
+        """The compiled split kernel for this call's static facts and its static raw arguments;
+        with ``out`` (partials only), the kernel's last CTA per row tile merges into it."""
         import math
 
         from .compile import compile_split
@@ -156,7 +164,7 @@ class CuteBackend(Backend):
             seqlen_k, max_pages = cache_len, 1
         kv_dtype = _FP8_NAMES.get(k.dtype, "same")
         config = configs.split_config(_DTYPE_NAMES[q.dtype], head_dim, causal, write_partials, paged, kv_dtype,
-                                      cache_len if paged else None)
+                                      cache_len if paged else None, merge=out is not None)
         if lse.stride() != _compact_strides(lse.shape):
             raise ValueError(f"lse: expected a contiguous tensor, got strides {lse.stride()}")
         o_strides = o.stride()[:4] if write_partials else (0, *o.stride()[:3])
@@ -169,8 +177,10 @@ class CuteBackend(Backend):
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_strides,
             scale * math.log2(math.e),
         )
+        out_strides = (0, 0, 0) if out is None else tuple(out.stride()[:3])
         full = self._full_length(q.device, batch, seqlen_k) if cache_seqlens is None else None
-        return _SplitLaunch(compile_split(config), sizes, descale_strides, full, write_partials, q.dtype, k.dtype)
+        return _SplitLaunch(compile_split(config), sizes, descale_strides, out_strides, full, write_partials,
+                            q.dtype, k.dtype)
 
     def _full_length(self, device, batch: int, seqlen_k: int) -> torch.Tensor:
         """A cached ``[batch]`` tensor of ``seqlen_k`` (cache_seqlens=None: every slot is live)."""
@@ -205,6 +215,10 @@ class PreparedCuteDecode:
     workspace (a fresh tensor while a CUDA graph is being captured) and launches through the
     kernels' FastLaunchers. Workspace layout (fp32): ``out_partial`` ``[S, B, L_q, H, D]``,
     ``lse_partial`` ``[S, B, H, L_q]`` (S > 1 only), then the lse scratch ``[B, H, L_q]``.
+    With ``configs.MERGE_VERIFIED_ON_GPU`` (when the launcher is built) a launch of 2 to
+    ``CuteBackend.merge_max_splits`` splits merges in the split kernel's tail (``SplitConfig.merge``, one launch; its arrival
+    counters come from :class:`~flashsplit.workspace.ArrivalCounters`); otherwise the combine
+    kernel merges.
     """
 
     def __init__(self, backend: CuteBackend, num_splits: int, softmax_scale: float, causal: bool):
@@ -214,6 +228,8 @@ class PreparedCuteDecode:
         self.causal = causal
         self.split: _SplitLaunch | None = None
         self.combine: tuple | None = None  # (compiled combine, its static raw arguments)
+        # Fixed per prepared launch (its compiled kernel).
+        self.merge = 1 < num_splits <= backend.merge_max_splits and configs.MERGE_VERIFIED_ON_GPU
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse) -> None:
         batch, seqlen_q, num_heads, head_dim = q.shape
@@ -230,11 +246,18 @@ class PreparedCuteDecode:
             self._first_launch_setup(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse,
                                      buffer, partial_rows, rows)
         stream = _raw_stream(q)
-        # One split writes the final outputs; several write the partials, which the combine merges.
-        o_ptr, l_ptr = (out_ptr, lse_ptr) if splits == 1 else (op, lp)
-        self.split.launch(q, k_cache, v_cache, o_ptr, l_ptr, cache_seqlens, block_table, k_descale, v_descale,
-                          stream)
-        if splits > 1:
+        # One split writes the final outputs; several write the partials, which the split
+        # kernel's last CTAs (merge) or the combine merge.
+        if splits == 1:
+            self.split.launch(q, k_cache, v_cache, out_ptr, lse_ptr, cache_seqlens, block_table, k_descale,
+                              v_descale, None, stream)
+        elif self.merge:
+            arrivals = self.backend._arrivals.get(q.device, rows).data_ptr()
+            self.split.launch(q, k_cache, v_cache, op, lp, cache_seqlens, block_table, k_descale, v_descale,
+                              (out_ptr, lse_ptr, arrivals), stream)
+        else:
+            self.split.launch(q, k_cache, v_cache, op, lp, cache_seqlens, block_table, k_descale, v_descale,
+                              None, stream)
             _launch_combine(self.combine, op, lp, out_ptr, lse_ptr, stream, out.dtype)
 
     def _first_launch_setup(self, q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse,
@@ -257,29 +280,35 @@ class PreparedCuteDecode:
             splits, batch, num_heads, seqlen_q)
         self.split = self.backend._split_launch(q, k_cache, v_cache, cache_seqlens, block_table, splits,
                                                 self.softmax_scale, self.causal, out_partial, lse_partial, True,
-                                                k_descale, v_descale)
-        self.combine = self.backend._combine_launch(out_partial, lse_partial, out)
+                                                k_descale, v_descale, out if self.merge else None)
+        if not self.merge:
+            self.combine = self.backend._combine_launch(out_partial, lse_partial, out)
 
 
 class _SplitLaunch:
     """One split-kernel launch configuration: the compiled kernel and the raw arguments that do
     not change between calls with the same static facts (sizes, strides, scale)."""
 
-    __slots__ = ("descale_strides", "dtype", "full_seqlens", "kernel", "kv_dtype", "sizes", "write_partials")
+    __slots__ = ("descale_strides", "dtype", "full_seqlens", "kernel", "kv_dtype", "out_strides", "sizes",
+                 "write_partials")
 
-    def __init__(self, kernel, sizes: tuple, descale_strides: tuple, full_seqlens, write_partials: bool,
-                 dtype: torch.dtype, kv_dtype: torch.dtype):
+    def __init__(self, kernel, sizes: tuple, descale_strides: tuple, out_strides: tuple, full_seqlens,
+                 write_partials: bool, dtype: torch.dtype, kv_dtype: torch.dtype):
         self.kernel, self.sizes, self.descale_strides = kernel, sizes, descale_strides
+        self.out_strides = out_strides
         self.full_seqlens, self.write_partials = full_seqlens, write_partials
         self.dtype, self.kv_dtype = dtype, kv_dtype
 
     def raw(self, q, k, v, o_ptr: int, lse_ptr: int, cache_seqlens, block_table, k_descale, v_descale,
-            stream: int) -> tuple:
+            merge_into: tuple | None, stream: int) -> tuple:
         """Every argument of the compiled host function as a plain value, in its order: the
         addresses, the static part, the stream. ``o_ptr``/``lse_ptr`` address the partial
-        buffers or the final outputs; a dense launch passes ``cache_seqlens`` as its (unread)
-        block table, a 16-bit one the lse address as its (unread) descales."""
+        buffers or the final outputs; ``merge_into`` is ``(out, lse, arrival counters)``
+        addresses for a merging kernel. Arguments a configuration never reads get placeholders:
+        a dense launch passes ``cache_seqlens`` as its block table, a 16-bit one the lse address
+        as its descales, a launch that does not merge ``o_ptr``/``lse_ptr`` as the merge's."""
         seqlens = (self.full_seqlens if cache_seqlens is None else cache_seqlens).data_ptr()
+        merge_out, merge_lse, arrivals = merge_into or (o_ptr, lse_ptr, lse_ptr)
         return (
             q.data_ptr(), k.data_ptr(), v.data_ptr(), o_ptr, lse_ptr, seqlens,
             seqlens if block_table is None else block_table.data_ptr(),
@@ -287,13 +316,15 @@ class _SplitLaunch:
             lse_ptr if k_descale is None else k_descale.data_ptr(),
             lse_ptr if v_descale is None else v_descale.data_ptr(),
             *self.descale_strides,
+            merge_out, merge_lse, arrivals, *self.out_strides,
             stream,
         )
 
     def launch(self, q, k, v, o_ptr: int, lse_ptr: int, cache_seqlens, block_table, k_descale, v_descale,
-               stream: int) -> None:
+               merge_into: tuple | None, stream: int) -> None:
         """Launch the split kernel with :meth:`raw`'s arguments."""
-        raw = self.raw(q, k, v, o_ptr, lse_ptr, cache_seqlens, block_table, k_descale, v_descale, stream)
+        raw = self.raw(q, k, v, o_ptr, lse_ptr, cache_seqlens, block_table, k_descale, v_descale, merge_into,
+                       stream)
         _run(self.kernel, raw, lambda: self.library_args(raw))
 
     def library_args(self, raw: tuple) -> tuple:
@@ -309,6 +340,8 @@ class _SplitLaunch:
             *(I32(x) for x in raw[7:16]), I64(raw[16]), *(I64(x) for x in raw[17:30]), cutlass.Float32(raw[30]),
             _ptr(raw[31], cutlass.Float32, 4), _ptr(raw[32], cutlass.Float32, 4),
             *(I64(x) for x in raw[33:37]),
+            _ptr(raw[37], dt, 16), _ptr(raw[38], cutlass.Float32, 4), _ptr(raw[39], cutlass.Int32, 4),
+            *(I64(x) for x in raw[40:43]),
             _stream(),
         )
 

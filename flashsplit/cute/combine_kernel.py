@@ -1,22 +1,14 @@
 """Combine of split-KV partials, written in CuTeDSL, for latency: about one memory round trip.
 
 One CTA per output row ``(b, m, h)`` (grid = B * L_q * H), of ``W`` warps (4; 8 at d = 256).
-Warp ``w`` takes splits ``w, w + W, w + 2 W, ...``; in it every lane owns ``head_dim / 32``
-contiguous columns. Every load a thread needs first is issued up front, before anything waits
-on memory:
-
-* the row's split LSEs, lane ``l`` holding splits ``l, l + 32, ...`` (all of them, in every warp);
-* the warp's first ``chunk`` splits (``32 / cols_per_lane``): each one's LSE (one address for the
-  whole warp) and the lane's columns of its partial O, as 16-byte vector loads when the partials
-  are aligned (checked at run time; otherwise scalar loads).
-
-Each warp then reduces the row's LSE on its own with shuffles (max, then the sum of
-``exp(lse_s - max)``, as the one-warp kernel did), weights its splits by ``exp(lse_s - lse)`` and
-sums them. A split of weight 0 (LSE ``-inf``: empty, its ``out_partial`` slice never written and
-maybe NaN) is dropped by selection, never multiplied by 0. The warps' sums meet in shared memory
-(one barrier) and thread ``t`` writes column ``t``. A row whose splits are all ``-inf`` gets
-O = 0 and LSE = ``-inf``. ``W * chunk`` splits (32; 64 at d = 64) are in flight at once; the
-splits past them are loaded a chunk per warp at a time, one more round trip per chunk.
+The warps share the row as :class:`flashsplit.cute.merge.RowMerge` describes: warp ``w`` takes
+splits ``w, w + W, ...``, lanes own ``head_dim / 32`` contiguous columns, and every load a warp
+needs first (the row's LSEs and its first ``chunk = 32 / cols_per_lane`` splits, 16-byte vector
+loads when the partials are aligned: checked at run time, otherwise scalar loads) is issued
+before anything waits on memory. The warps' sums meet in shared memory (one barrier) and
+thread ``t`` writes column ``t``. A row whose splits are all ``-inf`` gets O = 0 and LSE
+``-inf``. ``W * chunk`` splits (32; 64 at d = 64) are in flight at once; the splits past them
+are loaded a chunk per warp at a time, one more round trip per chunk.
 """
 
 from __future__ import annotations
@@ -28,10 +20,7 @@ from cutlass.cutlass_dsl import T
 from cutlass.memory import SmemAllocator
 
 from .configs import CombineConfig
-
-#: flashsplit.plan.MAX_SPLITS: LSEs up to this split count are held in registers (8 per lane);
-#: more splits are still right, re-read from memory.
-_SPLITS_IN_REGISTERS = 256
+from .merge import RowMerge
 
 
 def _opaque(x: Int64) -> Int64:
@@ -54,7 +43,7 @@ class CombineKernel:
         self.chunk = max(1, 32 // self.cols_per_lane)
         self.num_warps = 8 if config.head_dim > 128 else 4
         self.num_threads = 32 * self.num_warps
-        self.lse_regs = _SPLITS_IN_REGISTERS // 32
+        self.row_merge = RowMerge(config.head_dim, self.num_warps, self.chunk)
 
     @staticmethod
     def can_implement(head_dim: int) -> str | None:
@@ -167,76 +156,12 @@ class CombineKernel:
             self.combine_row(mOp, mLp, mO, mLSE, sAcc, num_splits, b, m, h, tidx)
 
     @cute.jit
-    def load_chunk(self, mOp, mLp, lse_c, part, first, num_splits, b, m, h, lane):
-        """This warp's splits ``first + W u`` (u < chunk; W warps): each one's LSE (``-inf`` past
-        the last split) and the lane's columns of its partial O. Nothing here waits on memory."""
-        C, NW = self.cols_per_lane, self.num_warps
-        lse_c.fill(-Float32.inf)
-        for u in cutlass.range_constexpr(self.chunk):
-            s = first + NW * u
-            if s < num_splits:
-                lse_c[u] = mLp[s, b, h, m]
-                cute.autovec_copy(cute.local_tile(mOp[s, b, m, h, None], (C,), (lane,)), part[None, u])
-
-    @cute.jit
-    def accumulate_chunk(self, acc, lse_c, part, lse):
-        """``acc += exp(lse_s - lse) * O_s`` over a loaded chunk; a split of weight 0 (empty, or
-        past the last split) is dropped by selection: its O may be garbage or NaN."""
-        for u in cutlass.range_constexpr(self.chunk):
-            w = cute.math.exp(lse_c[u] - lse, fastmath=False)
-            for j in cutlass.range_constexpr(self.cols_per_lane):
-                v = w * part[j, u]
-                if not w > 0.0:
-                    v = Float32(0.0)
-                acc[j] += v
-
-    @cute.jit
     def combine_row(self, mOp, mLp, mO, mLSE, sAcc, num_splits, b, m, h, tidx):
-        C, NW, K = self.cols_per_lane, self.num_warps, self.lse_regs
+        C, NW = self.cols_per_lane, self.num_warps
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = tidx % 32
-
-        # 1. Issue the loads: the row's LSEs (lane l: splits l + 32 k), then this warp's first
-        #    chunk of splits. All are independent of each other.
-        lse_r = cute.make_rmem_tensor((K,), Float32)
-        lse_r.fill(-Float32.inf)
-        for k in cutlass.range_constexpr(K):
-            s = lane + 32 * k
-            if s < num_splits:
-                lse_r[k] = mLp[s, b, h, m]
-        lse_c = cute.make_rmem_tensor((self.chunk,), Float32)
-        part = cute.make_rmem_tensor((C, self.chunk), Float32)  # column-major: part[None, u] contiguous
-        self.load_chunk(mOp, mLp, lse_c, part, warp, num_splits, b, m, h, lane)
-
-        # 2. The row's LSE, in every warp: max, then the sum of exp(lse_s - max).
-        row_max = -Float32.inf
-        for k in cutlass.range_constexpr(K):
-            row_max = cute.arch.fmax(row_max, lse_r[k])
-        for s in cutlass.range(lane + 32 * K, num_splits, 32, unroll=1):
-            row_max = cute.arch.fmax(row_max, mLp[s, b, h, m])
-        row_max = cute.arch.warp_reduction(row_max, cute.arch.fmax)
-        safe_max = row_max
-        if row_max == -Float32.inf:
-            safe_max = Float32(0.0)
-        total = Float32(0.0)
-        for k in cutlass.range_constexpr(K):
-            total += cute.math.exp(lse_r[k] - safe_max, fastmath=False)
-        for s in cutlass.range(lane + 32 * K, num_splits, 32, unroll=1):
-            total += cute.math.exp(mLp[s, b, h, m] - safe_max, fastmath=False)
-        total = cute.arch.warp_reduction(total, lambda x, y: x + y)
-        lse = -Float32.inf
-        safe_lse = Float32(0.0)  # all splits empty: every weight is exp(-inf - 0) = 0
-        if total > 0.0:
-            lse = safe_max + cute.math.log(total, fastmath=False)
-            safe_lse = lse
-
-        # 3. This warp's weighted sum: the chunk in registers, then any further chunks.
         acc = cute.make_rmem_tensor((C,), Float32)
-        acc.fill(0.0)
-        self.accumulate_chunk(acc, lse_c, part, safe_lse)
-        for first in cutlass.range(warp + NW * self.chunk, num_splits, NW * self.chunk, unroll=1):
-            self.load_chunk(mOp, mLp, lse_c, part, first, num_splits, b, m, h, lane)
-            self.accumulate_chunk(acc, lse_c, part, safe_lse)
+        lse = self.row_merge.warp_sum(mOp, mLp, acc, num_splits, b, m, h, warp, lane)
 
         # 4. Merge the warps through shared memory; thread t writes column t (d = 64: t < 64).
         cute.autovec_copy(acc, cute.local_tile(sAcc[warp, None], (C,), (lane,)))

@@ -64,6 +64,8 @@ def compile_split(config: SplitConfig, options: str | None = None):
         cutlass.Float32(1.0),
         _ptr(cutlass.Float32, 4), _ptr(cutlass.Float32, 4),  # k/v descales (read only by fp8 configs)
         i64, i64, i64, i64,  # k_descale strides (b, h), v_descale strides (b, h)
+        _ptr(dt), _ptr(cutlass.Float32, 4), _ptr(cutlass.Int32, 4),  # merge: out, lse, arrival counters
+        i64, i64, i64,  # merge: out strides (b, l, h)
         make_fake_stream(),
     )
     return _compile(config, kernel, args, options)

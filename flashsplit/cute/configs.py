@@ -58,6 +58,11 @@ class SplitConfig:
     #: 11) and the score scale divided by it; e4m3/e5m2 -> fp16 is one conversion per pair where
     #: -> bf16 takes four instructions (``FP16_OPERANDS_VERIFIED_ON_GPU``).
     fp16_operands: bool = False
+    #: Partials (``write_partials``) merged in the kernel's tail: each CTA counts its finished
+    #: split on an int32 arrival counter of its row tile (gpu-scope acq_rel atomic), and the last
+    #: CTA to arrive merges the tile's real rows (one warp per row, ``flashsplit.cute.merge``),
+    #: writes ``out``/``lse`` in q's dtype and sets the counter back to 0. One launch, no combine.
+    merge: bool = False
 
     @property
     def fp8(self) -> bool:
@@ -82,7 +87,8 @@ class SplitConfig:
         else:
             kv = 2 * self.stages * tile * itemsize
         row_scales = 64 * 4 if self.fp16_operands else 0  # fp32 per q row, after the mbarriers
-        return q + kv + 16 * self.stages + row_scales
+        ticket = 16 if self.merge else 0  # the arrival count's broadcast slot (int32, padded)
+        return q + kv + 16 * self.stages + row_scales + ticket
 
 
 @dataclass(frozen=True)
@@ -133,12 +139,13 @@ GATHER_STAGES = 2
 
 def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, paged: bool = False,
                  kv_dtype: str = "same", page_size: int | None = None,
-                 fp16_operands: bool | None = None) -> SplitConfig:
+                 fp16_operands: bool | None = None, merge: bool = False) -> SplitConfig:
     """The compile key for a problem. ``page_size`` (paged only) picks the load mode: a multiple
     of the tile (one TMA box per tile; the page size a runtime value), a sub-tile size
     (``subtile_page``: tile_n / P TMA boxes), or anything else (``gather_pages``: one bulk copy
     per key row; the page size a runtime value). ``fp16_operands`` (fp8 cache, bf16 q only)
-    defaults to ``FP16_OPERANDS_VERIFIED_ON_GPU``."""
+    defaults to ``FP16_OPERANDS_VERIFIED_ON_GPU``. ``merge`` (partials only): the last CTA of each
+    row tile merges the partials (no combine kernel)."""
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype: expected one of {KV_DTYPES}, got {kv_dtype!r}")
     eligible = kv_dtype != "same" and dtype == "bfloat16"
@@ -146,6 +153,8 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
         fp16_operands = eligible and FP16_OPERANDS_VERIFIED_ON_GPU
     elif fp16_operands and not eligible:
         raise ValueError(f"fp16_operands: only for an fp8 cache with a bfloat16 q, got {dtype}/{kv_dtype}")
+    if merge and not write_partials:
+        raise ValueError("merge: only for a launch that writes partials (write_partials=True)")
     tile_n, stages, units = split_tile(head_dim)
     subtile_page, gather = 0, False
     if paged and page_size is not None and not paged_supported(page_size, head_dim):
@@ -159,7 +168,7 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
     if kv_dtype != "same":
         stages = fp8_stages(head_dim)
     return SplitConfig(dtype, head_dim, tile_n, stages, causal, write_partials, units, paged, kv_dtype,
-                       subtile_page, gather, fp16_operands)
+                       subtile_page, gather, fp16_operands, merge)
 
 
 #: The paged kernel passed ``pytest tests/test_cute_gpu.py tests/test_gpu.py`` on an H200
@@ -176,6 +185,12 @@ FP8_VERIFIED_ON_GPU = True
 #: q rows of 2^12 / 2^-12 / 3e5 / 0, whole-tile, sub-tile and gathered pages). False compiles the
 #: bf16-operand kernel for such problems again.
 FP16_OPERANDS_VERIFIED_ON_GPU = True
+
+#: The split kernel's last-CTA merge (``SplitConfig.merge``) passed ``pytest tests/test_cute_gpu.py
+#: -k merge`` on an H200 (fifth session: 62 tests, 3-256 splits, d 64/128/256, 1-128 packed rows,
+#: fp8, paged, graph replay, counters reused across calls and streams). False keeps the combine
+#: kernel for every launch of several splits (``CuteBackend.merge_max_splits`` picks which merge).
+MERGE_VERIFIED_ON_GPU = True
 
 #: Pages smaller than the KV tile (``subtile_page_sizes``): ``pytest tests/test_cute_gpu.py -k subtile``
 #: passed on an H200 (2026-11-29 session 2: 45 tests, page sizes 8/16/32 (and 64 at d = 64), 16-bit
@@ -237,7 +252,10 @@ def all_split_configs(subtile: bool = True) -> list[SplitConfig]:
     """Every split-kernel configuration the backend can select: 48 with 16-bit caches and 96
     with fp8 caches (two fp8 types), then (``subtile``) the sub-tile paged ones, 80 per cache
     type (d=64: 4 page sizes, d=128/256: 3, times dtype, causal, partials), and the gathered
-    paged ones, 24 per cache type (one for every page size)."""
+    paged ones, 24 per cache type (one for every page size). Each partials configuration also
+    has a merging twin (``merge=True``, launches of up to ``CuteBackend.merge_max_splits``
+    splits), which differs only in the tail: :func:`compile_check_configs` builds one per cache
+    type, head dim and load mode."""
     configs = [
         split_config(dtype, head_dim, causal, write_partials, paged, kv_dtype)
         for kv_dtype in KV_DTYPES
@@ -287,6 +305,13 @@ def compile_check_configs() -> list[SplitConfig]:
     for head_dim, page_size in zip(HEAD_DIMS, (128, 16, GATHER_EXAMPLE_PAGE)):
         configs.append(split_config("bfloat16", head_dim, False, True, True, "float8_e4m3fn", page_size,
                                     fp16_operands=other))
+    # The last-CTA merge (a partials launch's tail; the loads before it do not matter): every
+    # (cache type, head dim) dense with dtype and causal cycled, and whole-tile, sub-tile and
+    # gathered pages once per head dim.
+    for j, (kv_dtype, head_dim) in enumerate((kv, d) for kv in KV_DTYPES for d in HEAD_DIMS):
+        configs.append(split_config(DTYPES[j % 2], head_dim, j % 3 == 1, True, False, kv_dtype, merge=True))
+    for head_dim, page_size in zip(HEAD_DIMS, (GATHER_EXAMPLE_PAGE, 128, 16)):
+        configs.append(split_config("bfloat16", head_dim, False, True, True, "same", page_size, merge=True))
     return configs
 
 

@@ -42,6 +42,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from .configs import SplitConfig
+from .merge import RowMerge
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -83,6 +84,10 @@ class SplitKVDecodeKernel:
         # (SplitConfig.fp16_operands: q rows scaled into fp16's range, the scores scaled back).
         self.fp16_operands = config.fp16_operands
         self.op_dtype = cutlass.Float16 if config.fp16_operands else self.dtype
+        # Last-CTA merge (SplitConfig.merge): one warp per row, 64 fp32 of partials per lane in
+        # flight (d = 128: 16 splits a round trip).
+        self.merge = config.merge
+        self.row_merge = RowMerge(config.head_dim, 1, 2048 // config.head_dim)
 
     @staticmethod
     def can_implement(head_dim: int, tile_n: int) -> str | None:
@@ -135,6 +140,12 @@ class SplitKVDecodeKernel:
         k_descale_stride_h: Int64,
         v_descale_stride_b: Int64,
         v_descale_stride_h: Int64,
+        out_ptr: cute.Pointer,
+        out_lse_ptr: cute.Pointer,
+        arrivals_ptr: cute.Pointer,
+        out_stride_b: Int64,
+        out_stride_l: Int64,
+        out_stride_h: Int64,
         stream,
     ):
         """Launch on raw pointers; sizes and strides are runtime values.
@@ -146,6 +157,11 @@ class SplitKVDecodeKernel:
         ``block_table_stride_b`` (a dense launch passes any pointer: it is never read).
         fp8 caches (``kv_dtype``): fp32 descales indexed ``[b * stride_b + kvh * stride_h]``
         (strides 0 for a one-element descale); a 16-bit config never reads them.
+        ``merge``: the partials at ``o_ptr``/``lse_ptr`` are the launcher's compact workspace;
+        the final ``out`` (q's dtype, ``[batch, seqlen_q, heads, D]`` with 16-byte aligned
+        strides) and compact fp32 ``lse`` ``[batch, heads, seqlen_q]`` are written by the last
+        CTA of each row tile, counted on the zeroed int32 ``arrivals``
+        ``[batch * heads_kv * row_blocks]`` (other configs never read these three).
         """
         D, N, M = self.head_dim, self.tile_n, self.block_m
         group = num_heads // num_heads_kv
@@ -166,12 +182,13 @@ class SplitKVDecodeKernel:
             v_ptr,
             cute.make_layout((D, cache_len, num_heads_kv, cache_rows), stride=(1, v_stride_l, v_stride_h, v_stride_b)),
         )
+        o_strides = (o_stride_s, o_stride_b, o_stride_l, o_stride_h)
+        if cutlass.const_expr(self.merge):
+            # The workspace's partials: every stride a multiple of D, so the merge's loads of a
+            # lane's D / 32 columns are vectors.
+            o_strides = tuple(cute.assume(x, divby=self.row_merge.cols_per_lane) for x in o_strides)
         mO = cute.make_tensor(
-            o_ptr,
-            cute.make_layout(
-                (num_splits, batch, seqlen_q, num_heads, D),
-                stride=(o_stride_s, o_stride_b, o_stride_l, o_stride_h, 1),
-            ),
+            o_ptr, cute.make_layout((num_splits, batch, seqlen_q, num_heads, D), stride=(*o_strides, 1))
         )
         # lse (partials: [splits, batch, heads, seqlen_q]; final: the same with one split), compact.
         mLSE = cute.make_tensor(
@@ -240,6 +257,7 @@ class SplitKVDecodeKernel:
             self.kv_dtype, cute.slice_(k_load_layout, (None, None, 0))
         ) + cute.size_in_bytes(self.kv_dtype, cute.slice_(v_load_layout, (None, None, 0)))
 
+        merge = self.merge
         if cutlass.const_expr(self.staged):
             fp16_operands = self.fp16_operands
 
@@ -253,6 +271,8 @@ class SplitKVDecodeKernel:
                 kv_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
                 if cutlass.const_expr(fp16_operands):  # each q row's score scale (fp16 operands)
                     row_scale: cute.struct.MemRange[Float32, M]
+                if cutlass.const_expr(merge):  # the arrival count, broadcast to the consumer warps
+                    ticket: cute.struct.MemRange[Int32, 4]
 
         else:
 
@@ -262,6 +282,8 @@ class SplitKVDecodeKernel:
                 sK: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(k_layout)], 1024]
                 sV: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(v_layout)], 1024]
                 kv_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+                if cutlass.const_expr(merge):  # the arrival count, broadcast to the consumer warps
+                    ticket: cute.struct.MemRange[Int32, 4]
 
         mKDescale = None
         mVDescale = None
@@ -273,12 +295,30 @@ class SplitKVDecodeKernel:
                 v_descale_ptr, cute.make_layout((batch, num_heads_kv), stride=(v_descale_stride_b, v_descale_stride_h))
             )
 
+        mOut = None
+        mOutLSE = None
+        mArrivals = None
+        if cutlass.const_expr(self.merge):
+            mOut = cute.make_tensor(
+                out_ptr,
+                cute.make_layout(
+                    (batch, seqlen_q, num_heads, D),
+                    stride=(cute.assume(out_stride_b, divby=8), cute.assume(out_stride_l, divby=8),
+                            cute.assume(out_stride_h, divby=8), 1),
+                ),
+            )
+            mOutLSE = cute.make_tensor(
+                out_lse_ptr,
+                cute.make_layout((batch, num_heads, seqlen_q), stride=(num_heads * seqlen_q, seqlen_q, 1)),
+            )
+            mArrivals = cute.make_tensor(arrivals_ptr, cute.make_layout((batch * num_heads_kv * row_blocks,)))
+
         self.shared_storage = SharedStorage
 
         self.kernel(
             qk_mma, pv_mma, tma_k, mK_tma, tma_v, mV_tma, mQ, mO, mLSE, mSeqlens, mBlockTable,
             q_layout, k_layout, v_layout, seqlen_q, seqlen_k, group, row_blocks, num_splits, tiles_per_page,
-            softmax_scale_log2, mKDescale, mVDescale, k_load_layout, v_load_layout,
+            softmax_scale_log2, mKDescale, mVDescale, k_load_layout, v_load_layout, mOut, mOutLSE, mArrivals,
         ).launch(
             grid=[num_splits, batch, num_heads_kv * row_blocks],
             block=[self.num_threads, 1, 1],
@@ -320,6 +360,9 @@ class SplitKVDecodeKernel:
         mVDescale: cute.Tensor | None,
         k_load_layout,
         v_load_layout,
+        mOut: cute.Tensor | None,
+        mOutLSE: cute.Tensor | None,
+        mArrivals: cute.Tensor | None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -387,6 +430,9 @@ class SplitKVDecodeKernel:
                     row_block, seqlen_q, group, n_keys, start, end, num_tiles, first_tile, softmax_scale_log2,
                     None, None, None, None,
                 )
+            if cutlass.const_expr(self.merge):
+                self.merge_if_last(mO, mLSE, mOut, mOutLSE, mArrivals, storage.ticket.get_tensor(cute.make_layout((4,))),
+                                   tidx, batch_idx, z_idx, row_block, seqlen_q, group, num_splits)
 
     def make_kv_pipeline(self, mbar_ptr):
         """Full/empty mbarriers of the K+V stages: one TMA thread produces, 4 consumer warps release."""
@@ -738,6 +784,45 @@ class SplitKVDecodeKernel:
 
         self.epilogue(acc_o, row_max, row_sum, mO, mLSE, tidx, split_idx, batch_idx, kvh, row_block,
                       seqlen_q, group, num_tiles, v_scale)
+
+    @cute.jit
+    def merge_if_last(self, mO, mLSE, mOut, mOutLSE, mArrivals, sTicket, tidx, batch_idx, z_idx, row_block,
+                      seqlen_q, group, num_splits):
+        """``merge``: count this CTA's split as done on its row tile's arrival counter; the last
+        of the tile's ``num_splits`` CTAs merges the partials of the tile's real rows into
+        ``mOut``/``mOutLSE`` (warp ``w`` takes rows ``w, w + 4, ...``) and zeroes the counter.
+
+        Ordering (the pattern of a split-K semaphore): every consumer thread's partial stores
+        precede the named barrier, and thread 0's gpu-scope acq_rel atomic follows it (release:
+        the other CTAs see these stores once they see the count); the last CTA's atomic
+        acquires every other CTA's release, and the second barrier orders its warps' loads after
+        it. The next launch on the stream starts after this kernel ends, with the counter at 0.
+        """
+        M = self.block_m
+        counter = batch_idx * cute.arch.grid_dim()[2] + z_idx
+        cute.arch.barrier(barrier_id=self.q_barrier_id, number_of_threads=self.num_consumer_threads)
+        if tidx == 0:
+            sTicket[0] = cute.arch.atomic_add(mArrivals.iterator + counter, Int32(1), sem="acq_rel", scope="gpu")
+        cute.arch.barrier(barrier_id=self.q_barrier_id, number_of_threads=self.num_consumer_threads)
+        if sTicket[0] == num_splits - 1:
+            if tidx == 0:
+                mArrivals[counter] = Int32(0)
+            C = self.row_merge.cols_per_lane
+            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            lane = tidx % 32
+            rows = cutlass.min(seqlen_q * group - row_block * M, M)
+            kvh = z_idx // ((seqlen_q * group + M - 1) // M)
+            acc = cute.make_rmem_tensor((C,), Float32)
+            out = cute.make_rmem_tensor((C,), self.dtype)
+            for r in cutlass.range(warp, rows, self.num_consumer_threads // 32, unroll=1):
+                packed = row_block * M + r
+                m = packed // group
+                hq = kvh * group + packed % group
+                lse = self.row_merge.warp_sum(mO, mLSE, acc, num_splits, batch_idx, m, hq, 0, lane)
+                out.store(acc.load().to(self.dtype))
+                cute.autovec_copy(out, cute.local_tile(mOut[batch_idx, m, hq, None], (C,), (lane,)))
+                if lane == 0:
+                    mOutLSE[batch_idx, hq, m] = lse
 
     @staticmethod
     def p_layout(acc_layout):

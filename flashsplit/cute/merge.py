@@ -1,0 +1,114 @@
+"""Merge of split-KV partials into one output row, shared by the combine kernel and the split
+kernel's last-CTA merge (``SplitConfig.merge``).
+
+A row ``(b, m, h)`` has ``num_splits`` partials: fp32 ``out_partial[s, b, m, h, :]`` and natural-log
+``lse_partial[s, b, h, m]``. ``W`` warps share the row: warp ``w`` takes splits ``w, w + W, ...``,
+and in it every lane owns ``head_dim / 32`` contiguous columns. Each warp issues all of its
+first loads before anything waits on memory:
+
+* the row's split LSEs, lane ``l`` holding splits ``l, l + 32, ...`` (every warp reads all of them);
+* its first ``chunk`` splits: each one's LSE (one address for the whole warp) and the lane's
+  columns of the partial O (vector loads where the tensor's layout proves alignment).
+
+The warp then reduces the row's LSE on its own with shuffles (max, then the sum of
+``exp(lse_s - max)``; accurate exp/log), weights its splits by ``exp(lse_s - lse)`` and sums them;
+further chunks cost one more round trip each. A split of weight 0 (LSE ``-inf``: empty, its
+``out_partial`` slice never written and maybe NaN) is dropped by selection, never multiplied by 0.
+A row whose splits are all ``-inf`` gets LSE ``-inf`` and a zero sum.
+"""
+
+from __future__ import annotations
+
+import cutlass
+from cutlass import Float32, cute
+
+#: flashsplit.plan.MAX_SPLITS: LSEs up to this split count are held in registers (8 per lane);
+#: more splits are still right, re-read from memory.
+SPLITS_IN_REGISTERS = 256
+
+
+class RowMerge:
+    """The per-warp part of merging one row (see the module docstring).
+
+    ``num_warps`` warps share a row; ``chunk`` is how many of a warp's splits sit in registers at
+    once (``head_dim / 32 * chunk`` fp32 per lane).
+    """
+
+    def __init__(self, head_dim: int, num_warps: int, chunk: int):
+        self.head_dim = head_dim
+        self.cols_per_lane = head_dim // 32
+        self.num_warps = num_warps
+        self.chunk = chunk
+        self.lse_regs = SPLITS_IN_REGISTERS // 32
+
+    @cute.jit
+    def load_chunk(self, mOp, mLp, lse_c, part, first, num_splits, b, m, h, lane):
+        """This warp's splits ``first + W u`` (u < chunk): each one's LSE (``-inf`` past the last
+        split) and the lane's columns of its partial O. Nothing here waits on memory."""
+        C, NW = self.cols_per_lane, self.num_warps
+        lse_c.fill(-Float32.inf)
+        for u in cutlass.range_constexpr(self.chunk):
+            s = first + NW * u
+            if s < num_splits:
+                lse_c[u] = mLp[s, b, h, m]
+                cute.autovec_copy(cute.local_tile(mOp[s, b, m, h, None], (C,), (lane,)), part[None, u])
+
+    @cute.jit
+    def accumulate_chunk(self, acc, lse_c, part, lse):
+        """``acc += exp(lse_s - lse) * O_s`` over a loaded chunk; a split of weight 0 (empty, or
+        past the last split) is dropped by selection: its O may be garbage or NaN."""
+        for u in cutlass.range_constexpr(self.chunk):
+            w = cute.math.exp(lse_c[u] - lse, fastmath=False)
+            for j in cutlass.range_constexpr(self.cols_per_lane):
+                v = w * part[j, u]
+                if not w > 0.0:
+                    v = Float32(0.0)
+                acc[j] += v
+
+    @cute.jit
+    def warp_sum(self, mOp, mLp, acc, num_splits, b, m, h, warp, lane):
+        """``acc`` (``cols_per_lane`` fp32) = this warp's share of ``sum_s exp(lse_s - lse) O_s``
+        over the lane's columns; returns the row's LSE (``-inf`` when every split is empty)."""
+        C, NW, K = self.cols_per_lane, self.num_warps, self.lse_regs
+
+        # 1. Issue the loads: the row's LSEs (lane l: splits l + 32 k), then this warp's first
+        #    chunk of splits. All are independent of each other.
+        lse_r = cute.make_rmem_tensor((K,), Float32)
+        lse_r.fill(-Float32.inf)
+        for k in cutlass.range_constexpr(K):
+            s = lane + 32 * k
+            if s < num_splits:
+                lse_r[k] = mLp[s, b, h, m]
+        lse_c = cute.make_rmem_tensor((self.chunk,), Float32)
+        part = cute.make_rmem_tensor((C, self.chunk), Float32)  # column-major: part[None, u] contiguous
+        self.load_chunk(mOp, mLp, lse_c, part, warp, num_splits, b, m, h, lane)
+
+        # 2. The row's LSE, in every warp: max, then the sum of exp(lse_s - max).
+        row_max = -Float32.inf
+        for k in cutlass.range_constexpr(K):
+            row_max = cute.arch.fmax(row_max, lse_r[k])
+        for s in cutlass.range(lane + 32 * K, num_splits, 32, unroll=1):
+            row_max = cute.arch.fmax(row_max, mLp[s, b, h, m])
+        row_max = cute.arch.warp_reduction(row_max, cute.arch.fmax)
+        safe_max = row_max
+        if row_max == -Float32.inf:
+            safe_max = Float32(0.0)
+        total = Float32(0.0)
+        for k in cutlass.range_constexpr(K):
+            total += cute.math.exp(lse_r[k] - safe_max, fastmath=False)
+        for s in cutlass.range(lane + 32 * K, num_splits, 32, unroll=1):
+            total += cute.math.exp(mLp[s, b, h, m] - safe_max, fastmath=False)
+        total = cute.arch.warp_reduction(total, lambda x, y: x + y)
+        lse = -Float32.inf
+        safe_lse = Float32(0.0)  # all splits empty: every weight is exp(-inf - 0) = 0
+        if total > 0.0:
+            lse = safe_max + cute.math.log(total, fastmath=False)
+            safe_lse = lse
+
+        # 3. This warp's weighted sum: the chunk in registers, then any further chunks.
+        acc.fill(0.0)
+        self.accumulate_chunk(acc, lse_c, part, safe_lse)
+        for first in cutlass.range(warp + NW * self.chunk, num_splits, NW * self.chunk, unroll=1):
+            self.load_chunk(mOp, mLp, lse_c, part, first, num_splits, b, m, h, lane)
+            self.accumulate_chunk(acc, lse_c, part, safe_lse)
+        return lse
