@@ -17,6 +17,7 @@ import torch
 import flashsplit
 import flashsplit.registry
 from flashsplit import api
+from flashsplit.cute.backend import CuteBackend
 from flashsplit.triton.backend import TritonBackend
 
 
@@ -47,12 +48,15 @@ def main(calls: int = 500) -> None:
     out = torch.empty_like(q)
     print(f"{device}: B={batch} L_k={seqlen_k} 32/8 d=128, {calls} eager calls, host us per call (no sync)")
     print(f"  torch.empty_like(q)                      {per_call_us(lambda: torch.empty_like(q), calls):8.1f}")
-    # "triton-merged": the split kernel merges its partials itself at every split count (one
-    # launch), beside the default (a combine kernel past TritonBackend.merge_max_splits splits).
-    backends = ["triton", "triton-merged", "cute"] if cuda else ["triton", "triton-merged"]
+    # "triton-merged" / "cute-merged": the split kernel merges its partials itself at every
+    # split count (one launch), beside the default (a combine kernel past the backend's
+    # merge_max_splits splits).
+    backends = ["triton", "triton-merged", "cute", "cute-merged"] if cuda else ["triton", "triton-merged"]
     default_merge = TritonBackend.merge_max_splits
+    default_cute_merge = CuteBackend.merge_max_splits
     for label in backends:
         TritonBackend.merge_max_splits = 256 if label == "triton-merged" else default_merge
+        CuteBackend.merge_max_splits = 256 if label == "cute-merged" else default_cute_merge
         flashsplit.registry.invalidate()
         name = label.removesuffix("-merged")
         try:
@@ -68,6 +72,7 @@ def main(calls: int = 500) -> None:
         launch = per_call_us(lambda run=run: run(q, k, v, lens, None, None, None, out, None), calls)
         print(f"  {label:13s} decode() {whole:8.1f}   decode_into() {into:8.1f}   prepared launcher alone {launch:8.1f}")
     TritonBackend.merge_max_splits = default_merge
+    CuteBackend.merge_max_splits = default_cute_merge
     flashsplit.registry.invalidate()
     if cuda:
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)

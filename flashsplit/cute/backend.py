@@ -32,10 +32,11 @@ class CuteBackend(Backend):
     priority = 10
     #: Launches of 2..merge_max_splits splits merge in the split kernel's tail (one launch; with
     #: ``configs.MERGE_VERIFIED_ON_GPU``), more keep the combine kernel. H200, 32/8 heads, d = 128,
-    #: same run (fifth session): 2 splits merged 67.7 vs 68.9 us (B = 16, 4k), 8 splits 23.4 vs 24.7
-    #: (B = 4, 4k); 32 splits 13.1 vs 12.7 (B = 1, 4k: one warp per row walks 32 splits in two
-    #: register chunks, where the combine's 32 CTAs take one round trip each).
-    merge_max_splits = 8
+    #: same runs (fifth session), merged vs combine kernel: 2 splits 67.7 vs 68.9 us (B = 16, 4k),
+    #: 8 splits 23.4 vs 24.7 (B = 4, 4k), 16 splits 15.4 vs 16.1 (B = 2, 4k) and 38.3 vs 39.0
+    #: (16k); 32 splits 13.1 vs 12.7 (B = 1, 4k) and 126.1 vs 125.5 (128k): one warp per row walks
+    #: 32 splits in two register chunks, where the combine's 32 CTAs take one round trip each.
+    merge_max_splits = 16
 
     def __init__(self) -> None:
         self._full_seqlens: dict[tuple, torch.Tensor] = {}
