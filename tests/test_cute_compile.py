@@ -237,7 +237,7 @@ def test_subtile_configs():
     for c in sub:
         assert c.paged and c.tile_n % c.subtile_page == 0 and c.subtile_page % 8 == 0
         assert c.__class__(**{**c.__dict__, "subtile_page": 0}) in whole
-    dispatched = set(all_split_configs())  # the rest: test_fp16_operand_configs, test_merge_configs
+    dispatched = set(all_split_configs())  # the rest: test_fp16_operand_configs, test_merge_configs, test_one_per_sm_configs
     checked = [c for c in compile_check_configs() if c.subtile_page and c in dispatched]
     assert {(c.kv_dtype, c.head_dim, c.subtile_page) for c in checked} == {
         (c.kv_dtype, c.head_dim, c.subtile_page) for c in sub}
@@ -282,7 +282,7 @@ def test_merge_configs():
 
     with pytest.raises(ValueError, match="merge: only for a launch that writes partials"):
         configs.split_config("bfloat16", 128, False, False, merge=True)
-    merged = [c for c in compile_check_configs() if c.merge]
+    merged = [c for c in compile_check_configs() if c.merge and not _one_per_sm(c)]
     assert all(c.write_partials for c in merged)
     assert {(c.kv_dtype, c.head_dim) for c in merged if not c.paged} == {
         (kv, d) for kv in configs.KV_DTYPES for d in configs.HEAD_DIMS}
@@ -294,6 +294,62 @@ def test_merge_configs():
         assert plain in set(all_split_configs()) and c.smem_bytes == plain.smem_bytes + 16
         configs.check_smem(c)
     assert not any(c.merge for c in all_split_configs())  # the twins are listed here, not there
+
+
+def test_one_per_sm_configs():
+    """The one-CTA-per-SM tile is a compile key of dense 16-bit d = 128 launches only (64-key
+    tiles, 3 stages, one CTA per SM); the compile check builds all 8 of them and a merging one."""
+    from flashsplit.cute import configs
+
+    c = configs.split_config("bfloat16", 128, False, True, one_per_sm=True)
+    assert (c.tile_n, c.stages, c.units_per_sm) == configs.ONE_PER_SM_TILE == (64, 3, 1)
+    configs.check_smem(c)
+    for kwargs in (dict(head_dim=64), dict(paged=True), dict(kv_dtype="float8_e4m3fn")):
+        args = dict(dtype="bfloat16", head_dim=128, causal=False, write_partials=True) | kwargs
+        with pytest.raises(ValueError, match="one_per_sm: only for dense 16-bit caches at head_dim 128"):
+            configs.split_config(**args, one_per_sm=True)
+    deep = [c for c in compile_check_configs() if _one_per_sm(c)]
+    assert len(deep) == 9 and {(c.dtype, c.causal, c.write_partials) for c in deep} == {
+        (d, ca, wp) for d in configs.DTYPES for ca in (False, True) for wp in (False, True)}
+    assert any(c.merge for c in deep) and not any(c in set(all_split_configs()) for c in deep)
+
+
+def test_one_cta_per_sm_rule():
+    """The cute backend plans one CTA per SM (and takes that tile) for dense 16-bit d = 128
+    problems whose units fit one wave of 132 SMs with 2048-32768 keys per CTA: B = 16 x 4k and
+    B = 1 x 128k for Llama-3-8B heads (16 splits), not B = 1 x 16k, B = 16 x 128k, B = 64, d = 64,
+    fp8 or paged."""
+    from flashsplit.api import _make_plan
+
+    backend = CuteBackend()
+
+    def problem(batch, seqlen_k, **kw):
+        args = dict(batch=batch, seqlen_q=1, seqlen_k=seqlen_k, num_heads=32, num_heads_kv=8, head_dim=128,
+                    dtype=torch.bfloat16, causal=False, has_cache_seqlens=True, device_type="cuda") | kw
+        return DecodeProblem(**args)
+
+    for p, deep in [(problem(16, 4096), True), (problem(1, 131072), True), (problem(4, 16384), True),
+                    (problem(1, 16384), False), (problem(4, 4096), False), (problem(64, 4096), False),
+                    (problem(16, 131072), False), (problem(4, 131072), True),
+                    (problem(16, 4096, head_dim=64), False), (problem(16, 4096, kv_dtype=torch.float8_e4m3fn), False),
+                    (problem(16, 4096, page_size=128), False), (problem(4, 4096, num_heads_kv=32), True)]:
+        assert backend.one_cta_per_sm(p) == deep, p
+        assert backend.units_per_sm(p) == (1 if deep else configs_tile(p.head_dim)[2])
+        assert (backend.preference(p)[0] > 0) == (deep or p.paged), p
+    plan = _make_plan(problem(1, 131072), backend, "", 0, 132)
+    assert (plan.units_per_sm, plan.num_splits) == (1, 16)
+    assert _make_plan(problem(16, 4096), backend, "", 0, 132).num_splits == 1
+
+
+def _one_per_sm(config) -> bool:
+    """A configuration of the one-CTA-per-SM tile (test_one_per_sm_configs)."""
+    return config.head_dim == 128 and config.units_per_sm == 1
+
+
+def configs_tile(head_dim):
+    from flashsplit.cute.configs import split_tile
+
+    return split_tile(head_dim)
 
 
 def test_fp8_configs_keep_two_ctas_per_sm_up_to_d128():
@@ -563,7 +619,7 @@ def test_fp16_operand_configs():
     with pytest.raises(ValueError, match="fp16_operands"):
         configs.split_config("bfloat16", 128, False, True, fp16_operands=True)
     dispatched = set(all_split_configs())
-    others = [c for c in compile_check_configs() if c not in dispatched and not c.merge]
+    others = [c for c in compile_check_configs() if c not in dispatched and not c.merge and not _one_per_sm(c)]
     assert all(c.fp8 and c.dtype == "bfloat16" and c.fp16_operands != chosen for c in others)
     assert {(c.kv_dtype, c.head_dim) for c in others if not c.paged} == {
         (kv, d) for kv in configs.KV_DTYPES[1:] for d in configs.HEAD_DIMS}

@@ -64,15 +64,56 @@ def _cases():
 
 
 @pytest.mark.parametrize("case", _cases(), ids=str)
-def test_decode_matches_reference(case):
+def test_decode_matches_reference(case, **tile):
     torch.manual_seed(0)
     q, k, v, seqlens = make_inputs(case, "cuda")
     scale = 1.0 / math.sqrt(case.head_dim)
     out = torch.full_like(q, float("nan"))
     lse = torch.full((case.batch, case.num_heads, case.seqlen_q), float("nan"), device="cuda")
-    _backend().decode(q, k, v, seqlens, case.num_splits, scale, case.causal, out, lse)
+    _backend().decode(q, k, v, seqlens, case.num_splits, scale, case.causal, out, lse, **tile)
     torch.cuda.synchronize()
     check_against_reference(out, lse, q, k, v, seqlens, case.causal, scale)
+
+
+# The one-CTA-per-SM tile (configs.ONE_PER_SM_TILE: dense 16-bit caches at d = 128, 3 stages).
+@pytest.mark.parametrize("case", [c for c in _cases() if c.head_dim == 128], ids=str)
+def test_one_per_sm_decode_matches_reference(case):
+    """The d = 128 decode matrix (1/3/5/17 splits, L_q 1-16, groups 1-8, empty rows, NaN tails,
+    fp16, full length) on the one-CTA-per-SM tile; launches of <= 16 splits merge in its tail."""
+    test_decode_matches_reference(case, one_per_sm=True)
+
+
+def test_one_per_sm_cuda_graph_capture():
+    case = DecodeCase(2, 1, 4096, 2, 4, 128, torch.bfloat16, (4000, 100), 9)
+    q, k, v, seqlens = make_inputs(case, "cuda")
+    out = torch.empty_like(q)
+    backend = _backend()
+    backend.decode(q, k, v, seqlens, 9, 0.1, False, out, None, one_per_sm=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        backend.decode(q, k, v, seqlens, 9, 0.1, False, out, None, one_per_sm=True)
+    seqlens.copy_(torch.tensor([50, 3000], dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    check_against_reference(out, None, q, k, v, seqlens, False, 0.1)
+
+
+@pytest.mark.parametrize("batch,seqlen_k", [(16, 4096), (4, 16384), (1, 65536)])
+def test_one_per_sm_through_auto(batch, seqlen_k):
+    """Where the rule applies (Llama-3-8B heads), auto plans cute on one CTA per SM (1 split, no
+    merge; 4 and 16 splits, merged in the kernel's tail) and matches the reference."""
+    import flashsplit
+
+    plan = flashsplit.plan(batch, seqlen_k, 32, 8, 128)
+    assert (plan.backend, plan.units_per_sm) == ("cute", 1), plan
+    gen = torch.Generator().manual_seed(batch)
+    q = torch.randn(batch, 1, 32, 128, generator=gen).to("cuda", torch.bfloat16)
+    k = torch.randn(batch, seqlen_k, 8, 128, generator=gen).to("cuda", torch.bfloat16)
+    v = torch.randn(batch, seqlen_k, 8, 128, generator=gen).to("cuda", torch.bfloat16)
+    lens = torch.randint(seqlen_k // 2, seqlen_k + 1, (batch,), generator=gen, dtype=torch.int32).to("cuda")
+    out, lse = flashsplit.decode(q, k, v, cache_seqlens=lens, return_lse=True)
+    torch.cuda.synchronize()
+    check_against_reference(out, lse, q, k, v, lens, False, 1.0 / math.sqrt(128))
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])

@@ -9,6 +9,7 @@ stream, so ``decode`` is CUDA-graph capturable.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import torch
@@ -99,18 +100,46 @@ class CuteBackend(Backend):
             return -5, "paged KV gathered row by row: measured 1.7-2.4x slower than triton (H200)"
         if problem.paged and problem.cache_dtype not in FP8_DTYPES:
             return 20, "paged 16-bit KV: the cute TMA kernel reads pages at dense speed (H200)"
+        if self.one_cta_per_sm(problem):
+            # H200, 32/8 heads, same runs (fifth session, calls 6-8), us: B = 16 4k 64.5 vs triton
+            # 66.7, 16k 240.3 vs 246.0; B = 4 128k 476.5 vs 484.8; B = 1 128k 126.7 vs 127.3.
+            return 5, "dense 16-bit KV in one wave of one CTA per SM: measured faster than triton (H200)"
         return -10, "cute supports it but was measured slower than triton here (H200)"
 
     def units_per_sm(self, problem: DecodeProblem) -> int:
+        if self.one_cta_per_sm(problem):
+            return configs.ONE_PER_SM_TILE[2]
         return configs.split_tile(problem.head_dim)[2] if problem.head_dim in configs.HEAD_DIMS else 1
+
+    #: ``one_cta_per_sm`` wants between this many keys per CTA (one wave of one CTA per SM) ...
+    one_per_sm_min_keys = 2048
+    #: ... and this many: H200, B = 16, 128k (131k keys per CTA, one split), same runs: 1950.0
+    #: and 1974.3 us on one CTA per SM vs 1920.4 and 1923.2 on two (fifth session, call 8).
+    one_per_sm_max_keys = 32768
+
+    def one_cta_per_sm(self, problem: DecodeProblem) -> bool:
+        """Whether the one-CTA-per-SM tile (``configs.ONE_PER_SM_TILE``) serves ``problem``: a
+        dense 16-bit cache at d = 128 whose (batch row, KV head, row block) units fit one wave of
+        one CTA per SM, with ``one_per_sm_min_keys``..``one_per_sm_max_keys`` keys per CTA once
+        split over the SMs. On the H200 it beat the two-CTA tile there and lost elsewhere
+        (``ONE_PER_SM_TILE``)."""
+        if problem.head_dim != 128 or problem.paged or problem.cache_dtype != problem.dtype:
+            return False
+        units = problem.batch * problem.num_heads_kv * -(-problem.packed_rows // self.block_m(problem))
+        sms = _sm_count()
+        keys = units * problem.seqlen_k  # over `sms` CTAs
+        return units <= sms and self.one_per_sm_min_keys * sms <= keys <= self.one_per_sm_max_keys * sms
 
     # ------------------------------------------------------------------ launches
     def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float, causal: bool):
-        return PreparedCuteDecode(self, num_splits, softmax_scale, causal)
+        one_per_sm = problem is not None and self.one_cta_per_sm(problem)  # (tests prepare without one)
+        return PreparedCuteDecode(self, num_splits, softmax_scale, causal, one_per_sm)
 
     def decode(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out, lse,
-               block_table=None, k_descale=None, v_descale=None) -> None:
-        PreparedCuteDecode(self, num_splits, softmax_scale, causal)(
+               block_table=None, k_descale=None, v_descale=None, one_per_sm: bool = False) -> None:
+        """One decode with ``num_splits`` splits (tests; the api goes through :meth:`prepare`),
+        on the one-CTA-per-SM tile with ``one_per_sm``."""
+        PreparedCuteDecode(self, num_splits, softmax_scale, causal, one_per_sm)(
             q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse)
 
     def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
@@ -146,9 +175,10 @@ class CuteBackend(Backend):
                       None, _raw_stream(q))
 
     def _split_launch(self, q, k, v, cache_seqlens, block_table, num_splits, scale, causal, o, lse,
-                      write_partials, k_descale=None, v_descale=None, out=None) -> _SplitLaunch:
+                      write_partials, k_descale=None, v_descale=None, out=None, one_per_sm=False) -> _SplitLaunch:
         """The compiled split kernel for this call's static facts and its static raw arguments;
-        with ``out`` (partials only), the kernel's last CTA per row tile merges into it."""
+        with ``out`` (partials only), the kernel's last CTA per row tile merges into it; with
+        ``one_per_sm``, the one-CTA-per-SM tile."""
         import math
 
         from .compile import compile_split
@@ -165,7 +195,7 @@ class CuteBackend(Backend):
             seqlen_k, max_pages = cache_len, 1
         kv_dtype = _FP8_NAMES.get(k.dtype, "same")
         config = configs.split_config(_DTYPE_NAMES[q.dtype], head_dim, causal, write_partials, paged, kv_dtype,
-                                      cache_len if paged else None, merge=out is not None)
+                                      cache_len if paged else None, merge=out is not None, one_per_sm=one_per_sm)
         if lse.stride() != _compact_strides(lse.shape):
             raise ValueError(f"lse: expected a contiguous tensor, got strides {lse.stride()}")
         o_strides = o.stride()[:4] if write_partials else (0, *o.stride()[:3])
@@ -222,11 +252,13 @@ class PreparedCuteDecode:
     kernel merges.
     """
 
-    def __init__(self, backend: CuteBackend, num_splits: int, softmax_scale: float, causal: bool):
+    def __init__(self, backend: CuteBackend, num_splits: int, softmax_scale: float, causal: bool,
+                 one_per_sm: bool = False):
         self.backend = backend
         self.num_splits = num_splits
         self.softmax_scale = softmax_scale
         self.causal = causal
+        self.one_per_sm = one_per_sm  # configs.ONE_PER_SM_TILE (the plan counted one CTA per SM)
         self.split: _SplitLaunch | None = None
         self.combine: tuple | None = None  # (compiled combine, its static raw arguments)
         # Fixed per prepared launch (its compiled kernel).
@@ -274,14 +306,15 @@ class PreparedCuteDecode:
         if splits == 1:
             self.split = self.backend._split_launch(q, k_cache, v_cache, cache_seqlens, block_table, 1,
                                                     self.softmax_scale, self.causal, out, lse, False, k_descale,
-                                                    v_descale)
+                                                    v_descale, one_per_sm=self.one_per_sm)
             return
         out_partial = buffer[: partial_rows * head_dim].view(splits, batch, seqlen_q, num_heads, head_dim)
         lse_partial = buffer[partial_rows * head_dim: partial_rows * (head_dim + 1)].view(
             splits, batch, num_heads, seqlen_q)
         self.split = self.backend._split_launch(q, k_cache, v_cache, cache_seqlens, block_table, splits,
                                                 self.softmax_scale, self.causal, out_partial, lse_partial, True,
-                                                k_descale, v_descale, out if self.merge else None)
+                                                k_descale, v_descale, out if self.merge else None,
+                                                one_per_sm=self.one_per_sm)
         if not self.merge:
             self.combine = self.backend._combine_launch(out_partial, lse_partial, out)
 
@@ -421,6 +454,14 @@ def _run(kernel, raw: tuple, library_args) -> None:
         launcher.launch(*raw)
     else:
         kernel(*library_args())
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count() -> int:
+    """SMs of the current CUDA device (132, an H200's, without one: the rule is then only planned)."""
+    if not torch.cuda.is_available():
+        return 132
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
 def _raw_stream(t: torch.Tensor) -> int:

@@ -120,6 +120,17 @@ def split_tile(head_dim: int) -> tuple[int, int, int]:
     raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {head_dim}")
 
 
+#: One CTA per SM with a deeper pipeline, for dense 16-bit caches at d = 128 (``split_config(...,
+#: one_per_sm=True)``): 64-key tiles, 3 stages (96 KiB of loads in flight, 113 KiB of shared
+#: memory). Where a problem's CTAs fit one wave at one per SM it needs half the splits (or none:
+#: no merge) and each CTA streams twice the keys. H200, 32/8 heads, same runs (fifth session,
+#: calls 6 and 8), us, vs the two-CTA tile: B = 16 4k 64.5 vs 68.3, 16k 240.3 vs 247.1; B = 4
+#: 128k 476.5 vs 484.5; B = 1 128k 126.4 vs 127.5; but B = 16 128k 1950.0 vs 1923.2, B = 1 16k
+#: 24.2 vs 23.8, B = 4 4k 24.2 vs 23.6, B = 64 4k 247.6 vs 245.1 (``CuteBackend.one_cta_per_sm``
+#: picks it).
+ONE_PER_SM_TILE = (64, 3, 1)
+
+
 def fp8_stages(head_dim: int) -> int:
     """fp8 staging slots per CTA (same tile and CTAs/SM as the 16-bit kernel). An fp8 slot is
     half a 16-bit stage, and the 16-bit operand buffers take one 16-bit stage's room, so: d=64
@@ -139,13 +150,14 @@ GATHER_STAGES = 2
 
 def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, paged: bool = False,
                  kv_dtype: str = "same", page_size: int | None = None,
-                 fp16_operands: bool | None = None, merge: bool = False) -> SplitConfig:
+                 fp16_operands: bool | None = None, merge: bool = False, one_per_sm: bool = False) -> SplitConfig:
     """The compile key for a problem. ``page_size`` (paged only) picks the load mode: a multiple
     of the tile (one TMA box per tile; the page size a runtime value), a sub-tile size
     (``subtile_page``: tile_n / P TMA boxes), or anything else (``gather_pages``: one bulk copy
     per key row; the page size a runtime value). ``fp16_operands`` (fp8 cache, bf16 q only)
     defaults to ``FP16_OPERANDS_VERIFIED_ON_GPU``. ``merge`` (partials only): the last CTA of each
-    row tile merges the partials (no combine kernel)."""
+    row tile merges the partials (no combine kernel). ``one_per_sm`` (dense 16-bit caches, d =
+    128): :data:`ONE_PER_SM_TILE` instead of :func:`split_tile`'s."""
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype: expected one of {KV_DTYPES}, got {kv_dtype!r}")
     eligible = kv_dtype != "same" and dtype == "bfloat16"
@@ -155,7 +167,10 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
         raise ValueError(f"fp16_operands: only for an fp8 cache with a bfloat16 q, got {dtype}/{kv_dtype}")
     if merge and not write_partials:
         raise ValueError("merge: only for a launch that writes partials (write_partials=True)")
-    tile_n, stages, units = split_tile(head_dim)
+    if one_per_sm and (head_dim != 128 or paged or kv_dtype != "same"):
+        raise ValueError(f"one_per_sm: only for dense 16-bit caches at head_dim 128, got head_dim {head_dim}, "
+                         f"{'paged' if paged else 'dense'}, kv_dtype {kv_dtype}")
+    tile_n, stages, units = ONE_PER_SM_TILE if one_per_sm else split_tile(head_dim)
     subtile_page, gather = 0, False
     if paged and page_size is not None and not paged_supported(page_size, head_dim):
         if page_size < 1:
@@ -255,7 +270,8 @@ def all_split_configs(subtile: bool = True) -> list[SplitConfig]:
     paged ones, 24 per cache type (one for every page size). Each partials configuration also
     has a merging twin (``merge=True``, launches of up to ``CuteBackend.merge_max_splits``
     splits), which differs only in the tail: :func:`compile_check_configs` builds one per cache
-    type, head dim and load mode."""
+    type, head dim and load mode; and dense 16-bit d = 128 configurations have a one-CTA-per-SM
+    twin (``ONE_PER_SM_TILE``), all of which the compile check builds."""
     configs = [
         split_config(dtype, head_dim, causal, write_partials, paged, kv_dtype)
         for kv_dtype in KV_DTYPES
@@ -312,6 +328,10 @@ def compile_check_configs() -> list[SplitConfig]:
         configs.append(split_config(DTYPES[j % 2], head_dim, j % 3 == 1, True, False, kv_dtype, merge=True))
     for head_dim, page_size in zip(HEAD_DIMS, (GATHER_EXAMPLE_PAGE, 128, 16)):
         configs.append(split_config("bfloat16", head_dim, False, True, True, "same", page_size, merge=True))
+    # The one-CTA-per-SM tile (dense 16-bit, d = 128): every dtype x causal x output, and merging.
+    configs += [split_config(dtype, 128, causal, wp, one_per_sm=True)
+                for dtype in DTYPES for causal in (False, True) for wp in (False, True)]
+    configs.append(split_config("float16", 128, True, True, merge=True, one_per_sm=True))
     return configs
 
 
