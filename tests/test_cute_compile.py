@@ -316,9 +316,9 @@ def test_one_per_sm_configs():
 
 def test_one_cta_per_sm_rule():
     """The cute backend plans one CTA per SM (and takes that tile) for dense 16-bit d = 128
-    problems whose units fit one wave of 132 SMs with 2048-32768 keys per CTA: B = 16 x 4k and
-    B = 1 x 128k for Llama-3-8B heads (16 splits), not B = 1 x 16k, B = 16 x 128k, B = 64, d = 64,
-    fp8 or paged."""
+    problems whose units fit one wave of 132 SMs in one split of 2k-32k keys per CTA or several of
+    16k-32k: B = 16 x 4k/16k and B = 4 x 128k (4 splits) for Llama-3-8B heads, B = 4 x 4k for
+    Llama-2-7B heads; not B = 1 x 16k/128k, B = 4 x 16k, B = 16 x 128k, B = 64, d = 64, fp8, paged."""
     from flashsplit.api import _make_plan
 
     backend = CuteBackend()
@@ -328,16 +328,16 @@ def test_one_cta_per_sm_rule():
                     dtype=torch.bfloat16, causal=False, has_cache_seqlens=True, device_type="cuda") | kw
         return DecodeProblem(**args)
 
-    for p, deep in [(problem(16, 4096), True), (problem(1, 131072), True), (problem(4, 16384), True),
-                    (problem(1, 16384), False), (problem(4, 4096), False), (problem(64, 4096), False),
-                    (problem(16, 131072), False), (problem(4, 131072), True),
+    for p, deep in [(problem(16, 4096), True), (problem(16, 16384), True), (problem(1, 131072), False),
+                    (problem(4, 16384), False), (problem(1, 16384), False), (problem(4, 4096), False),
+                    (problem(64, 4096), False), (problem(16, 131072), False), (problem(4, 131072), True),
                     (problem(16, 4096, head_dim=64), False), (problem(16, 4096, kv_dtype=torch.float8_e4m3fn), False),
                     (problem(16, 4096, page_size=128), False), (problem(4, 4096, num_heads_kv=32), True)]:
         assert backend.one_cta_per_sm(p) == deep, p
         assert backend.units_per_sm(p) == (1 if deep else configs_tile(p.head_dim)[2])
         assert (backend.preference(p)[0] > 0) == (deep or p.paged), p
-    plan = _make_plan(problem(1, 131072), backend, "", 0, 132)
-    assert (plan.units_per_sm, plan.num_splits) == (1, 16)
+    plan = _make_plan(problem(4, 131072), backend, "", 0, 132)
+    assert (plan.units_per_sm, plan.num_splits) == (1, 4)
     assert _make_plan(problem(16, 4096), backend, "", 0, 132).num_splits == 1
 
 

@@ -98,18 +98,18 @@ def test_one_per_sm_cuda_graph_capture():
     check_against_reference(out, None, q, k, v, seqlens, False, 0.1)
 
 
-@pytest.mark.parametrize("batch,seqlen_k", [(16, 4096), (4, 16384), (1, 65536)])
-def test_one_per_sm_through_auto(batch, seqlen_k):
-    """Where the rule applies (Llama-3-8B heads), auto plans cute on one CTA per SM (1 split, no
-    merge; 4 and 16 splits, merged in the kernel's tail) and matches the reference."""
+@pytest.mark.parametrize("batch,seqlen_k,heads_kv", [(16, 4096, 8), (4, 131072, 8), (4, 4096, 32)])
+def test_one_per_sm_through_auto(batch, seqlen_k, heads_kv):
+    """Where the rule applies, auto plans cute on one CTA per SM (one split, no merge; 4 splits
+    merged in the kernel's tail) and matches the reference."""
     import flashsplit
 
-    plan = flashsplit.plan(batch, seqlen_k, 32, 8, 128)
+    plan = flashsplit.plan(batch, seqlen_k, 32, heads_kv, 128)
     assert (plan.backend, plan.units_per_sm) == ("cute", 1), plan
     gen = torch.Generator().manual_seed(batch)
     q = torch.randn(batch, 1, 32, 128, generator=gen).to("cuda", torch.bfloat16)
-    k = torch.randn(batch, seqlen_k, 8, 128, generator=gen).to("cuda", torch.bfloat16)
-    v = torch.randn(batch, seqlen_k, 8, 128, generator=gen).to("cuda", torch.bfloat16)
+    k = torch.randn(batch, seqlen_k, heads_kv, 128, generator=gen).to("cuda", torch.bfloat16)
+    v = torch.randn(batch, seqlen_k, heads_kv, 128, generator=gen).to("cuda", torch.bfloat16)
     lens = torch.randint(seqlen_k // 2, seqlen_k + 1, (batch,), generator=gen, dtype=torch.int32).to("cuda")
     out, lse = flashsplit.decode(q, k, v, cache_seqlens=lens, return_lse=True)
     torch.cuda.synchronize()

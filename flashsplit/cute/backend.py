@@ -14,6 +14,7 @@ import importlib.util
 
 import torch
 
+from ..plan import choose_num_splits, tokens_per_split
 from ..problem import FP8_DTYPES, DecodeProblem
 from ..registry import Backend
 from ..workspace import ArrivalCounters, Workspace
@@ -101,8 +102,7 @@ class CuteBackend(Backend):
         if problem.paged and problem.cache_dtype not in FP8_DTYPES:
             return 20, "paged 16-bit KV: the cute TMA kernel reads pages at dense speed (H200)"
         if self.one_cta_per_sm(problem):
-            # H200, 32/8 heads, same runs (fifth session, calls 6-8), us: B = 16 4k 64.5 vs triton
-            # 66.7, 16k 240.3 vs 246.0; B = 4 128k 476.5 vs 484.8; B = 1 128k 126.7 vs 127.3.
+            # H200, same runs (fifth session, calls 6-9): see one_per_sm_min_keys.
             return 5, "dense 16-bit KV in one wave of one CTA per SM: measured faster than triton (H200)"
         return -10, "cute supports it but was measured slower than triton here (H200)"
 
@@ -111,24 +111,33 @@ class CuteBackend(Backend):
             return configs.ONE_PER_SM_TILE[2]
         return configs.split_tile(problem.head_dim)[2] if problem.head_dim in configs.HEAD_DIMS else 1
 
-    #: ``one_cta_per_sm`` wants between this many keys per CTA (one wave of one CTA per SM) ...
+    #: Keys per CTA (as the plan splits at one CTA per SM) that ``one_cta_per_sm`` takes: one
+    #: split of 2k-32k keys, or several of 16k-32k. H200, same runs (fifth session, calls 6-9), us:
+    #: won at one split (B = 16 x 4k 64.4-64.6 vs 66.3-67.4 for Triton, B = 16 x 16k 238.9-240.8 vs
+    #: 241.8-246.0; 32/32 heads, B = 4 x 4k/16k 63.9/238.0 vs 64.8/239.7) and at 4 splits of 32k
+    #: (B = 4 x 128k 469.9-476.7 vs 475.1-485.1); lost at one split of 131k keys (B = 16 x 128k
+    #: 1950.0-1974.3 vs two CTAs per SM 1920.4-1923.2) and was mixed at 4-16 splits of 4k-8k keys
+    #: (B = 1 x 128k 126.1-126.7 vs 124.9-127.3, B = 4 x 16k 67.7-67.8 vs 66.7-68.0).
     one_per_sm_min_keys = 2048
-    #: ... and this many: H200, B = 16, 128k (131k keys per CTA, one split), same runs: 1950.0
-    #: and 1974.3 us on one CTA per SM vs 1920.4 and 1923.2 on two (fifth session, call 8).
     one_per_sm_max_keys = 32768
+    one_per_sm_min_split_keys = 16384
 
     def one_cta_per_sm(self, problem: DecodeProblem) -> bool:
         """Whether the one-CTA-per-SM tile (``configs.ONE_PER_SM_TILE``) serves ``problem``: a
         dense 16-bit cache at d = 128 whose (batch row, KV head, row block) units fit one wave of
-        one CTA per SM, with ``one_per_sm_min_keys``..``one_per_sm_max_keys`` keys per CTA once
-        split over the SMs. On the H200 it beat the two-CTA tile there and lost elsewhere
-        (``ONE_PER_SM_TILE``)."""
+        one CTA per SM, split as the plan splits them there into one split of
+        ``one_per_sm_min_keys``..``one_per_sm_max_keys`` keys per CTA, or several of
+        ``one_per_sm_min_split_keys``..``one_per_sm_max_keys`` (where it was measured faster)."""
         if problem.head_dim != 128 or problem.paged or problem.cache_dtype != problem.dtype:
             return False
         units = problem.batch * problem.num_heads_kv * -(-problem.packed_rows // self.block_m(problem))
         sms = _sm_count()
-        keys = units * problem.seqlen_k  # over `sms` CTAs
-        return units <= sms and self.one_per_sm_min_keys * sms <= keys <= self.one_per_sm_max_keys * sms
+        if units > sms:
+            return False
+        splits = choose_num_splits(units, problem.seqlen_k, sms, configs.ONE_PER_SM_TILE[2])[0]
+        keys = tokens_per_split(problem.seqlen_k, splits)
+        least = self.one_per_sm_min_keys if splits == 1 else self.one_per_sm_min_split_keys
+        return least <= keys <= self.one_per_sm_max_keys
 
     # ------------------------------------------------------------------ launches
     def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float, causal: bool):
