@@ -86,6 +86,13 @@ def cute_gather_enabled(monkeypatch):
 
 
 @pytest.fixture
+def cute_skip_padding_enabled(monkeypatch):
+    """Warps whose rows are all padding skip the softmax
+    (flashsplit.cute.configs.SKIP_PADDING_VERIFIED_ON_GPU)."""
+    yield from _enable_unverified(monkeypatch, "SKIP_PADDING_VERIFIED_ON_GPU")
+
+
+@pytest.fixture
 def cute_merge_enabled(monkeypatch):
     """The cute split kernel's last-CTA merge for every split count (no combine kernel;
     flashsplit.cute.configs.MERGE_VERIFIED_ON_GPU, CuteBackend.merge_max_splits)."""

@@ -296,6 +296,23 @@ def test_merge_configs():
     assert not any(c.merge for c in all_split_configs())  # the twins are listed here, not there
 
 
+def test_skip_padding_configs():
+    """Padding warps skipping the softmax is a compile key, off for every configuration the
+    dispatcher selects until verified on a GPU (SKIP_PADDING_VERIFIED_ON_GPU); the compile check
+    builds it for every (cache type, head dim), paged, and on the merging one-CTA-per-SM tile."""
+    from flashsplit.cute import configs
+
+    assert not configs.SKIP_PADDING_VERIFIED_ON_GPU
+    assert not any(c.skip_padding for c in all_split_configs())
+    assert configs.split_config("bfloat16", 128, False, True, skip_padding=True).skip_padding
+    skipping = [c for c in compile_check_configs() if c.skip_padding]
+    assert {(c.kv_dtype, c.head_dim) for c in skipping} == {
+        (kv, d) for kv in configs.KV_DTYPES for d in configs.HEAD_DIMS}
+    assert any(c.paged for c in skipping) and any(c.merge and _one_per_sm(c) for c in skipping)
+    for c in skipping:  # the same shared memory as the full-softmax kernel
+        assert c.smem_bytes == c.__class__(**{**c.__dict__, "skip_padding": False}).smem_bytes
+
+
 def test_one_per_sm_configs():
     """The one-CTA-per-SM tile is a compile key of dense 16-bit d = 128 launches only (64-key
     tiles, 3 stages, one CTA per SM); the compile check builds all 8 of them and a merging one."""
@@ -308,7 +325,7 @@ def test_one_per_sm_configs():
         args = dict(dtype="bfloat16", head_dim=128, causal=False, write_partials=True) | kwargs
         with pytest.raises(ValueError, match="one_per_sm: only for dense 16-bit caches at head_dim 128"):
             configs.split_config(**args, one_per_sm=True)
-    deep = [c for c in compile_check_configs() if _one_per_sm(c)]
+    deep = [c for c in compile_check_configs() if _one_per_sm(c) and not c.skip_padding]
     assert len(deep) == 9 and {(c.dtype, c.causal, c.write_partials) for c in deep} == {
         (d, ca, wp) for d in configs.DTYPES for ca in (False, True) for wp in (False, True)}
     assert any(c.merge for c in deep) and not any(c in set(all_split_configs()) for c in deep)
@@ -619,7 +636,8 @@ def test_fp16_operand_configs():
     with pytest.raises(ValueError, match="fp16_operands"):
         configs.split_config("bfloat16", 128, False, True, fp16_operands=True)
     dispatched = set(all_split_configs())
-    others = [c for c in compile_check_configs() if c not in dispatched and not c.merge and not _one_per_sm(c)]
+    others = [c for c in compile_check_configs()
+              if c not in dispatched and not c.merge and not _one_per_sm(c) and not c.skip_padding]
     assert all(c.fp8 and c.dtype == "bfloat16" and c.fp16_operands != chosen for c in others)
     assert {(c.kv_dtype, c.head_dim) for c in others if not c.paged} == {
         (kv, d) for kv in configs.KV_DTYPES[1:] for d in configs.HEAD_DIMS}

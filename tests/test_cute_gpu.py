@@ -772,3 +772,33 @@ def test_merge_through_decode_api(cute_merge_enabled):
     out, lse = flashsplit.decode(q, k, v, backend="cute", return_lse=True)
     torch.cuda.synchronize()
     check_against_reference(out, lse, q, k, v, None, False, 1.0 / math.sqrt(128))
+
+
+# Padding warps skip the softmax (configs.SKIP_PADDING_VERIFIED_ON_GPU, off until these pass on an
+# H200; the fixture switches it on): rows past L_q x group never reach an output.
+@pytest.mark.parametrize("case", _cases(), ids=str)
+def test_skip_padding_decode_matches_reference(case, cute_skip_padding_enabled):
+    """The decode matrix: 1-128 packed rows per KV head (1 row: 15 of 16 warp halves skip; 128:
+    none), empty rows, NaN tails, 1/3/5/17 splits (merged and combined)."""
+    test_decode_matches_reference(case)
+
+
+@pytest.mark.parametrize("case", [c for c in _cases() if c.head_dim == 128 and c.num_splits > 1], ids=str)
+def test_skip_padding_one_per_sm(case, cute_skip_padding_enabled):
+    test_decode_matches_reference(case, one_per_sm=True)
+
+
+@pytest.mark.parametrize("head_dim,dtype,fp8,per_head,seqlen_q,group,causal", FP8_CASES, ids=str)
+def test_skip_padding_fp8(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, cute_fp8_enabled,
+                          cute_skip_padding_enabled):
+    test_fp8_decode_matches_reference(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, 3, cute_fp8_enabled)
+
+
+@pytest.mark.parametrize("page_size", [128, 16, 48])
+def test_skip_padding_paged(page_size, cute_paged_enabled, cute_skip_padding_enabled):
+    case, q, k, v, seqlens, k_pages, v_pages, table = _subtile_inputs(128, page_size, 1, 5, False, 3, page_size)
+    _decode_paged_and_check(case, q, k, v, seqlens, k_pages, v_pages, table, 3, False, f"pages of {page_size}")
+
+
+def test_skip_padding_graph_replay(cute_skip_padding_enabled):
+    test_cuda_graph_capture()

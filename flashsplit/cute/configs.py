@@ -63,6 +63,12 @@ class SplitConfig:
     #: CTA to arrive merges the tile's real rows (one warp per row, ``flashsplit.cute.merge``),
     #: writes ``out``/``lse`` in q's dtype and sets the counter back to 0. One launch, no combine.
     merge: bool = False
+    #: A warp's 8-row half whose rows are all padding (packed rows past L_q x group: 60 of the 64
+    #: with 4 q heads per KV head and one query) skips the softmax (scale, mask, max, exp2, sum,
+    #: O rescale); its O rows are never written, so the PV wgmma may multiply its raw scores. With
+    #: 4 real rows, 7 of the 8 halves skip: ~7/8 of the tile's exp2 work (the compiler keeps the
+    #: P conversion unconditional). Gated by ``SKIP_PADDING_VERIFIED_ON_GPU``.
+    skip_padding: bool = False
 
     @property
     def fp8(self) -> bool:
@@ -150,14 +156,16 @@ GATHER_STAGES = 2
 
 def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, paged: bool = False,
                  kv_dtype: str = "same", page_size: int | None = None,
-                 fp16_operands: bool | None = None, merge: bool = False, one_per_sm: bool = False) -> SplitConfig:
+                 fp16_operands: bool | None = None, merge: bool = False, one_per_sm: bool = False,
+                 skip_padding: bool | None = None) -> SplitConfig:
     """The compile key for a problem. ``page_size`` (paged only) picks the load mode: a multiple
     of the tile (one TMA box per tile; the page size a runtime value), a sub-tile size
     (``subtile_page``: tile_n / P TMA boxes), or anything else (``gather_pages``: one bulk copy
     per key row; the page size a runtime value). ``fp16_operands`` (fp8 cache, bf16 q only)
     defaults to ``FP16_OPERANDS_VERIFIED_ON_GPU``. ``merge`` (partials only): the last CTA of each
     row tile merges the partials (no combine kernel). ``one_per_sm`` (dense 16-bit caches, d =
-    128): :data:`ONE_PER_SM_TILE` instead of :func:`split_tile`'s."""
+    128): :data:`ONE_PER_SM_TILE` instead of :func:`split_tile`'s. ``skip_padding`` defaults to
+    ``SKIP_PADDING_VERIFIED_ON_GPU``."""
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype: expected one of {KV_DTYPES}, got {kv_dtype!r}")
     eligible = kv_dtype != "same" and dtype == "bfloat16"
@@ -182,8 +190,10 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
             stages = GATHER_STAGES
     if kv_dtype != "same":
         stages = fp8_stages(head_dim)
+    if skip_padding is None:
+        skip_padding = SKIP_PADDING_VERIFIED_ON_GPU
     return SplitConfig(dtype, head_dim, tile_n, stages, causal, write_partials, units, paged, kv_dtype,
-                       subtile_page, gather, fp16_operands, merge)
+                       subtile_page, gather, fp16_operands, merge, skip_padding)
 
 
 #: The paged kernel passed ``pytest tests/test_cute_gpu.py tests/test_gpu.py`` on an H200
@@ -200,6 +210,11 @@ FP8_VERIFIED_ON_GPU = True
 #: q rows of 2^12 / 2^-12 / 3e5 / 0, whole-tile, sub-tile and gathered pages). False compiles the
 #: bf16-operand kernel for such problems again.
 FP16_OPERANDS_VERIFIED_ON_GPU = True
+
+#: Padding warps skip the softmax (``SplitConfig.skip_padding``): compile-checked for sm_90a (fifth
+#: session, after its last GPU call), not yet run on a GPU. Until ``pytest tests/test_cute_gpu.py
+#: -k skip_padding`` passes on an H200 every configuration keeps the full softmax.
+SKIP_PADDING_VERIFIED_ON_GPU = False
 
 #: The split kernel's last-CTA merge (``SplitConfig.merge``) passed ``pytest tests/test_cute_gpu.py
 #: -k merge`` on an H200 (fifth session: 62 tests, 3-256 splits, d 64/128/256, 1-128 packed rows,
@@ -332,6 +347,14 @@ def compile_check_configs() -> list[SplitConfig]:
     configs += [split_config(dtype, 128, causal, wp, one_per_sm=True)
                 for dtype in DTYPES for causal in (False, True) for wp in (False, True)]
     configs.append(split_config("float16", 128, True, True, merge=True, one_per_sm=True))
+    # Padding warps skipping the softmax, the side SKIP_PADDING_VERIFIED_ON_GPU does not select:
+    # every (cache type, head dim) dense with dtype/causal/partials cycled, pages, both tiles.
+    skip = not SKIP_PADDING_VERIFIED_ON_GPU
+    for j, (kv_dtype, head_dim) in enumerate((kv, d) for kv in KV_DTYPES for d in HEAD_DIMS):
+        configs.append(split_config(DTYPES[j % 2], head_dim, j % 2 == 0, j % 3 != 0, False, kv_dtype,
+                                    skip_padding=skip))
+    configs.append(split_config("bfloat16", 128, False, True, True, page_size=16, skip_padding=skip))
+    configs.append(split_config("bfloat16", 128, False, True, merge=True, one_per_sm=True, skip_padding=skip))
     return configs
 
 

@@ -83,6 +83,8 @@ class SplitKVDecodeKernel:
         # The wgmma operands' type (q, K, V, P): q's, or fp16 for an fp8 cache with a bf16 q
         # (SplitConfig.fp16_operands: q rows scaled into fp16's range, the scores scaled back).
         self.fp16_operands = config.fp16_operands
+        # Warp halves whose rows are all padding skip the softmax (gated).
+        self.skip_padding = config.skip_padding
         self.op_dtype = cutlass.Float16 if config.fp16_operands else self.dtype
         # Last-CTA merge (SplitConfig.merge): one warp per row, 64 fp32 of partials per lane in
         # flight (d = 128: 16 splits a round trip).
@@ -707,6 +709,11 @@ class SplitKVDecodeKernel:
                 m = packed // group
                 key_limit[r] = cutlass.min(end, n_keys - seqlen_q + m + 1)
 
+        warp_uniform = warp
+        rows_here = Int32(M)
+        if cutlass.const_expr(self.skip_padding):
+            warp_uniform = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            rows_here = cutlass.min(seqlen_q * group - row_block * M, M)  # real rows of this tile
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         for i in cutlass.range(num_tiles, unroll=1):
             tile_start = (first_tile + i) * N
@@ -733,43 +740,20 @@ class SplitKVDecodeKernel:
             warpgroup.wait_group(0)
 
             # Mask by selection (garbage keys may be NaN: never multiply them by 0), then the
-            # online-softmax update in log2 units.
+            # online-softmax update in log2 units. skip_padding: a warp whose 8-row half holds
+            # only padding rows (past L_q x group) skips it; those rows are never written.
             for r in cutlass.range_constexpr(2):
-                limit = key_limit[r] - tile_start
-                tile_max = -Float32.inf
-                for v in cutlass.range_constexpr(N // 8):
-                    for c in cutlass.range_constexpr(2):
-                        idx = c + 2 * r + 4 * v
-                        col = (lane % 4) * 2 + c + 8 * v
-                        s = acc_s[idx] * row_qk_scale[r]
-                        if col >= limit:
-                            s = -Float32.inf
-                        acc_s[idx] = s
-                        tile_max = cute.arch.fmax(tile_max, s)
-                tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=1))
-                tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
-                new_max = cute.arch.fmax(row_max[r], tile_max)
-                # A row that has seen no key yet keeps max -inf: subtract 0 instead (no -inf - -inf).
-                safe_max = new_max
-                if new_max == -Float32.inf:
-                    safe_max = 0.0
-                rescale = cute.math.exp2(row_max[r] - safe_max, fastmath=True)
-                row_max[r] = new_max
-                tile_sum = Float32(0.0)
-                for v in cutlass.range_constexpr(N // 8):
-                    for c in cutlass.range_constexpr(2):
-                        idx = c + 2 * r + 4 * v
-                        p = cute.math.exp2(acc_s[idx] - safe_max, fastmath=True)
-                        acc_s[idx] = p
-                        tile_sum += p
-                row_sum[r] = row_sum[r] * rescale + tile_sum
-                for v in cutlass.range_constexpr(D // 8):
-                    for c in cutlass.range_constexpr(2):
-                        acc_o[c + 2 * r + 4 * v] = acc_o[c + 2 * r + 4 * v] * rescale
+                if cutlass.const_expr(self.skip_padding):
+                    if warp_uniform * 16 + 8 * r < rows_here:
+                        self.softmax_rows(acc_s, acc_o, row_max, row_sum, row_qk_scale, key_limit, r, tile_start,
+                                          lane)
+                else:
+                    self.softmax_rows(acc_s, acc_o, row_max, row_sum, row_qk_scale, key_limit, r, tile_start, lane)
 
             # P (fp32 C layout) -> 16-bit A-operand registers; same element order per thread.
             tOrP = cute.make_rmem_tensor(self.p_layout(acc_s.layout), self.op_dtype)
             tOrP_as_acc = cute.make_tensor(tOrP.iterator, acc_s.layout)
+            # (skip_padding: skipped halves convert their raw scores; only padding rows read them.)
             tOrP_as_acc.store(acc_s.load().to(self.op_dtype))
 
             warpgroup.fence()
@@ -823,6 +807,43 @@ class SplitKVDecodeKernel:
                 cute.autovec_copy(out, cute.local_tile(mOut[batch_idx, m, hq, None], (C,), (lane,)))
                 if lane == 0:
                     mOutLSE[batch_idx, hq, m] = lse
+
+    @cute.jit
+    def softmax_rows(self, acc_s, acc_o, row_max, row_sum, row_qk_scale, key_limit, r, tile_start, lane):
+        """Row ``r`` (0 or 1) of this thread's two S rows: scale, mask, online-softmax update of
+        ``row_max``/``row_sum``, ``acc_s`` -> P, ``acc_o`` rescaled (the wgmma C layout)."""
+        D, N = self.head_dim, self.tile_n
+        limit = key_limit[r] - tile_start
+        tile_max = -Float32.inf
+        for v in cutlass.range_constexpr(N // 8):
+            for c in cutlass.range_constexpr(2):
+                idx = c + 2 * r + 4 * v
+                col = (lane % 4) * 2 + c + 8 * v
+                s = acc_s[idx] * row_qk_scale[r]
+                if col >= limit:
+                    s = -Float32.inf
+                acc_s[idx] = s
+                tile_max = cute.arch.fmax(tile_max, s)
+        tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=1))
+        tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
+        new_max = cute.arch.fmax(row_max[r], tile_max)
+        # A row that has seen no key yet keeps max -inf: subtract 0 instead (no -inf - -inf).
+        safe_max = new_max
+        if new_max == -Float32.inf:
+            safe_max = 0.0
+        rescale = cute.math.exp2(row_max[r] - safe_max, fastmath=True)
+        row_max[r] = new_max
+        tile_sum = Float32(0.0)
+        for v in cutlass.range_constexpr(N // 8):
+            for c in cutlass.range_constexpr(2):
+                idx = c + 2 * r + 4 * v
+                p = cute.math.exp2(acc_s[idx] - safe_max, fastmath=True)
+                acc_s[idx] = p
+                tile_sum += p
+        row_sum[r] = row_sum[r] * rescale + tile_sum
+        for v in cutlass.range_constexpr(D // 8):
+            for c in cutlass.range_constexpr(2):
+                acc_o[c + 2 * r + 4 * v] = acc_o[c + 2 * r + 4 * v] * rescale
 
     @staticmethod
     def p_layout(acc_layout):
