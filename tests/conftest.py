@@ -86,6 +86,12 @@ def cute_gather_enabled(monkeypatch):
 
 
 @pytest.fixture
+def cute_fp8_qk_enabled(monkeypatch):
+    """e4m3 Q K^T wgmma straight from the fp8 K stage (flashsplit.cute.configs.FP8_QK_VERIFIED_ON_GPU)."""
+    yield from _enable_unverified(monkeypatch, "FP8_QK_VERIFIED_ON_GPU")
+
+
+@pytest.fixture
 def cute_skip_padding_enabled(monkeypatch):
     """Warps whose rows are all padding skip the softmax
     (flashsplit.cute.configs.SKIP_PADDING_VERIFIED_ON_GPU)."""

@@ -125,8 +125,14 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
     # wgmma); fp8 caches convert in registers.
     short = "f16" if config.fp16_operands else {"float16": "f16", "bfloat16": "bf16"}[config.dtype]
     kinds = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k(\d+)\.f32\.(\w+)\.(\w+)", ptx))
-    assert kinds == {("16", short, short)}, kinds
-    if config.fp16_operands:
+    if config.fp8_qk:
+        # S = Q K^T in e4m3 x e4m3 k32 wgmma (three q terms x D / 32 k-blocks), P V in fp16.
+        assert kinds == {("32", "e4m3", "e4m3"), ("16", "f16", "f16")}, kinds
+        s_wgmmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32", ptx)
+        assert len(s_wgmmas) == 3 * config.head_dim // 32, len(s_wgmmas)
+    else:
+        assert kinds == {("16", short, short)}, kinds
+    if config.fp16_operands and not config.fp8_qk:
         # fp8 -> fp16 is one cvt per pair: no detour through fp32 and bf16 (cvt.f32.f16 and
         # cvt.rn.bf16x2.f32 per pair in the bf16-operand kernel), and the q rows' scale is a
         # butterfly max over each row's lanes.
@@ -294,6 +300,29 @@ def test_merge_configs():
         assert plain in set(all_split_configs()) and c.smem_bytes == plain.smem_bytes + 16
         configs.check_smem(c)
     assert not any(c.merge for c in all_split_configs())  # the twins are listed here, not there
+
+
+def test_fp8_qk_configs():
+    """fp8 Q K^T is a compile key of e4m3 caches (dense or whole-tile pages) with fp16 PV operands,
+    off until verified on a GPU (FP8_QK_VERIFIED_ON_GPU); the compile check builds it for every
+    head dim and q dtype, and paged; three e4m3 q terms and no 16-bit K buffer in shared memory."""
+    from flashsplit.cute import configs
+
+    assert not configs.FP8_QK_VERIFIED_ON_GPU
+    assert not any(c.fp8_qk for c in all_split_configs())
+    for args in (dict(kv_dtype="float8_e5m2"), dict(kv_dtype="same"), dict(paged=True, kv_dtype="float8_e4m3fn",
+                                                                            page_size=16),
+                 dict(kv_dtype="float8_e4m3fn", fp16_operands=False)):
+        with pytest.raises(ValueError, match="fp8_qk: only for an e4m3 cache"):
+            configs.split_config("bfloat16", 128, False, True, **{"paged": False, **args}, fp8_qk=True)
+    qk = [c for c in compile_check_configs() if c.fp8_qk]
+    assert {(c.dtype, c.head_dim) for c in qk} == {(d, h) for d in configs.DTYPES for h in configs.HEAD_DIMS}
+    assert any(c.paged for c in qk)
+    for c in qk:
+        plain = c.__class__(**{**c.__dict__, "fp8_qk": False})
+        d = c.head_dim
+        assert c.smem_bytes == plain.smem_bytes + 64 * d - c.tile_n * d * 2 + (0 if plain.fp16_operands else 256)
+        configs.check_smem(c)
 
 
 def test_skip_padding_configs():
@@ -637,14 +666,14 @@ def test_fp16_operand_configs():
         configs.split_config("bfloat16", 128, False, True, fp16_operands=True)
     dispatched = set(all_split_configs())
     others = [c for c in compile_check_configs()
-              if c not in dispatched and not c.merge and not _one_per_sm(c) and not c.skip_padding]
+              if c not in dispatched and not c.merge and not _one_per_sm(c) and not c.skip_padding and not c.fp8_qk]
     assert all(c.fp8 and c.dtype == "bfloat16" and c.fp16_operands != chosen for c in others)
     assert {(c.kv_dtype, c.head_dim) for c in others if not c.paged} == {
         (kv, d) for kv in configs.KV_DTYPES[1:] for d in configs.HEAD_DIMS}
     assert {(c.subtile_page > 0, c.gather_pages) for c in others if c.paged} == {
         (False, False), (True, False), (False, True)}
     for c in compile_check_configs():  # 256 bytes of row scales, still two CTAs per SM where the tile wants them
-        if c.fp16_operands:
+        if c.fp16_operands and not c.fp8_qk:  # (fp8 Q K^T keeps its row scales either way)
             plain = c.__class__(**{**c.__dict__, "fp16_operands": False})
             assert c.smem_bytes == plain.smem_bytes + 256
             configs.check_smem(c)

@@ -802,3 +802,30 @@ def test_skip_padding_paged(page_size, cute_paged_enabled, cute_skip_padding_ena
 
 def test_skip_padding_graph_replay(cute_skip_padding_enabled):
     test_cuda_graph_capture()
+
+
+# e4m3 Q K^T from the TMA'd fp8 K stage, q as three e4m3 terms (configs.FP8_QK_VERIFIED_ON_GPU, off
+# until these pass on an H200; the fixture switches it on for e4m3 caches).
+@pytest.mark.parametrize("head_dim,dtype,fp8,per_head,seqlen_q,group,causal",
+                         [c for c in FP8_CASES if c[2] == torch.float8_e4m3fn], ids=str)
+@pytest.mark.parametrize("num_splits", [1, 3, 17])
+def test_fp8_qk_decode_matches_reference(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits,
+                                         cute_fp8_enabled, cute_fp8_qk_enabled):
+    """e4m3 caches with NaN tails (the S wgmma multiplies them: masked by selection), lengths
+    0/1/63/65/127/129/1000, bf16 and fp16 q, scalar and per-head descales."""
+    test_fp8_decode_matches_reference(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits,
+                                      cute_fp8_enabled)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_fp8_qk_scales_q_rows_of_any_magnitude(head_dim, cute_fp8_enabled, cute_fp16_operands_enabled,
+                                               cute_fp8_qk_enabled):
+    """q rows of 2^12, 2^-12, 3e5 and 0 through the e4m3 terms' power-of-two row scaling."""
+    test_fp16_operands_scale_q_rows_of_any_magnitude(head_dim, cute_fp8_enabled, cute_fp16_operands_enabled)
+
+
+@pytest.mark.parametrize("head_dim,page_size", [(128, 64), (64, 128), (256, 128)])
+def test_fp8_qk_paged(head_dim, page_size, cute_fp8_enabled, cute_paged_enabled, cute_fp8_qk_enabled):
+    """Whole-tile pages (shuffled, shared, NaN in unused pages, garbage ids past each row)."""
+    _decode_fp8_paged_and_check(head_dim, page_size, torch.float8_e4m3fn, (1000, 2 * page_size + 1, 129, 1, 0),
+                                page_size + 5, f"fp8 Q K^T, pages of {page_size}")

@@ -69,6 +69,11 @@ class SplitConfig:
     #: 4 real rows, 7 of the 8 halves skip: ~7/8 of the tile's exp2 work (the compiler keeps the
     #: P conversion unconditional). Gated by ``SKIP_PADDING_VERIFIED_ON_GPU``.
     skip_padding: bool = False
+    #: e4m3 cache: ``S = Q K^T`` as e4m3 wgmma straight from the TMA'd (swizzled) fp8 K stage,
+    #: q as three e4m3 terms of its power-of-two-scaled rows (~12 significant bits); only V is
+    #: converted (half the conversions of a tile). Dense or whole-tile pages; fp16 PV operands
+    #: (a bf16 q needs ``fp16_operands``). Gated by ``FP8_QK_VERIFIED_ON_GPU``.
+    fp8_qk: bool = False
 
     @property
     def fp8(self) -> bool:
@@ -87,12 +92,13 @@ class SplitConfig:
         shared memory base is 1 KiB aligned, so nothing else is added."""
         itemsize = 2
         tile = self.tile_n * self.head_dim
-        q = 64 * self.head_dim * itemsize
+        q = 64 * self.head_dim * (3 if self.fp8_qk else itemsize)  # fp8 Q K^T: three e4m3 terms
         if self.staged:
-            kv = 2 * self.stages * tile * (1 if self.fp8 else itemsize) + 2 * tile * itemsize
+            operand_tiles = 1 if self.fp8_qk else 2  # 16-bit V (and K) operand buffers
+            kv = 2 * self.stages * tile * (1 if self.fp8 else itemsize) + operand_tiles * tile * itemsize
         else:
             kv = 2 * self.stages * tile * itemsize
-        row_scales = 64 * 4 if self.fp16_operands else 0  # fp32 per q row, after the mbarriers
+        row_scales = 64 * 4 if self.fp16_operands or self.fp8_qk else 0  # fp32 per q row, after the mbarriers
         ticket = 16 if self.merge else 0  # the arrival count's broadcast slot (int32, padded)
         return q + kv + 16 * self.stages + row_scales + ticket
 
@@ -157,7 +163,7 @@ GATHER_STAGES = 2
 def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, paged: bool = False,
                  kv_dtype: str = "same", page_size: int | None = None,
                  fp16_operands: bool | None = None, merge: bool = False, one_per_sm: bool = False,
-                 skip_padding: bool | None = None) -> SplitConfig:
+                 skip_padding: bool | None = None, fp8_qk: bool | None = None) -> SplitConfig:
     """The compile key for a problem. ``page_size`` (paged only) picks the load mode: a multiple
     of the tile (one TMA box per tile; the page size a runtime value), a sub-tile size
     (``subtile_page``: tile_n / P TMA boxes), or anything else (``gather_pages``: one bulk copy
@@ -165,7 +171,8 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
     defaults to ``FP16_OPERANDS_VERIFIED_ON_GPU``. ``merge`` (partials only): the last CTA of each
     row tile merges the partials (no combine kernel). ``one_per_sm`` (dense 16-bit caches, d =
     128): :data:`ONE_PER_SM_TILE` instead of :func:`split_tile`'s. ``skip_padding`` defaults to
-    ``SKIP_PADDING_VERIFIED_ON_GPU``."""
+    ``SKIP_PADDING_VERIFIED_ON_GPU``, ``fp8_qk`` (e4m3 caches, dense or whole-tile pages) to
+    ``FP8_QK_VERIFIED_ON_GPU``."""
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype: expected one of {KV_DTYPES}, got {kv_dtype!r}")
     eligible = kv_dtype != "same" and dtype == "bfloat16"
@@ -192,8 +199,16 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
         stages = fp8_stages(head_dim)
     if skip_padding is None:
         skip_padding = SKIP_PADDING_VERIFIED_ON_GPU
+    qk_eligible = kv_dtype == "float8_e4m3fn" and not subtile_page and not gather and (
+        dtype == "float16" or fp16_operands)
+    if fp8_qk is None:
+        fp8_qk = qk_eligible and FP8_QK_VERIFIED_ON_GPU
+    elif fp8_qk and not qk_eligible:
+        raise ValueError("fp8_qk: only for an e4m3 cache, dense or in whole-tile pages, with fp16 wgmma "
+                         f"operands (fp16 q, or bf16 q with fp16_operands); got {dtype}/{kv_dtype}, "
+                         f"fp16_operands={fp16_operands}, page_size={page_size}")
     return SplitConfig(dtype, head_dim, tile_n, stages, causal, write_partials, units, paged, kv_dtype,
-                       subtile_page, gather, fp16_operands, merge, skip_padding)
+                       subtile_page, gather, fp16_operands, merge, skip_padding, fp8_qk)
 
 
 #: The paged kernel passed ``pytest tests/test_cute_gpu.py tests/test_gpu.py`` on an H200
@@ -210,6 +225,11 @@ FP8_VERIFIED_ON_GPU = True
 #: q rows of 2^12 / 2^-12 / 3e5 / 0, whole-tile, sub-tile and gathered pages). False compiles the
 #: bf16-operand kernel for such problems again.
 FP16_OPERANDS_VERIFIED_ON_GPU = True
+
+#: fp8 Q K^T (``SplitConfig.fp8_qk``): compile-checked for sm_90a (fifth session, after its last GPU
+#: call), not yet run on a GPU. Until ``pytest tests/test_cute_gpu.py -k fp8_qk`` passes on an H200
+#: e4m3 caches keep converting K.
+FP8_QK_VERIFIED_ON_GPU = False
 
 #: Padding warps skip the softmax (``SplitConfig.skip_padding``): compile-checked for sm_90a (fifth
 #: session, after its last GPU call), not yet run on a GPU. Until ``pytest tests/test_cute_gpu.py
@@ -355,6 +375,11 @@ def compile_check_configs() -> list[SplitConfig]:
                                     skip_padding=skip))
     configs.append(split_config("bfloat16", 128, False, True, True, page_size=16, skip_padding=skip))
     configs.append(split_config("bfloat16", 128, False, True, merge=True, one_per_sm=True, skip_padding=skip))
+    # fp8 Q K^T (e4m3 caches): every head dim with both q dtypes, causal/partials cycled; pages.
+    qk = not FP8_QK_VERIFIED_ON_GPU
+    for j, (dtype, head_dim) in enumerate((dt, d) for dt in DTYPES for d in HEAD_DIMS):
+        configs.append(split_config(dtype, head_dim, j % 2 == 1, j % 3 != 2, False, "float8_e4m3fn", fp8_qk=qk))
+    configs.append(split_config("bfloat16", 128, False, True, True, "float8_e4m3fn", 128, fp8_qk=qk))
     return configs
 
 

@@ -83,6 +83,11 @@ class SplitKVDecodeKernel:
         # The wgmma operands' type (q, K, V, P): q's, or fp16 for an fp8 cache with a bf16 q
         # (SplitConfig.fp16_operands: q rows scaled into fp16's range, the scores scaled back).
         self.fp16_operands = config.fp16_operands
+        # fp8 Q K^T (SplitConfig.fp8_qk): the S wgmma reads the TMA'd e4m3 K stage itself, q as
+        # three e4m3 terms (hi + mid + lo) of its pow2-scaled rows; only V is converted.
+        self.fp8_qk = config.fp8_qk
+        self.q_terms = 3 if config.fp8_qk else 1
+        self.scaled_q = config.fp16_operands or config.fp8_qk  # per-row q scale in row_scale
         # Warp halves whose rows are all padding skip the softmax (gated).
         self.skip_padding = config.skip_padding
         self.op_dtype = cutlass.Float16 if config.fp16_operands else self.dtype
@@ -212,14 +217,18 @@ class SplitKVDecodeKernel:
         qk_tiler = (M, N, D)
         pv_tiler = (M, D, N)
         op = self.op_dtype
+        qk_a, qk_b = op, op
+        if cutlass.const_expr(self.fp8_qk):
+            qk_a, qk_b = cutlass.Float8E4M3FN, self.kv_dtype
         qk_mma = sm90_utils.make_trivial_tiled_mma(
-            op, op, k_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(), Float32, (1, 1, 1), qk_tiler[:2],
+            qk_a, qk_b, k_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(), Float32, (1, 1, 1),
+            qk_tiler[:2],
         )
         pv_mma = sm90_utils.make_trivial_tiled_mma(
             op, op, cute.nvgpu.OperandMajorMode.K, v_major.sm90_mma_major_mode(),
             Float32, (1, 1, 1), pv_tiler[:2], warpgroup.OperandSource.RMEM,
         )
-        q_layout = sm90_utils.make_smem_layout_a(k_major, qk_tiler, op, 1)
+        q_layout = sm90_utils.make_smem_layout_a(k_major, qk_tiler, qk_a, self.q_terms)
         k_layout = sm90_utils.make_smem_layout_b(k_major, qk_tiler, op, self.operand_stages)
         v_layout = sm90_utils.make_smem_layout_b(v_major, pv_tiler, op, self.operand_stages)
         # What the loads land: the operand stages themselves (16-bit TMA), or plain (unswizzled,
@@ -229,6 +238,8 @@ class SplitKVDecodeKernel:
         if cutlass.const_expr(self.staged):
             k_load_layout = cute.make_layout((N, D, self.stages), stride=(D, 1, N * D))
             v_load_layout = cute.make_layout((D, N, self.stages), stride=(1, D, N * D))
+            if cutlass.const_expr(self.fp8_qk):  # K lands as the fp8 wgmma B operand (swizzled)
+                k_load_layout = sm90_utils.make_smem_layout_b(k_major, qk_tiler, self.kv_dtype, self.stages)
 
         if cutlass.const_expr(self.gather_pages):
             # No TMA: a bulk-copy atom of one key row (D elements), and the caches themselves.
@@ -261,17 +272,19 @@ class SplitKVDecodeKernel:
 
         merge = self.merge
         if cutlass.const_expr(self.staged):
-            fp16_operands = self.fp16_operands
+            scaled_q = self.scaled_q
+            fp8_qk = self.fp8_qk
 
             @cute.struct
             class SharedStorage:
-                sQ: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(q_layout)], 1024]
-                sK: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(k_layout)], 1024]
+                sQ: cute.struct.Align[cute.struct.MemRange[qk_a, cute.cosize(q_layout)], 1024]
+                if cutlass.const_expr(not fp8_qk):  # (fp8 Q K^T: the S wgmma reads sK8)
+                    sK: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(k_layout)], 1024]
                 sV: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(v_layout)], 1024]
                 sK8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(k_load_layout)], 1024]
                 sV8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(v_load_layout)], 1024]
                 kv_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-                if cutlass.const_expr(fp16_operands):  # each q row's score scale (fp16 operands)
+                if cutlass.const_expr(scaled_q):  # each q row's score scale (fp16 operands, fp8 Q K^T)
                     row_scale: cute.struct.MemRange[Float32, M]
                 if cutlass.const_expr(merge):  # the arrival count, broadcast to the consumer warps
                     ticket: cute.struct.MemRange[Int32, 4]
@@ -377,15 +390,19 @@ class SplitKVDecodeKernel:
         kv_pipeline = self.make_kv_pipeline(storage.kv_mbar.data_ptr())
 
         sQ = storage.sQ.get_tensor(q_layout.outer, swizzle=q_layout.inner)
-        sK = storage.sK.get_tensor(k_layout.outer, swizzle=k_layout.inner)
+        if cutlass.const_expr(self.fp8_qk):
+            sK = storage.sK8.get_tensor(k_load_layout.outer, swizzle=k_load_layout.inner)
+        else:
+            sK = storage.sK.get_tensor(k_layout.outer, swizzle=k_layout.inner)
         sV = storage.sV.get_tensor(v_layout.outer, swizzle=v_layout.inner)
-        sRowScale = None  # fp16 operands: each q row's score scale (1 / its power-of-two factor)
-        if cutlass.const_expr(self.fp16_operands):
+        sRowScale = None  # scaled q: each q row's score scale (1 / its power-of-two factor)
+        if cutlass.const_expr(self.scaled_q):
             sRowScale = storage.row_scale.get_tensor(cute.make_layout((self.block_m,)))
         # What the loads write: the operand stages, or the staging slots.
         sK_load, sV_load = sK, sV
         if cutlass.const_expr(self.staged):
-            sK_load = storage.sK8.get_tensor(k_load_layout)
+            if cutlass.const_expr(not self.fp8_qk):
+                sK_load = storage.sK8.get_tensor(k_load_layout)
             sV_load = storage.sV8.get_tensor(v_load_layout)
 
         # This CTA's keys, with exactly the rule of flashsplit.plan (granule 128).
@@ -576,15 +593,15 @@ class SplitKVDecodeKernel:
                 pages[j] = mBlockTable[batch_idx, tile * boxes + j]
 
     @cute.jit
-    def pow2_scale(self, amax):
-        """``(2^s, 2^-s)`` with ``amax * 2^s`` in [2^13, 2^14) (fp32 bit patterns: exact);
-        ``(1, 1)`` for 0 (an all-zero or masked row) or a denormal, ``s`` clamped to +-100."""
+    def pow2_scale(self, amax, exponent: int = 13):
+        """``(2^s, 2^-s)`` with ``amax * 2^s`` in [2^exponent, 2^(exponent+1)) (fp32 bit patterns:
+        exact); ``(1, 1)`` for 0 (an all-zero or masked row) or a denormal, ``s`` clamped to +-100."""
         bits = cute.make_rmem_tensor((1,), Float32)
         bits[0] = amax
         biased = (cute.recast_tensor(bits, Int32)[0] >> 23) & 0xFF  # amax in [2^(biased-127), ...)
         shift = Int32(0)
         if biased > 0:
-            shift = cutlass.max(cutlass.min(140 - biased, Int32(100)), Int32(-100))  # 13 - exponent
+            shift = cutlass.max(cutlass.min(127 + exponent - biased, Int32(100)), Int32(-100))
         pows = cute.make_rmem_tensor((2,), Int32)
         pows[0] = (shift + 127) << 23
         pows[1] = (127 - shift) << 23
@@ -615,7 +632,30 @@ class SplitKVDecodeKernel:
                 hq = kvh * group + r % group
                 gsrc = cute.local_tile(mQ[m, hq, None, batch_idx], (8,), (col // 8,))
                 cute.autovec_copy(gsrc, frag)
-            if cutlass.const_expr(self.fp16_operands):
+            if cutlass.const_expr(self.fp8_qk):
+                # e4m3 terms: rows scaled into [2^7, 2^8) (e4m3 tops out at 448); hi, mid and lo
+                # each take the previous remainder, 4 significant bits apiece (~12 in all).
+                amax = Float32(0.0)
+                for j in cutlass.range_constexpr(8):
+                    x = frag[j].to(Float32)
+                    amax = cute.arch.fmax(amax, cute.arch.fmax(x, -x))
+                for o in cutlass.range_constexpr(chunks_per_row.bit_length() - 1):
+                    amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1 << o))
+                scale, inverse = self.pow2_scale(amax, 7)
+                rest = cute.make_rmem_tensor((8,), Float32)
+                for j in cutlass.range_constexpr(8):
+                    rest[j] = frag[j].to(Float32) * scale
+                for t in cutlass.range_constexpr(self.q_terms):
+                    term = cute.make_rmem_tensor((8,), cutlass.Float8E4M3FN)
+                    term.store(rest.load().to(cutlass.Float8E4M3FN))
+                    back = cute.make_rmem_tensor((8,), Float32)
+                    back.store(term.load().to(Float32))
+                    for j in cutlass.range_constexpr(8):
+                        sQ[row, col + j, t] = term[j]
+                        rest[j] = rest[j] - back[j]
+                if chunk % chunks_per_row == 0:
+                    sRowScale[row] = inverse
+            elif cutlass.const_expr(self.fp16_operands):
                 amax = Float32(0.0)
                 for j in cutlass.range_constexpr(8):
                     x = frag[j].to(Float32)
@@ -655,11 +695,12 @@ class SplitKVDecodeKernel:
             chunk = tidx + i * self.num_consumer_threads
             n = chunk // chunks_per_row
             c = chunk % chunks_per_row
-            k8 = cute.make_rmem_tensor((16,), self.kv_dtype)
-            cute.autovec_copy(cute.local_tile(sK8[n, None, stage], (16,), (c,)), k8)
-            k16 = cute.make_rmem_tensor((16,), self.op_dtype)
-            k16.store(k8.load().to(self.op_dtype))
-            cute.autovec_copy(k16, cute.local_tile(sK[n, None, 0], (16,), (c,)))
+            if cutlass.const_expr(not self.fp8_qk):  # (fp8 Q K^T: the S wgmma reads fp8 K as is)
+                k8 = cute.make_rmem_tensor((16,), self.kv_dtype)
+                cute.autovec_copy(cute.local_tile(sK8[n, None, stage], (16,), (c,)), k8)
+                k16 = cute.make_rmem_tensor((16,), self.op_dtype)
+                k16.store(k8.load().to(self.op_dtype))
+                cute.autovec_copy(k16, cute.local_tile(sK[n, None, 0], (16,), (c,)))
             v16 = cute.make_rmem_tensor((16,), self.op_dtype)
             v16.fill(0.0)
             if n < valid:
@@ -699,7 +740,7 @@ class SplitKVDecodeKernel:
         row_qk_scale = cute.make_rmem_tensor((2,), Float32)  # log2 score scale of the row
         for r in cutlass.range_constexpr(2):
             row_qk_scale[r] = softmax_scale_log2
-            if cutlass.const_expr(self.fp16_operands):  # times 1 / the q row's power of two
+            if cutlass.const_expr(self.scaled_q):  # times 1 / the q row's power of two
                 row_qk_scale[r] = softmax_scale_log2 * sRowScale[warp * 16 + lane // 4 + 8 * r]
             row_max[r] = -Float32.inf
             row_sum[r] = 0.0
@@ -719,25 +760,33 @@ class SplitKVDecodeKernel:
             tile_start = (first_tile + i) * N
             kv_pipeline.consumer_wait(state)
             op_stage = state.index
+            k_stage = state.index
             if cutlass.const_expr(self.staged):
                 op_stage = 0
+                if cutlass.const_expr(not self.fp8_qk):
+                    k_stage = 0
                 # Every consumer warp has waited on its wgmmas of the previous tile (they read
                 # the operand buffers) before any overwrites them.
                 cute.arch.barrier(barrier_id=self.q_barrier_id, number_of_threads=self.num_consumer_threads)
                 self.convert_kv(sK8, sV8, sK, sV, state.index, end - tile_start, tidx)
-                # The fp8 slot is consumed: hand it back to the producer now.
-                kv_pipeline.consumer_release(state)
+                if cutlass.const_expr(not self.fp8_qk):
+                    # The fp8 slot is consumed: hand it back to the producer now.
+                    kv_pipeline.consumer_release(state)
             else:
                 if tile_start + N > end:
                     self.zero_tail_v(sV, state.index, end - tile_start, tidx)
 
             acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
             warpgroup.fence()
-            for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-                qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, 0], tSrK[None, None, kb, op_stage], acc_s)
+            for t in cutlass.range_constexpr(self.q_terms):
+                for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                    qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0 or t != 0)
+                    cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, t], tSrK[None, None, kb, k_stage], acc_s)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
+            if cutlass.const_expr(self.fp8_qk):
+                # K was read by the S wgmma and V converted: the fp8 slot goes back now.
+                kv_pipeline.consumer_release(state)
 
             # Mask by selection (garbage keys may be NaN: never multiply them by 0), then the
             # online-softmax update in log2 units. skip_padding: a warp whose 8-row half holds
