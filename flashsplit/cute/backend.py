@@ -256,9 +256,9 @@ class PreparedCuteDecode:
     kernels' FastLaunchers. Workspace layout (fp32): ``out_partial`` ``[S, B, L_q, H, D]``,
     ``lse_partial`` ``[S, B, H, L_q]`` (S > 1 only), then the lse scratch ``[B, H, L_q]``.
     With ``configs.MERGE_VERIFIED_ON_GPU`` (when the launcher is built) a launch of 2 to
-    ``CuteBackend.merge_max_splits`` splits merges in the split kernel's tail (``SplitConfig.merge``, one launch; its arrival
-    counters come from :class:`~flashsplit.workspace.ArrivalCounters`); otherwise the combine
-    kernel merges.
+    ``CuteBackend.merge_max_splits`` splits merges in the split kernel's tail
+    (``SplitConfig.merge``, one launch; its arrival counters come from
+    :class:`~flashsplit.workspace.ArrivalCounters`); otherwise the combine kernel merges.
     """
 
     def __init__(self, backend: CuteBackend, num_splits: int, softmax_scale: float, causal: bool,
