@@ -51,51 +51,28 @@ def _enable_unverified(monkeypatch, flag: str):
     invalidate()
 
 
-@pytest.fixture
-def cute_paged_enabled(monkeypatch):
-    """Let the cute backend take paged problems while its paged kernel awaits GPU verification
-    (flashsplit.cute.configs.PAGED_VERIFIED_ON_GPU); the GPU tests that verify it use this."""
-    yield from _enable_unverified(monkeypatch, "PAGED_VERIFIED_ON_GPU")
+def _flag_fixture(flag: str, doc: str):
+    """A fixture that switches ``flashsplit.cute.configs.<flag>`` on for one test."""
+
+    @pytest.fixture
+    def fixture(monkeypatch):
+        yield from _enable_unverified(monkeypatch, flag)
+
+    fixture.__doc__ = f"{doc} (flashsplit.cute.configs.{flag})."
+    return fixture
 
 
-@pytest.fixture
-def cute_fp8_enabled(monkeypatch):
-    """The same for fp8 caches (flashsplit.cute.configs.FP8_VERIFIED_ON_GPU)."""
-    yield from _enable_unverified(monkeypatch, "FP8_VERIFIED_ON_GPU")
-
-
-@pytest.fixture
-def cute_subtile_enabled(monkeypatch):
-    """The same for pages smaller than the cute KV tile
-    (flashsplit.cute.configs.SUBTILE_PAGES_VERIFIED_ON_GPU)."""
-    yield from _enable_unverified(monkeypatch, "SUBTILE_PAGES_VERIFIED_ON_GPU")
-
-
-@pytest.fixture
-def cute_fp16_operands_enabled(monkeypatch):
-    """fp16 wgmma operands for fp8 caches with a bf16 q
-    (flashsplit.cute.configs.FP16_OPERANDS_VERIFIED_ON_GPU)."""
-    yield from _enable_unverified(monkeypatch, "FP16_OPERANDS_VERIFIED_ON_GPU")
-
-
-@pytest.fixture
-def cute_gather_enabled(monkeypatch):
-    """The same for pages the cute kernel gathers row by row (neither whole-tile nor sub-tile:
-    flashsplit.cute.configs.GATHER_PAGES_VERIFIED_ON_GPU)."""
-    yield from _enable_unverified(monkeypatch, "GATHER_PAGES_VERIFIED_ON_GPU")
-
-
-@pytest.fixture
-def cute_fp8_qk_enabled(monkeypatch):
-    """e4m3 Q K^T wgmma straight from the fp8 K stage (flashsplit.cute.configs.FP8_QK_VERIFIED_ON_GPU)."""
-    yield from _enable_unverified(monkeypatch, "FP8_QK_VERIFIED_ON_GPU")
-
-
-@pytest.fixture
-def cute_skip_padding_enabled(monkeypatch):
-    """Warps whose rows are all padding skip the softmax
-    (flashsplit.cute.configs.SKIP_PADDING_VERIFIED_ON_GPU)."""
-    yield from _enable_unverified(monkeypatch, "SKIP_PADDING_VERIFIED_ON_GPU")
+# One per cute *_VERIFIED_ON_GPU flag: the GPU tests that verify a gated kernel switch it on.
+cute_paged_enabled = _flag_fixture("PAGED_VERIFIED_ON_GPU", "Paged KV in the cute backend")
+cute_fp8_enabled = _flag_fixture("FP8_VERIFIED_ON_GPU", "fp8 caches in the cute backend")
+cute_subtile_enabled = _flag_fixture("SUBTILE_PAGES_VERIFIED_ON_GPU", "Pages smaller than the cute KV tile")
+cute_fp16_operands_enabled = _flag_fixture("FP16_OPERANDS_VERIFIED_ON_GPU",
+                                           "fp16 wgmma operands for fp8 caches with a bf16 q")
+cute_gather_enabled = _flag_fixture("GATHER_PAGES_VERIFIED_ON_GPU",
+                                    "Pages the cute kernel gathers row by row (neither whole-tile nor sub-tile)")
+cute_fp8_qk_enabled = _flag_fixture("FP8_QK_VERIFIED_ON_GPU", "e4m3 Q K^T wgmma straight from the fp8 K stage")
+cute_skip_padding_enabled = _flag_fixture("SKIP_PADDING_VERIFIED_ON_GPU",
+                                          "Warps whose rows are all padding skip the softmax")
 
 
 @pytest.fixture
