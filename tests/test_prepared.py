@@ -333,3 +333,31 @@ def test_prepared_cute_launches_with_workspace_addresses(num_splits, with_lse, m
         expected.append(("combine-kernel", (op, lp, out.data_ptr(), lse_ptr, 11, 12, 0)))
     assert launches[-len(expected):] == expected
     assert len(launches) == 2 * len(expected)
+
+
+@pytest.mark.parametrize("batch, seqlen_k, deep", [(16, 4096, True), (64, 4096, False)])
+def test_prepared_cute_takes_the_planned_tile(batch, seqlen_k, deep, monkeypatch):
+    """``CuteBackend.prepare`` hands the plan's tile choice (one CTA per SM or two) to the
+    launcher, which asks for that compile key: the plan and the kernel agree on the CTAs per SM."""
+    from flashsplit.cute import backend as cute_backend
+    from flashsplit.problem import DecodeProblem
+
+    problem = DecodeProblem(batch=batch, seqlen_q=1, seqlen_k=seqlen_k, num_heads=32, num_heads_kv=8, head_dim=128,
+                            dtype=torch.bfloat16, causal=False, has_cache_seqlens=True, device_type="cuda")
+    backend = cute_backend.CuteBackend()
+    assert backend.one_cta_per_sm(problem) == deep
+    seen = []
+
+    def split_launch(self, *args, one_per_sm=False, **kwargs):
+        seen.append(one_per_sm)
+        return cute_backend._SplitLaunch("split-kernel", (7,), (0, 0, 0, 0), (0, 0, 0), None, False, torch.float16,
+                                         torch.float16)
+
+    monkeypatch.setattr(cute_backend.CuteBackend, "_split_launch", split_launch)
+    monkeypatch.setattr(cute_backend, "_run", lambda kernel, raw, library_args: None)
+    prepared = backend.prepare(problem, 1, 0.1, False)
+    assert prepared.one_per_sm == deep
+    q = torch.zeros(1, 1, 4, 32, dtype=torch.float16)
+    k = torch.zeros(1, 64, 1, 32, dtype=torch.float16)
+    prepared(q, k, k, torch.tensor([64], dtype=torch.int32), None, None, None, torch.empty_like(q), None)
+    assert seen == [deep]

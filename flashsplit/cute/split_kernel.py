@@ -22,7 +22,15 @@ warp one tile ahead, and the tile is ``t % tiles_per_page``; a tile never stradd
 Sub-tile paging (``SplitConfig.subtile_page = P``, pages of P < tile_n keys, P a multiple of 8):
 each K/V tile is ``tile_n / P`` TMA boxes of P keys, box ``j`` from page
 ``block_table[b, t * tile_n / P + j]`` into rows ``[j*P, (j+1)*P)`` of the stage, all on the
-stage's mbarrier (``load_subtile``); the consumer is the same.
+stage's mbarrier (``load_subtile``); the consumer is the same. Other page sizes: one bulk copy
+per key row into staging slots (``gather_pages``, ``load_gather``).
+
+Other compile keys (:class:`~flashsplit.cute.configs.SplitConfig`): fp8 caches land in staging
+slots the consumer converts (``convert_kv``; ``fp16_operands`` for a bf16 q; ``fp8_qk`` reads K
+as an e4m3 wgmma operand instead); ``merge`` has the last CTA of a row tile merge the partials
+(``merge_if_last``); ``skip_padding`` lets warp halves holding only padding rows skip the softmax
+(``softmax_rows``); the tile, stages and CTAs per SM come from the config (two per SM, or one
+with ``configs.ONE_PER_SM_TILE``).
 
 No ``setmaxnreg``: with one producer warp (not a warpgroup) the CTA holds only 160 threads, so
 two CTAs per SM already leave the consumer ~200 registers, more than it needs.
