@@ -350,13 +350,17 @@ def test_one_per_sm_configs():
     c = configs.split_config("bfloat16", 128, False, True, one_per_sm=True)
     assert (c.tile_n, c.stages, c.units_per_sm) == configs.ONE_PER_SM_TILE == (64, 3, 1)
     configs.check_smem(c)
-    for kwargs in (dict(head_dim=64), dict(paged=True), dict(kv_dtype="float8_e4m3fn")):
+    for kwargs in (dict(head_dim=64), dict(kv_dtype="float8_e4m3fn")):
         args = dict(dtype="bfloat16", head_dim=128, causal=False, write_partials=True) | kwargs
-        with pytest.raises(ValueError, match="one_per_sm: only for dense 16-bit caches at head_dim 128"):
+        with pytest.raises(ValueError, match="one_per_sm: only for 16-bit caches at head_dim 128"):
             configs.split_config(**args, one_per_sm=True)
-    deep = [c for c in compile_check_configs() if _one_per_sm(c) and not c.skip_padding]
+    with pytest.raises(ValueError, match="one_per_sm: not for gathered pages"):
+        configs.split_config("bfloat16", 128, False, True, True, page_size=48, one_per_sm=True)
+    deep = [c for c in compile_check_configs() if _one_per_sm(c) and not c.skip_padding and not c.paged]
     assert len(deep) == 9 and {(c.dtype, c.causal, c.write_partials) for c in deep} == {
         (d, ca, wp) for d in configs.DTYPES for ca in (False, True) for wp in (False, True)}
+    paged = [c for c in compile_check_configs() if _one_per_sm(c) and c.paged]
+    assert {c.subtile_page for c in paged} == {0, 16}  # whole-tile and sub-tile TMA pages
     assert any(c.merge for c in deep) and not any(c in set(all_split_configs()) for c in deep)
 
 
@@ -378,6 +382,7 @@ def test_one_cta_per_sm_rule():
                     (problem(4, 16384), False), (problem(1, 16384), False), (problem(4, 4096), False),
                     (problem(64, 4096), False), (problem(16, 131072), False), (problem(4, 131072), True),
                     (problem(16, 4096, head_dim=64), False), (problem(16, 4096, kv_dtype=torch.float8_e4m3fn), False),
+                    # paged: ONE_PER_SM_PAGED_VERIFIED_ON_GPU (off)
                     (problem(16, 4096, page_size=128), False), (problem(4, 4096, num_heads_kv=32), True)]:
         assert backend.one_cta_per_sm(p) == deep, p
         assert backend.units_per_sm(p) == (1 if deep else configs_tile(p.head_dim)[2])

@@ -218,12 +218,13 @@ def test_paged_compile_cache_and_graph_replay_with_new_table(cute_paged_enabled)
     _check_one_kernel_across_pages([(64, (300, 70), 1024), (128, (900, 5), 1024), (256, (1024, 0), 1024)], 128)
 
 
-def _decode_paged_and_check(case, q, k, v, seqlens, k_pages, v_pages, table, num_splits, causal, what) -> None:
+def _decode_paged_and_check(case, q, k, v, seqlens, k_pages, v_pages, table, num_splits, causal, what,
+                            **tile) -> None:
     """cute decode over the paged cache into NaN-poisoned outputs, against the dense reference."""
     scale = 1.0 / math.sqrt(case.head_dim)
     out = torch.full_like(q, float("nan"))
     lse = torch.full((case.batch, case.num_heads, case.seqlen_q), float("nan"), device="cuda")
-    _backend().decode(q, k_pages, v_pages, seqlens, num_splits, scale, causal, out, lse, block_table=table)
+    _backend().decode(q, k_pages, v_pages, seqlens, num_splits, scale, causal, out, lse, block_table=table, **tile)
     torch.cuda.synchronize()
     check_against_reference(out, lse, q, k, v, seqlens, causal, scale, what=what)
 
@@ -829,3 +830,14 @@ def test_fp8_qk_paged(head_dim, page_size, cute_fp8_enabled, cute_paged_enabled,
     """Whole-tile pages (shuffled, shared, NaN in unused pages, garbage ids past each row)."""
     _decode_fp8_paged_and_check(head_dim, page_size, torch.float8_e4m3fn, (1000, 2 * page_size + 1, 129, 1, 0),
                                 page_size + 5, f"fp8 Q K^T, pages of {page_size}")
+
+
+# The one-CTA-per-SM tile over TMA pages (configs.ONE_PER_SM_PAGED_VERIFIED_ON_GPU: the rule takes
+# dense caches only until these pass and a bench shows it faster).
+@pytest.mark.parametrize("page_size", [128, 64, 16, 8])
+@pytest.mark.parametrize("seqlen_q,group,causal,num_splits", [(1, 4, False, 1), (1, 5, False, 3), (4, 8, True, 17)])
+def test_one_per_sm_paged(page_size, seqlen_q, group, causal, num_splits, cute_paged_enabled):
+    case, q, k, v, seqlens, k_pages, v_pages, table = _subtile_inputs(128, page_size, seqlen_q, group, causal,
+                                                                      num_splits, page_size + num_splits)
+    _decode_paged_and_check(case, q, k, v, seqlens, k_pages, v_pages, table, num_splits, causal,
+                            f"one CTA per SM, pages of {page_size}", one_per_sm=True)

@@ -128,7 +128,10 @@ class CuteBackend(Backend):
         one CTA per SM, split as the plan splits them there into one split of
         ``one_per_sm_min_keys``..``one_per_sm_max_keys`` keys per CTA, or several of
         ``one_per_sm_min_split_keys``..``one_per_sm_max_keys`` (where it was measured faster)."""
-        if problem.head_dim != 128 or problem.paged or problem.cache_dtype != problem.dtype:
+        if problem.head_dim != 128 or problem.cache_dtype != problem.dtype:
+            return False
+        if problem.paged and not (configs.ONE_PER_SM_PAGED_VERIFIED_ON_GPU and (
+                configs.paged_supported(problem.page_size, 128) or configs.subtile_paged_supported(problem.page_size, 128))):
             return False
         units = problem.batch * problem.num_heads_kv * -(-problem.packed_rows // self.block_m(problem))
         sms = _sm_count()

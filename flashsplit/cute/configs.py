@@ -170,7 +170,7 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
     per key row; the page size a runtime value). ``fp16_operands`` (fp8 cache, bf16 q only)
     defaults to ``FP16_OPERANDS_VERIFIED_ON_GPU``. ``merge`` (partials only): the last CTA of each
     row tile merges the partials (no combine kernel). ``one_per_sm`` (dense 16-bit caches, d =
-    128): :data:`ONE_PER_SM_TILE` instead of :func:`split_tile`'s. ``skip_padding`` defaults to
+    128, dense or TMA pages): :data:`ONE_PER_SM_TILE` instead of :func:`split_tile`'s. ``skip_padding`` defaults to
     ``SKIP_PADDING_VERIFIED_ON_GPU``, ``fp8_qk`` (e4m3 caches, dense or whole-tile pages) to
     ``FP8_QK_VERIFIED_ON_GPU``."""
     if kv_dtype not in KV_DTYPES:
@@ -182,9 +182,9 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
         raise ValueError(f"fp16_operands: only for an fp8 cache with a bfloat16 q, got {dtype}/{kv_dtype}")
     if merge and not write_partials:
         raise ValueError("merge: only for a launch that writes partials (write_partials=True)")
-    if one_per_sm and (head_dim != 128 or paged or kv_dtype != "same"):
-        raise ValueError(f"one_per_sm: only for dense 16-bit caches at head_dim 128, got head_dim {head_dim}, "
-                         f"{'paged' if paged else 'dense'}, kv_dtype {kv_dtype}")
+    if one_per_sm and (head_dim != 128 or kv_dtype != "same"):
+        raise ValueError(f"one_per_sm: only for 16-bit caches at head_dim 128 (dense or TMA pages), got head_dim "
+                         f"{head_dim}, kv_dtype {kv_dtype}")
     tile_n, stages, units = ONE_PER_SM_TILE if one_per_sm else split_tile(head_dim)
     subtile_page, gather = 0, False
     if paged and page_size is not None and not paged_supported(page_size, head_dim):
@@ -192,6 +192,9 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
             raise ValueError(f"page_size: expected a positive int, got {page_size}")
         if page_size in subtile_page_sizes(head_dim):
             subtile_page = page_size
+        elif one_per_sm:
+            raise ValueError(f"one_per_sm: not for gathered pages (page_size {page_size}: neither a multiple of "
+                             f"{tile_n} nor one of {subtile_page_sizes(head_dim)})")
         else:
             gather = True
             stages = GATHER_STAGES
@@ -225,6 +228,12 @@ FP8_VERIFIED_ON_GPU = True
 #: q rows of 2^12 / 2^-12 / 3e5 / 0, whole-tile, sub-tile and gathered pages). False compiles the
 #: bf16-operand kernel for such problems again.
 FP16_OPERANDS_VERIFIED_ON_GPU = True
+
+#: The one-CTA-per-SM tile for paged 16-bit caches whose pages are TMA boxes (whole-tile or
+#: sub-tile): compile-checked (fifth session, after its last GPU call), not run on a GPU. Until
+#: ``pytest tests/test_cute_gpu.py -k one_per_sm_paged`` passes on an H200 (and a bench shows it
+#: faster), ``CuteBackend.one_cta_per_sm`` takes dense caches only.
+ONE_PER_SM_PAGED_VERIFIED_ON_GPU = False
 
 #: fp8 Q K^T (``SplitConfig.fp8_qk``): compile-checked for sm_90a (fifth session, after its last GPU
 #: call), not yet run on a GPU. Until ``pytest tests/test_cute_gpu.py -k fp8_qk`` passes on an H200
@@ -367,6 +376,8 @@ def compile_check_configs() -> list[SplitConfig]:
     configs += [split_config(dtype, 128, causal, wp, one_per_sm=True)
                 for dtype in DTYPES for causal in (False, True) for wp in (False, True)]
     configs.append(split_config("float16", 128, True, True, merge=True, one_per_sm=True))
+    configs += [split_config("bfloat16", 128, False, True, True, page_size=p, merge=True, one_per_sm=True)
+                for p in (128, 16)]  # TMA pages (ONE_PER_SM_PAGED_VERIFIED_ON_GPU)
     # Padding warps skipping the softmax, the side SKIP_PADDING_VERIFIED_ON_GPU does not select:
     # every (cache type, head dim) dense with dtype/causal/partials cycled, pages, both tiles.
     skip = not SKIP_PADDING_VERIFIED_ON_GPU
