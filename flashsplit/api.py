@@ -9,21 +9,10 @@ import torch
 
 from . import backends  # noqa: F401  (registers the backends)
 from . import torch_ops  # registers torch.ops.flashsplit.decode_into (torch.compile)
-from .plan import MAX_SPLITS, SplitPlan, cdiv, choose_num_splits, tokens_per_split, SPLIT_GRANULE
+from .plan import MAX_SPLITS, SplitPlan, cdiv, choose_num_splits, device_num_sms, tokens_per_split, SPLIT_GRANULE
 from .problem import DecodeProblem, check_decode_inputs, check_num_splits
 from . import registry
 from .registry import Backend, select
-
-#: SM count used when planning for a device that has none (the CPU interpreter): an H200's.
-DEFAULT_NUM_SMS = 132
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_type: str, index: int | None) -> int:
-    if device_type != "cuda" or not torch.cuda.is_available():
-        return DEFAULT_NUM_SMS
-    return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()).multi_processor_count
-
 
 @functools.lru_cache(maxsize=4096)  # static facts in, frozen plan out: one dict lookup per decode step
 def _make_plan(problem: DecodeProblem, backend: Backend, backend_reason: str, num_splits: int, num_sms: int) -> SplitPlan:
@@ -98,7 +87,7 @@ def plan(
         kv_dtype=kv_dtype, page_size=page_size,
     )
     chosen, reason = select(problem, backend)
-    return _make_plan(problem, chosen, reason, num_splits, num_sms or _num_sms(device.type, device.index))
+    return _make_plan(problem, chosen, reason, num_splits, num_sms or device_num_sms(device.type, device.index))
 
 
 def decode(
@@ -285,7 +274,7 @@ def _prepare(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descal
         return _nothing_to_do
     if problem.seqlen_k == 0:
         return _no_keys
-    the_plan = _make_plan(problem, chosen, reason, num_splits, _num_sms(q.device.type, q.device.index))
+    the_plan = _make_plan(problem, chosen, reason, num_splits, device_num_sms(q.device.type, q.device.index))
     return chosen.prepare(problem, the_plan.num_splits, float(softmax_scale), causal)
 
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 SPLIT_GRANULE = 128
 #: The most splits ``decode`` accepts (and the combine kernels are built for).
 MAX_SPLITS = 256
+#: SM count used when planning for a device that has none (the CPU interpreter, dry runs): an H200's.
+DEFAULT_NUM_SMS = 132
 #: FA3's rule: with this fraction of the machine already busy without splitting, do not split.
 _BUSY_FRACTION = 0.8
 #: Take the smallest split count whose wave efficiency is within this of the best. FA3 uses 0.85;
@@ -40,6 +42,17 @@ _BUSY_FRACTION = 0.8
 #: vs 69.4 / 129.2, pages of 16 Triton 71.3 / 134.6 vs 76.8 / 146.0, cute 69.2 / 129.1 vs
 #: 69.3 / 130.7 (docs/performance.md, tuning log).
 _EFFICIENCY_SLACK = 0.95
+
+
+@functools.lru_cache(maxsize=None)
+def device_num_sms(device_type: str, index: int | None = None) -> int:
+    """SMs of CUDA device ``index`` (the current one when None), the machine size the heuristic
+    plans for; :data:`DEFAULT_NUM_SMS` for another device type or without CUDA."""
+    import torch
+
+    if device_type != "cuda" or not torch.cuda.is_available():
+        return DEFAULT_NUM_SMS
+    return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()).multi_processor_count
 
 
 def cdiv(a: int, b: int) -> int:

@@ -84,6 +84,17 @@ class ArrivalCounters:
             self._buffers[key] = buffer
         return buffer
 
+    def for_queries(self, q: torch.Tensor) -> torch.Tensor:
+        """Counters for one decode of ``q`` ``[B, L_q, H, D]``: one per split-kernel row tile
+        ``[B, H_kv x row_blocks]``, bounded by one per (batch row, query position, q head)."""
+        batch, seqlen_q, num_heads, _ = q.shape
+        return self.get(q.device, batch * seqlen_q * num_heads)
+
     def clear(self) -> None:
         """Drop the eager buffers (the arena stays: captured graphs may still use its slices)."""
         self._buffers.clear()
+
+
+#: The counters both backends' in-kernel merges use (launches on one stream never overlap, so
+#: they can share one buffer per stream and one arena per device).
+ARRIVALS = ArrivalCounters()

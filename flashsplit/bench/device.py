@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..plan import DEFAULT_NUM_SMS
 from .cases import DEFAULT_L2_BYTES
 
 #: Datasheet HBM bandwidth in bytes/s, matched by substring of the device name, first match
@@ -26,8 +27,6 @@ DATASHEET_BANDWIDTH: tuple[tuple[str, float], ...] = (
 )
 #: Used (with a note) for a device the table does not know: an H200's figure.
 DEFAULT_DATASHEET_BANDWIDTH = 4.8e12
-#: SMs assumed when planning without a GPU (dry runs): an H200's.
-DEFAULT_NUM_SMS = 132
 
 
 def cuda_available() -> bool:

@@ -9,15 +9,14 @@ stream, so ``decode`` is CUDA-graph capturable.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 
 import torch
 
-from ..plan import choose_num_splits, tokens_per_split
+from ..plan import choose_num_splits, device_num_sms, tokens_per_split
 from ..problem import FP8_DTYPES, DecodeProblem
 from ..registry import Backend
-from ..workspace import ArrivalCounters, Workspace
+from ..workspace import ARRIVALS, Workspace
 from . import configs
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -43,7 +42,7 @@ class CuteBackend(Backend):
     def __init__(self) -> None:
         self._full_seqlens: dict[tuple, torch.Tensor] = {}
         self._workspace = Workspace()
-        self._arrivals = ArrivalCounters()
+        self._arrivals = ARRIVALS
 
     # ------------------------------------------------------------------ capability
     def supports(self, problem: DecodeProblem) -> str | None:
@@ -134,7 +133,7 @@ class CuteBackend(Backend):
                 configs.paged_supported(problem.page_size, 128) or configs.subtile_paged_supported(problem.page_size, 128))):
             return False
         units = problem.batch * problem.num_heads_kv * -(-problem.packed_rows // self.block_m(problem))
-        sms = _sm_count()
+        sms = device_num_sms(problem.device_type)
         if units > sms:
             return False
         splits = choose_num_splits(units, problem.seqlen_k, sms, configs.ONE_PER_SM_TILE[2])[0]
@@ -297,7 +296,7 @@ class PreparedCuteDecode:
             self.split.launch(q, k_cache, v_cache, out_ptr, lse_ptr, cache_seqlens, block_table, k_descale,
                               v_descale, None, stream)
         elif self.merge:
-            arrivals = self.backend._arrivals.get(q.device, rows).data_ptr()
+            arrivals = self.backend._arrivals.for_queries(q).data_ptr()
             self.split.launch(q, k_cache, v_cache, op, lp, cache_seqlens, block_table, k_descale, v_descale,
                               (out_ptr, lse_ptr, arrivals), stream)
         else:
@@ -466,14 +465,6 @@ def _run(kernel, raw: tuple, library_args) -> None:
         launcher.launch(*raw)
     else:
         kernel(*library_args())
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count() -> int:
-    """SMs of the current CUDA device (132, an H200's, without one: the rule is then only planned)."""
-    if not torch.cuda.is_available():
-        return 132
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
 def _raw_stream(t: torch.Tensor) -> int:

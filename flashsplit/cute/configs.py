@@ -132,14 +132,14 @@ def split_tile(head_dim: int) -> tuple[int, int, int]:
     raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {head_dim}")
 
 
-#: One CTA per SM with a deeper pipeline, for dense 16-bit caches at d = 128 (``split_config(...,
-#: one_per_sm=True)``): 64-key tiles, 3 stages (96 KiB of loads in flight, 113 KiB of shared
-#: memory). Where a problem's CTAs fit one wave at one per SM it needs half the splits (or none:
-#: no merge) and each CTA streams twice the keys. H200, 32/8 heads, same runs (fifth session,
-#: calls 6 and 8), us, vs the two-CTA tile: B = 16 4k 64.5 vs 68.3, 16k 240.3 vs 247.1; B = 4
-#: 128k 476.5 vs 484.5; B = 1 128k 126.4 vs 127.5; but B = 16 128k 1950.0 vs 1923.2, B = 1 16k
-#: 24.2 vs 23.8, B = 4 4k 24.2 vs 23.6, B = 64 4k 247.6 vs 245.1 (``CuteBackend.one_cta_per_sm``
-#: picks it).
+#: One CTA per SM with a deeper pipeline, for 16-bit caches at d = 128 (``split_config(...,
+#: one_per_sm=True)``; dense, or TMA pages behind ``ONE_PER_SM_PAGED_VERIFIED_ON_GPU``): 64-key
+#: tiles, 3 stages (96 KiB of loads in flight, 113 KiB of shared memory). Where a problem's CTAs
+#: fit one wave at one per SM it needs half the splits (or none: no merge) and each CTA streams
+#: twice the keys. H200, 32/8 heads, same runs (fifth session, calls 6 and 8), us, vs the two-CTA
+#: tile: B = 16 4k 64.5 vs 68.3, 16k 240.3 vs 247.1; B = 4 128k 476.5 vs 484.5; B = 1 128k 126.4
+#: vs 127.5; but B = 16 128k 1950.0 vs 1923.2, B = 1 16k 24.2 vs 23.8, B = 4 4k 24.2 vs 23.6,
+#: B = 64 4k 247.6 vs 245.1 (``CuteBackend.one_cta_per_sm`` picks it).
 ONE_PER_SM_TILE = (64, 3, 1)
 
 
@@ -169,10 +169,10 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
     (``subtile_page``: tile_n / P TMA boxes), or anything else (``gather_pages``: one bulk copy
     per key row; the page size a runtime value). ``fp16_operands`` (fp8 cache, bf16 q only)
     defaults to ``FP16_OPERANDS_VERIFIED_ON_GPU``. ``merge`` (partials only): the last CTA of each
-    row tile merges the partials (no combine kernel). ``one_per_sm`` (dense 16-bit caches, d =
-    128, dense or TMA pages): :data:`ONE_PER_SM_TILE` instead of :func:`split_tile`'s. ``skip_padding`` defaults to
-    ``SKIP_PADDING_VERIFIED_ON_GPU``, ``fp8_qk`` (e4m3 caches, dense or whole-tile pages) to
-    ``FP8_QK_VERIFIED_ON_GPU``."""
+    row tile merges the partials (no combine kernel). ``one_per_sm`` (16-bit caches at d = 128,
+    dense or in TMA pages): :data:`ONE_PER_SM_TILE` instead of :func:`split_tile`'s.
+    ``skip_padding`` defaults to ``SKIP_PADDING_VERIFIED_ON_GPU``, ``fp8_qk`` (e4m3 caches, dense
+    or whole-tile pages) to ``FP8_QK_VERIFIED_ON_GPU``."""
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype: expected one of {KV_DTYPES}, got {kv_dtype!r}")
     eligible = kv_dtype != "same" and dtype == "bfloat16"
@@ -291,6 +291,7 @@ GATHER_EXAMPLE_PAGE = 1
 def _gather_compile_pages(head_dim: int) -> tuple[int, ...]:
     """The page sizes that list the gathered compile keys (one, any head dim)."""
     return (GATHER_EXAMPLE_PAGE,)
+
 
 #: Gathered paging (``gather_pages``: page sizes that are neither multiples of the tile nor
 #: sub-tile sizes) passed ``pytest tests/test_cute_gpu.py -k gather`` on an H200 (67 tests,

@@ -16,7 +16,7 @@ import triton
 from ..plan import SPLIT_GRANULE, cdiv, splits_used, tokens_per_split
 from ..problem import DecodeProblem
 from ..registry import Backend
-from ..workspace import ArrivalCounters, Workspace
+from ..workspace import ARRIVALS, Workspace
 from . import interpreter_active
 from .combine_kernel import combine_kernel
 from .launch import Relaunch, launch
@@ -89,7 +89,7 @@ class TritonBackend(Backend):
 
     def __init__(self) -> None:
         self._workspace = Workspace()
-        self._arrivals = ArrivalCounters()
+        self._arrivals = ARRIVALS
 
     def supports(self, problem: DecodeProblem) -> str | None:
         if problem.device_type == "cuda":
@@ -182,10 +182,8 @@ class TritonBackend(Backend):
                       dict(num_warps=4 if head_dim >= 128 else 2, launch_pdl=pdl))
 
     def _arrivals_for(self, q: torch.Tensor) -> torch.Tensor:
-        """Zeroed int32 counters, one per split-kernel row tile ``[B, H_kv x row_blocks]`` (a
-        bound on it: one per q head and query position)."""
-        batch, seqlen_q, num_heads, _ = q.shape
-        return self._arrivals.get(q.device, batch * seqlen_q * num_heads)
+        """Zeroed int32 counters, one per split-kernel row tile (``ArrivalCounters.for_queries``)."""
+        return self._arrivals.for_queries(q)
 
     def _alloc_partials(self, q: torch.Tensor, num_splits: int, scratch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """``out_partial`` ``[S, B, L_q, H, D]`` and ``lse_partial`` ``[S, B, H, L_q]``, fp32, both
