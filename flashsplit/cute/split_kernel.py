@@ -758,11 +758,9 @@ class SplitKVDecodeKernel:
                 m = packed // group
                 key_limit[r] = cutlass.min(end, n_keys - seqlen_q + m + 1)
 
-        warp_uniform = warp
-        rows_here = Int32(M)
         if cutlass.const_expr(self.skip_padding):
             warp_uniform = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-            rows_here = cutlass.min(seqlen_q * group - row_block * M, M)  # real rows of this tile
+            rows_here = self.tile_rows(seqlen_q, group, row_block)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         for i in cutlass.range(num_tiles, unroll=1):
             tile_start = (first_tile + i) * N
@@ -826,6 +824,10 @@ class SplitKVDecodeKernel:
         self.epilogue(acc_o, row_max, row_sum, mO, mLSE, tidx, split_idx, batch_idx, kvh, row_block,
                       seqlen_q, group, num_tiles, v_scale)
 
+    def tile_rows(self, seqlen_q, group, row_block):
+        """The real (not padding) packed rows of row tile ``row_block``: 1..64."""
+        return cutlass.min(seqlen_q * group - row_block * self.block_m, self.block_m)
+
     @cute.jit
     def merge_if_last(self, mO, mLSE, mOut, mOutLSE, mArrivals, sTicket, tidx, batch_idx, z_idx, row_block,
                       seqlen_q, group, num_splits):
@@ -851,7 +853,7 @@ class SplitKVDecodeKernel:
             C = self.row_merge.cols_per_lane
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             lane = tidx % 32
-            rows = cutlass.min(seqlen_q * group - row_block * M, M)
+            rows = self.tile_rows(seqlen_q, group, row_block)
             kvh = z_idx // ((seqlen_q * group + M - 1) // M)
             acc = cute.make_rmem_tensor((C,), Float32)
             out = cute.make_rmem_tensor((C,), self.dtype)
