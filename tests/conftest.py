@@ -71,8 +71,6 @@ cute_fp16_operands_enabled = _flag_fixture("FP16_OPERANDS_VERIFIED_ON_GPU",
 cute_gather_enabled = _flag_fixture("GATHER_PAGES_VERIFIED_ON_GPU",
                                     "Pages the cute kernel gathers row by row (neither whole-tile nor sub-tile)")
 cute_fp8_qk_enabled = _flag_fixture("FP8_QK_VERIFIED_ON_GPU", "e4m3 Q K^T wgmma straight from the fp8 K stage")
-cute_skip_padding_enabled = _flag_fixture("SKIP_PADDING_VERIFIED_ON_GPU",
-                                          "Warps whose rows are all padding skip the softmax")
 
 
 @pytest.fixture

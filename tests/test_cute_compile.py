@@ -326,20 +326,21 @@ def test_fp8_qk_configs():
 
 
 def test_skip_padding_configs():
-    """Padding warps skipping the softmax is a compile key, off for every configuration the
-    dispatcher selects until verified on a GPU (SKIP_PADDING_VERIFIED_ON_GPU); the compile check
-    builds it for every (cache type, head dim), paged, and on the merging one-CTA-per-SM tile."""
+    """Padding warps skipping the softmax is a compile key, on in every configuration the
+    dispatcher selects since it was verified on an H200 (SKIP_PADDING_VERIFIED_ON_GPU); the compile
+    check also builds the full-softmax side for every (cache type, head dim), paged, and on the
+    merging one-CTA-per-SM tile."""
     from flashsplit.cute import configs
 
-    assert not configs.SKIP_PADDING_VERIFIED_ON_GPU
-    assert not any(c.skip_padding for c in all_split_configs())
-    assert configs.split_config("bfloat16", 128, False, True, skip_padding=True).skip_padding
-    skipping = [c for c in compile_check_configs() if c.skip_padding]
-    assert {(c.kv_dtype, c.head_dim) for c in skipping} == {
+    assert configs.SKIP_PADDING_VERIFIED_ON_GPU  # sixth session, call 1
+    assert all(c.skip_padding for c in all_split_configs())
+    assert not configs.split_config("bfloat16", 128, False, True, skip_padding=False).skip_padding
+    full = [c for c in compile_check_configs() if not c.skip_padding]
+    assert {(c.kv_dtype, c.head_dim) for c in full} == {
         (kv, d) for kv in configs.KV_DTYPES for d in configs.HEAD_DIMS}
-    assert any(c.paged for c in skipping) and any(c.merge and _one_per_sm(c) for c in skipping)
-    for c in skipping:  # the same shared memory as the full-softmax kernel
-        assert c.smem_bytes == c.__class__(**{**c.__dict__, "skip_padding": False}).smem_bytes
+    assert any(c.paged for c in full) and any(c.merge and _one_per_sm(c) for c in full)
+    for c in full:  # the same shared memory as the skipping kernel
+        assert c.smem_bytes == c.__class__(**{**c.__dict__, "skip_padding": True}).smem_bytes
 
 
 def test_one_per_sm_configs():
@@ -356,7 +357,7 @@ def test_one_per_sm_configs():
             configs.split_config(**args, one_per_sm=True)
     with pytest.raises(ValueError, match="one_per_sm: not for gathered pages"):
         configs.split_config("bfloat16", 128, False, True, True, page_size=48, one_per_sm=True)
-    deep = [c for c in compile_check_configs() if _one_per_sm(c) and not c.skip_padding and not c.paged]
+    deep = [c for c in compile_check_configs() if _one_per_sm(c) and c.skip_padding and not c.paged]
     assert len(deep) == 9 and {(c.dtype, c.causal, c.write_partials) for c in deep} == {
         (d, ca, wp) for d in configs.DTYPES for ca in (False, True) for wp in (False, True)}
     paged = [c for c in compile_check_configs() if _one_per_sm(c) and c.paged]
@@ -365,10 +366,11 @@ def test_one_per_sm_configs():
 
 
 def test_one_cta_per_sm_rule():
-    """The cute backend plans one CTA per SM (and takes that tile) for dense 16-bit d = 128
-    problems whose units fit one wave of 132 SMs in one split of 2k-32k keys per CTA or several of
-    16k-32k: B = 16 x 4k/16k and B = 4 x 128k (4 splits) for Llama-3-8B heads, B = 4 x 4k for
-    Llama-2-7B heads; not B = 1 x 16k/128k, B = 4 x 16k, B = 16 x 128k, B = 64, d = 64, fp8, paged."""
+    """The cute backend plans one CTA per SM (and takes that tile) for 16-bit d = 128 problems,
+    dense or in TMA pages, whose units fit one wave of 132 SMs in one split of 2k-32k keys per CTA
+    or several of 16k-32k: B = 16 x 4k/16k and B = 4 x 128k (4 splits) for Llama-3-8B heads, B = 4
+    x 4k for Llama-2-7B heads; not B = 1 x 16k/128k, B = 4 x 16k, B = 16 x 128k, B = 64, d = 64,
+    fp8, gathered pages."""
     from flashsplit.api import _make_plan
 
     backend = CuteBackend()
@@ -382,11 +384,12 @@ def test_one_cta_per_sm_rule():
                     (problem(4, 16384), False), (problem(1, 16384), False), (problem(4, 4096), False),
                     (problem(64, 4096), False), (problem(16, 131072), False), (problem(4, 131072), True),
                     (problem(16, 4096, head_dim=64), False), (problem(16, 4096, kv_dtype=torch.float8_e4m3fn), False),
-                    # paged: ONE_PER_SM_PAGED_VERIFIED_ON_GPU (off)
-                    (problem(16, 4096, page_size=128), False), (problem(4, 4096, num_heads_kv=32), True)]:
+                    # TMA pages (ONE_PER_SM_PAGED_VERIFIED_ON_GPU); gathered pages never
+                    (problem(16, 4096, page_size=128), True), (problem(16, 4096, page_size=16), True),
+                    (problem(16, 4096, page_size=48), False), (problem(4, 4096, num_heads_kv=32), True)]:
         assert backend.one_cta_per_sm(p) == deep, p
         assert backend.units_per_sm(p) == (1 if deep else configs_tile(p.head_dim)[2])
-        assert (backend.preference(p)[0] > 0) == (deep or p.paged), p
+        assert (backend.preference(p)[0] > 0) == (deep or (p.paged and p.page_size != 48)), p
     plan = _make_plan(problem(4, 131072), backend, "", 0, 132)
     assert (plan.units_per_sm, plan.num_splits) == (1, 4)
     assert _make_plan(problem(16, 4096), backend, "", 0, 132).num_splits == 1
@@ -671,7 +674,7 @@ def test_fp16_operand_configs():
         configs.split_config("bfloat16", 128, False, True, fp16_operands=True)
     dispatched = set(all_split_configs())
     others = [c for c in compile_check_configs()
-              if c not in dispatched and not c.merge and not _one_per_sm(c) and not c.skip_padding and not c.fp8_qk]
+              if c not in dispatched and not c.merge and not _one_per_sm(c) and c.skip_padding and not c.fp8_qk]
     assert all(c.fp8 and c.dtype == "bfloat16" and c.fp16_operands != chosen for c in others)
     assert {(c.kv_dtype, c.head_dim) for c in others if not c.paged} == {
         (kv, d) for kv in configs.KV_DTYPES[1:] for d in configs.HEAD_DIMS}
