@@ -88,11 +88,12 @@ class CuteBackend(Backend):
         return 64
 
     def preference(self, problem: DecodeProblem) -> tuple[int, str]:
-        # Measured on the H200 (docs/performance.md, 2026-11-29, 32/8 heads, d = 128): paged
-        # 16-bit caches run at dense speed here, whole-tile pages (128: 1.00x dense) and sub-tile
-        # pages alike (16: 1.00-1.01x), but 1.06-1.22x slower in Triton; dense 16-bit caches are
-        # as fast or faster in Triton at every batch (B = 1, 4k: 10.1 vs 12.7 us; B >= 16 within
-        # 0.5%); fp8 caches are about 2x slower here than in Triton.
+        # Measured on the H200 (docs/performance.md, 32/8 heads, d = 128): paged 16-bit caches
+        # run at dense speed here, whole-tile pages (128: 1.00x dense) and sub-tile pages alike
+        # (16: 1.00-1.01x), but 1.06-1.22x slower in Triton; dense 16-bit caches are faster here
+        # where one CTA per SM or the work units fill the machine (below), Triton is faster or
+        # ties at small batch (B = 1 x 4k: 10.2 vs 12.1 us); fp8 caches are 1.06-1.11x slower
+        # here than in Triton (sixth session).
         if problem.paged and not (configs.paged_supported(problem.page_size, problem.head_dim)
                                   or configs.subtile_paged_supported(problem.page_size, problem.head_dim)):
             # H200, B = 1, 32/8 heads, d = 128 (fourth session): pages of 1 and 48 take 1.7-2.4x
@@ -103,7 +104,23 @@ class CuteBackend(Backend):
         if self.one_cta_per_sm(problem):
             # H200, same runs (fifth session, calls 6-9): see one_per_sm_min_keys.
             return 5, "dense 16-bit KV in one wave of one CTA per SM: measured faster than triton (H200)"
+        if self.fills_the_machine(problem):
+            return 3, "dense 16-bit KV whose (row, KV head) units fill the machine: measured faster than triton (H200)"
         return -10, "cute supports it but was measured slower than triton here (H200)"
+
+    #: Work units (batch rows x KV heads x row blocks) from which ``fills_the_machine`` holds.
+    #: H200, 32/8 heads, d = 128, bf16, same runs (sixth session, calls 1-2, after ``skip_padding``),
+    #: us, cute vs Triton: B = 16 x 128k (128 units, 2 splits) 1908.6 vs 1921.1 and 1857.3 vs
+    #: 1876.0; B = 64 (512 units, 1 split) 4k 237.4 vs 238.3, 16k 938.1 vs 940.8, 128k 7477.6 vs
+    #: 7520.6. Below it Triton led or tied (B = 1 x 4k 10.2 vs 12.1, B = 4 x 4k 23.0 vs 23.2).
+    fill_units = 128
+
+    def fills_the_machine(self, problem: DecodeProblem) -> bool:
+        """A dense 16-bit cache at d = 128 with at least ``fill_units`` work units: one or two
+        splits per unit, the cells where the cute kernel was measured faster than Triton's."""
+        if problem.head_dim != 128 or problem.cache_dtype != problem.dtype or problem.paged:
+            return False
+        return problem.batch * problem.num_heads_kv * -(-problem.packed_rows // self.block_m(problem)) >= self.fill_units
 
     def units_per_sm(self, problem: DecodeProblem) -> int:
         if self.one_cta_per_sm(problem):
