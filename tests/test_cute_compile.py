@@ -389,7 +389,7 @@ def test_one_cta_per_sm_rule():
                     (problem(16, 4096, page_size=48), False), (problem(4, 4096, num_heads_kv=32), True)]:
         assert backend.one_cta_per_sm(p) == deep, p
         assert backend.units_per_sm(p) == (1 if deep else configs_tile(p.head_dim)[2])
-        preferred = deep or (p.paged and p.page_size != 48) or backend.fills_the_machine(p)
+        preferred = deep or (p.paged and p.page_size != 48) or backend.cute_measured_faster(p)
         assert (backend.preference(p)[0] > 0) == preferred, p
     plan = _make_plan(problem(4, 131072), backend, "", 0, 132)
     assert (plan.units_per_sm, plan.num_splits) == (1, 4)
@@ -397,22 +397,26 @@ def test_one_cta_per_sm_rule():
 
 
 
-def test_cute_preferred_where_units_fill_the_machine():
-    """auto ranks cute above Triton for dense 16-bit d = 128 problems of >= 128 work units
-    (B = 16 and 64 with 8 KV heads, B = 4 with 32), where it was measured faster; below that,
-    for other head dims and for fp8 caches, Triton keeps the lead."""
+def test_cute_preferred_where_measured_faster():
+    """auto ranks cute above Triton for dense 16-bit d = 128 problems with >= 4 packed rows per
+    KV head and >= 128 work units (B = 16 and 64 with 8 KV heads) or >= 4096 keys per split
+    (B = 1 x 128k), where it was measured faster; not for one packed row (32/32 heads), short
+    splits (B = 1 x 16k, B = 4 x 16k: 2048), other head dims or fp8 caches."""
     backend = CuteBackend()
 
     def rank(**kw):
         return backend.preference(_problem(device_type="cuda", **kw))[0]
 
     for kw in (dict(batch=16, seqlen_k=131072), dict(batch=64, seqlen_k=4096), dict(batch=64, seqlen_k=131072),
-               dict(batch=4, seqlen_k=131072, num_heads_kv=32), dict(batch=16, seqlen_k=131072, dtype=torch.float16)):
-        assert backend.fills_the_machine(_problem(device_type="cuda", **kw)) and rank(**kw) > 0, kw
-    for kw in (dict(batch=1, seqlen_k=131072), dict(batch=4, seqlen_k=16384), dict(batch=15, seqlen_k=131072),
+               dict(batch=1, seqlen_k=131072), dict(batch=16, seqlen_k=131072, dtype=torch.float16),
+               dict(batch=32, seqlen_k=4096, num_heads=64, num_heads_kv=8)):
+        assert backend.cute_measured_faster(_problem(device_type="cuda", **kw)) and rank(**kw) > 0, kw
+    for kw in (dict(batch=1, seqlen_k=16384), dict(batch=4, seqlen_k=16384), dict(batch=2, seqlen_k=16384),
+               dict(batch=16, seqlen_k=16384, num_heads_kv=32), dict(batch=16, seqlen_k=4096, num_heads_kv=32),
                dict(batch=64, seqlen_k=4096, head_dim=64), dict(batch=64, seqlen_k=4096, head_dim=256),
                dict(batch=64, seqlen_k=4096, kv_dtype=torch.float8_e4m3fn)):
-        assert not backend.fills_the_machine(_problem(device_type="cuda", **kw)) and rank(**kw) < 0, kw
+        assert not backend.cute_measured_faster(_problem(device_type="cuda", **kw)) and rank(**kw) < 0, kw
+
 
 def _one_per_sm(config) -> bool:
     """A configuration of the one-CTA-per-SM tile (test_one_per_sm_configs)."""

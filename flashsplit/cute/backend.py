@@ -104,23 +104,38 @@ class CuteBackend(Backend):
         if self.one_cta_per_sm(problem):
             # H200, same runs (fifth session, calls 6-9): see one_per_sm_min_keys.
             return 5, "dense 16-bit KV in one wave of one CTA per SM: measured faster than triton (H200)"
-        if self.fills_the_machine(problem):
-            return 3, "dense 16-bit KV whose (row, KV head) units fill the machine: measured faster than triton (H200)"
+        if self.cute_measured_faster(problem):
+            return 3, "dense 16-bit GQA KV filling the machine or in long splits: measured faster than triton (H200)"
         return -10, "cute supports it but was measured slower than triton here (H200)"
 
-    #: Work units (batch rows x KV heads x row blocks) from which ``fills_the_machine`` holds.
-    #: H200, 32/8 heads, d = 128, bf16, same runs (sixth session, calls 1-2, after ``skip_padding``),
-    #: us, cute vs Triton: B = 16 x 128k (128 units, 2 splits) 1908.6 vs 1921.1 and 1857.3 vs
-    #: 1876.0; B = 64 (512 units, 1 split) 4k 237.4 vs 238.3, 16k 938.1 vs 940.8, 128k 7477.6 vs
-    #: 7520.6. Below it Triton led or tied (B = 1 x 4k 10.2 vs 12.1, B = 4 x 4k 23.0 vs 23.2).
+    #: ``cute_measured_faster`` holds from this many work units (batch rows x KV heads x row
+    #: blocks: one or two splits per unit), or from this many keys per split. H200, 32/8 heads,
+    #: d = 128, bf16, same runs (sixth session, calls 1-4, with ``skip_padding``), us, cute vs Triton:
+    #: B = 16 x 128k (128 units, 2 splits) 1908.6 vs 1921.1, 1857.3 vs 1876.0, 1871.4 vs 1884.5;
+    #: B = 64 (512 units, 1 split) 4k 237.4 vs 238.3, 237.8 vs 238.8, 16k 938.1 vs 940.8, 939.2 vs
+    #: 943.4, 128k 7477.6 vs 7520.6, 7503.1 vs 7526.3; B = 1 x 128k (32 splits of 4096 keys) 126.5
+    #: vs 126.9, 123.9 vs 124.7, 124.3 vs 125.0, 124.1 vs 124.9. Triton led or tied below (B = 1 x
+    #: 4k 10.2 vs 12.1, B = 4 x 4k 22.9 vs 23.1, B = 4 x 16k with 2048 keys per split 66.70 vs
+    #: 66.68) and with one packed row per KV head (32/32 heads, B = 16 x 16k: 935.6 vs 957.7).
     fill_units = 128
+    long_split_keys = 4096
+    min_packed_rows = 4
 
-    def fills_the_machine(self, problem: DecodeProblem) -> bool:
-        """A dense 16-bit cache at d = 128 with at least ``fill_units`` work units: one or two
-        splits per unit, the cells where the cute kernel was measured faster than Triton's."""
+    def cute_measured_faster(self, problem: DecodeProblem) -> bool:
+        """A dense 16-bit cache at d = 128 with >= ``min_packed_rows`` packed rows per KV head
+        whose work units fill the machine (>= ``fill_units``) or whose splits are long (>=
+        ``long_split_keys`` keys as the plan splits it): where the cute kernel (two CTAs per SM)
+        was measured faster than Triton's."""
         if problem.head_dim != 128 or problem.cache_dtype != problem.dtype or problem.paged:
             return False
-        return problem.batch * problem.num_heads_kv * -(-problem.packed_rows // self.block_m(problem)) >= self.fill_units
+        if problem.packed_rows < self.min_packed_rows:
+            return False
+        units = problem.batch * problem.num_heads_kv * -(-problem.packed_rows // self.block_m(problem))
+        if units >= self.fill_units:
+            return True
+        splits = choose_num_splits(units, problem.seqlen_k, device_num_sms(problem.device_type),
+                                   configs.split_tile(128)[2])[0]
+        return tokens_per_split(problem.seqlen_k, splits) >= self.long_split_keys
 
     def units_per_sm(self, problem: DecodeProblem) -> int:
         if self.one_cta_per_sm(problem):
