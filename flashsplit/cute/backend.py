@@ -109,15 +109,17 @@ class CuteBackend(Backend):
         return -10, "cute supports it but was measured slower than triton here (H200)"
 
     #: ``cute_measured_faster`` holds from this many work units (batch rows x KV heads x row
-    #: blocks: one or two splits per unit), or from this many keys per split. H200, 32/8 heads,
-    #: d = 128, bf16, same runs (sixth session, calls 1-4, with ``skip_padding``), us, cute vs Triton:
-    #: B = 16 x 128k (128 units, 2 splits) 1908.6 vs 1921.1, 1857.3 vs 1876.0, 1871.4 vs 1884.5;
-    #: B = 64 (512 units, 1 split) 4k 237.4 vs 238.3, 237.8 vs 238.8, 16k 938.1 vs 940.8, 939.2 vs
-    #: 943.4, 128k 7477.6 vs 7520.6, 7503.1 vs 7526.3; B = 1 x 128k (32 splits of 4096 keys) 126.5
-    #: vs 126.9, 123.9 vs 124.7, 124.3 vs 125.0, 124.1 vs 124.9. Triton led or tied below (B = 1 x
-    #: 4k 10.2 vs 12.1, B = 4 x 4k 22.9 vs 23.1, B = 4 x 16k with 2048 keys per split 66.70 vs
-    #: 66.68) and with one packed row per KV head (32/32 heads, B = 16 x 16k: 935.6 vs 957.7).
-    fill_units = 128
+    #: blocks: 4 or fewer splits per unit), or from this many keys per split. H200, 32/8 heads,
+    #: d = 128, bf16, same runs (sixth session, calls 1-6, with ``skip_padding``), us, cute vs Triton:
+    #: B = 8 x 4k (64 units, 4 splits) 38.0 vs 38.9, 38.1 vs 39.0; B = 16 x 128k (128 units, 2
+    #: splits) 1908.6 vs 1921.1, 1857.3 vs 1876.0, 1871.4 vs 1884.5, 1912.5 vs 1925.7; B = 32 x 4k
+    #: 123.2 vs 137.9; B = 64 (512 units, 1 split) 4k 237.4 vs 238.3, 237.8 vs 238.8, 16k 938.1 vs
+    #: 940.8, 939.2 vs 943.4, 128k 7477.6 vs 7520.6, 7503.1 vs 7526.3; B = 1 x 128k (32 splits of
+    #: 4096 keys) 126.5 vs 126.9, 123.9 vs 124.7, 124.3 vs 125.0, 124.1 vs 124.9, 126.5 vs 127.3.
+    #: Triton led or tied below (B = 1 x 4k 10.2 vs 12.1, B = 4 x 4k 22.9 vs 23.1, B = 4 x 16k with
+    #: 2048 keys per split 66.70 vs 66.68) and with one packed row per KV head (32/32 heads,
+    #: B = 16 x 16k: 935.6 vs 957.7, 960.3 vs 977.8).
+    fill_units = 64
     long_split_keys = 4096
     min_packed_rows = 4
 
