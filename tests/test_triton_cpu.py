@@ -149,6 +149,9 @@ def test_tile_stages_follow_the_h200_sweep():
     from flashsplit.triton.backend import choose_tiles
 
     assert choose_tiles(4, 128, num_splits=1, programs=512).num_stages == 2  # B = 64, 8 KV heads
+    assert choose_tiles(4, 128, num_splits=1, programs=256).num_stages == 3  # B = 32: one wave of 2 per SM
+    assert choose_tiles(4, 128, num_splits=1, programs=265).num_stages == 2
+    assert choose_tiles(4, 128, num_splits=1, programs=256, num_sms=100).num_stages == 2
     assert choose_tiles(4, 128, num_splits=1, programs=128).num_stages == 3  # B = 16
     assert choose_tiles(4, 128, num_splits=32, programs=256).num_stages == 3  # split launches
     assert choose_tiles(4, 128).block_m == 16 and choose_tiles(40, 64).block_m == 64

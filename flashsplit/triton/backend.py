@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from ..plan import SPLIT_GRANULE, cdiv, splits_used, tokens_per_split
+from ..plan import DEFAULT_NUM_SMS, SPLIT_GRANULE, cdiv, device_num_sms, splits_used, tokens_per_split
 from ..problem import DecodeProblem
 from ..registry import Backend
 from ..workspace import ARRIVALS, Workspace
@@ -35,7 +35,8 @@ class TritonTiles:
 
 
 def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs: int = 0,
-                 split_keys: int = 0, fp8_cache: bool = False, paged: bool = False) -> TritonTiles:
+                 split_keys: int = 0, fp8_cache: bool = False, paged: bool = False,
+                 num_sms: int = DEFAULT_NUM_SMS) -> TritonTiles:
     """Tiles for ``packed_rows`` rows (L_q x group) of head dim ``head_dim``; ``split_keys`` is the
     longest split's key count (the plan's, at the cache capacity).
 
@@ -44,9 +45,11 @@ def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs:
     single 128-key granule (H200 sweep, B = 1, 4k keys, 32 splits: 10.6 us with 32-key tiles vs
     11.2 with 64: four pipelined tiles instead of two); both divide the split granule, so a
     split never starts inside a tile. Stages: 3, but 2 for a single-split
-    launch of >= 256 programs (H200, 32/8 heads: B = 64, 4k keys took 239 us with 2 stages vs
-    278 with 3; with fewer programs 3 stages hide more latency: B = 16, 4k took 76 us with 3 vs
-    109 with 2, B = 1, 128k 2271 vs 2958; docs/performance.md). An fp8 cache takes 128-key tiles
+    launch of more programs than two per SM hold (``num_sms``): 2 stages leave room for a third
+    program per SM. H200, 32/8 heads, one split: B = 64 x 4k (512 programs) 239-245 us with 2
+    stages vs 278-284 with 3; up to one wave of two per SM 3 stages hide more latency: B = 32 x
+    4k (256 programs) 123.8 vs 137.5, 16k 480.9 vs 532.0, B = 16 x 4k 76 vs 109, B = 1 x 128k
+    2271 vs 2958 (docs/performance.md). An fp8 cache takes 128-key tiles
     once a split holds 2048 keys or more (the same bytes in flight as 64 16-bit keys; H200,
     B = 1, 128k: 108.7 us vs 117.3 with 64; B = 16, 128k: 1389 vs 1557; 512-key splits of
     B = 1, 16k stay faster with 64: 20.4 vs 22.4). Not for a paged fp8 cache (B = 1, 128k, pages
@@ -58,7 +61,7 @@ def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs:
     if fp8_cache and not paged and split_keys >= 2048:
         block_n = 128
     return TritonTiles(block_m=block_m, block_n=block_n, block_d=block_d, num_warps=4,
-                       num_stages=2 if num_splits == 1 and programs >= 256 else 3)
+                       num_stages=2 if num_splits == 1 and programs > 2 * num_sms else 3)
 
 
 def _strides(t: torch.Tensor | None, dims: int) -> tuple[int, ...]:
@@ -126,7 +129,7 @@ class TritonBackend(Backend):
         row_blocks = cdiv(seqlen_q * group, block_m)
         tiles = choose_tiles(seqlen_q * group, head_dim, num_splits, num_splits * batch * num_heads_kv * row_blocks,
                              tokens_per_split(seqlen_k, num_splits), k_descale is not None,
-                             block_table is not None)
+                             block_table is not None, device_num_sms(q.device.type, q.device.index))
         grid = (num_splits, batch, num_heads_kv * row_blocks)
         tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale,
                    out_partial, lse_partial, out, lse, arrivals)
