@@ -18,7 +18,7 @@ from .registry import Backend, select
 def _make_plan(problem: DecodeProblem, backend: Backend, backend_reason: str, num_splits: int, num_sms: int) -> SplitPlan:
     block_m = backend.block_m(problem)
     row_blocks = cdiv(problem.packed_rows, block_m)
-    work_units = problem.batch * problem.num_heads_kv * row_blocks
+    work_units = problem.work_units(block_m)
     units_per_sm = backend.units_per_sm(problem)
     if num_splits == 0:
         num_splits, split_reason = choose_num_splits(work_units, problem.seqlen_k, num_sms, units_per_sm)

@@ -64,6 +64,11 @@ class DecodeProblem:
         """Rows of one GQA-packed tile: every query position of every q head of one KV head."""
         return self.seqlen_q * self.qhead_per_kvhead
 
+    def work_units(self, block_m: int) -> int:
+        """CTAs of one split (the plan's work units): batch rows x KV heads x blocks of
+        ``block_m`` packed rows."""
+        return self.batch * self.num_heads_kv * -(-self.packed_rows // block_m)
+
     @property
     def kv_bytes(self) -> int:
         """Bytes of K and V at full capacity (what a decode step must read at least)."""

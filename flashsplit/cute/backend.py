@@ -132,7 +132,7 @@ class CuteBackend(Backend):
             return False
         if problem.packed_rows < self.min_packed_rows:
             return False
-        units = problem.batch * problem.num_heads_kv * -(-problem.packed_rows // self.block_m(problem))
+        units = problem.work_units(self.block_m(problem))
         if units >= self.fill_units:
             return True
         splits = choose_num_splits(units, problem.seqlen_k, device_num_sms(problem.device_type),
@@ -166,7 +166,7 @@ class CuteBackend(Backend):
         if problem.paged and not (configs.ONE_PER_SM_PAGED_VERIFIED_ON_GPU and (
                 configs.paged_supported(problem.page_size, 128) or configs.subtile_paged_supported(problem.page_size, 128))):
             return False
-        units = problem.batch * problem.num_heads_kv * -(-problem.packed_rows // self.block_m(problem))
+        units = problem.work_units(self.block_m(problem))
         sms = device_num_sms(problem.device_type)
         if units > sms:
             return False
