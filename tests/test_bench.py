@@ -459,6 +459,36 @@ def test_plot_without_matplotlib_says_so(monkeypatch, tmp_path):
         render.write_plot(_sample_report(), str(tmp_path / "x.png"))
 
 
+
+def test_from_json_renders_and_merges_saved_reports(tmp_path, capsys):
+    """--from-json re-renders saved reports without a GPU: two files merge (rows, sweeps and
+    format comparisons in order, the first header, a note naming the files) into --json/--csv."""
+    first, second = _sample_report(), _sample_report()
+    second.header.device = "another GPU"
+    second.rows = [rows.BenchRow("cute", 16, 4096, 32, 8, 128, "bf16", num_splits=1, device_us=64.0, method="graph")]
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(rows.report_to_json(first))
+    b.write_text(rows.report_to_json(second))
+    out_json, out_csv = tmp_path / "ab.json", tmp_path / "ab.csv"
+    assert cli.main(["--from-json", str(a), str(b), "--json", str(out_json), "--csv", str(out_csv)]) == 0
+    merged = rows.report_from_json(out_json.read_text())
+    assert merged.rows == first.rows + second.rows
+    assert merged.sweep == first.sweep + second.sweep and merged.formats == first.formats + second.formats
+    assert merged.header.device == "NVIDIA H200" and merged.header.notes[-1].startswith("merged from 2 reports")
+    assert rows.rows_from_csv(out_csv.read_text()) == merged.rows
+    assert "64.0" in capsys.readouterr().out  # the merged table was rendered
+
+
+@pytest.mark.parametrize("content,needle", [(None, "cannot read"), ("{}", "'header' and 'rows'"),
+                                            ("[1, 2]", "'header' and 'rows'"), ("not json", "JSONDecodeError")])
+def test_from_json_rejects_what_is_not_a_report(tmp_path, capsys, content, needle):
+    path = tmp_path / "x.json"
+    if content is not None:
+        path.write_text(content)
+    assert cli.main(["--from-json", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "--from-json" in err and str(path) in err and needle in err
+
 # -- cache formats: --page-size, --kv-dtype, --compare-formats -------------------------------
 
 def test_format_options():

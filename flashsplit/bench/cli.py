@@ -34,6 +34,7 @@ examples:
   flashsplit bench --compare-formats --kv-dtype fp8e4m3 --batch 1 16 --seqlen 16k 128k
                                                     # fp8 vs bf16 speedup
   flashsplit bench --dry-run                        # no GPU needed: cells, contenders, planned splits
+  flashsplit bench --from-json a.json b.json --plot ab.png   # re-render saved runs, merged (no GPU needed)
 """
 
 FORMATS_NOTE = ("cache formats: paged caches hold every row's pages in one shuffled physical order (one int32 "
@@ -114,6 +115,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                            "heuristic's choice with the fastest")
     mode.add_argument("--dry-run", action="store_true",
                       help="list cells, contenders and planned num_splits without running anything (works without a GPU)")
+    mode.add_argument("--from-json", nargs="+", metavar="FILE",
+                      help="render saved --json reports instead of running (no GPU needed): their tables, and "
+                           "--json/--csv/--plot of them; several files merge (the first file's header)")
 
     out = parser.add_argument_group("output")
     out.add_argument("--json", metavar="FILE", help="write the report (header, rows, sweep) as JSON")
@@ -206,6 +210,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if error:
         print(f"flashsplit bench: error: {error}", file=sys.stderr)
         return 2
+    if args.from_json:
+        return _render_saved(args)
     if args.dry_run:
         from .dryrun import build_dry_run
 
@@ -338,6 +344,55 @@ def _run_on_gpu(args: argparse.Namespace) -> int:
     render_report(console, report, skipped)
     code = _write_outputs(args, report)
     return 1 if code or any(r.status == WRONG for r in report.rows) else 0
+
+
+def load_reports(paths: list[str]):
+    """One report of the saved ``--json`` reports at ``paths``: their rows, sweeps and format
+    comparisons in order, under the first file's header (a note names the files merged).
+
+    Raises ``ValueError`` naming the file that cannot be read or is not a bench report."""
+    import json
+
+    from .rows import report_from_json
+
+    reports = []
+    for path in paths:
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ValueError(f"--from-json: cannot read {path!r}: {e.strerror or e}") from None
+        try:
+            payload = json.loads(text)
+            if not isinstance(payload, dict) or not {"header", "rows"} <= payload.keys():
+                raise ValueError("expected an object with 'header' and 'rows'")
+            reports.append(report_from_json(text))
+        except (TypeError, ValueError, AttributeError, KeyError) as e:  # json.JSONDecodeError is a ValueError
+            raise ValueError(f"--from-json: {path!r} is not a flashsplit bench --json report ({type(e).__name__}: "
+                             f"{str(e)[:120]})") from None
+    merged = reports[0]
+    for other in reports[1:]:
+        merged.rows += other.rows
+        merged.sweep += other.sweep
+        merged.formats += other.formats
+    if len(paths) > 1:
+        merged.header.notes.append(f"merged from {len(paths)} reports: {', '.join(paths)}")
+    return merged
+
+
+def _render_saved(args: argparse.Namespace) -> int:
+    """``--from-json``: render saved reports and write the outputs asked for; no GPU needed."""
+    from .render import MATPLOTLIB_MISSING, matplotlib_available, render_report
+
+    if args.plot and not matplotlib_available():
+        print(MATPLOTLIB_MISSING, file=sys.stderr)
+        return 2
+    try:
+        report = load_reports(args.from_json)
+    except ValueError as e:
+        print(f"flashsplit bench: error: {e}", file=sys.stderr)
+        return 2
+    render_report(_console(), report)
+    return _write_outputs(args, report)
 
 
 def _write_outputs(args: argparse.Namespace, report) -> int:
