@@ -18,6 +18,7 @@ import flashsplit
 import flashsplit.registry
 from flashsplit import api
 from flashsplit.cute.backend import CuteBackend
+from flashsplit.plan import MAX_SPLITS
 from flashsplit.triton.backend import TritonBackend
 
 
@@ -55,8 +56,8 @@ def main(calls: int = 500) -> None:
     default_merge = TritonBackend.merge_max_splits
     default_cute_merge = CuteBackend.merge_max_splits
     for label in backends:
-        TritonBackend.merge_max_splits = 256 if label == "triton-merged" else default_merge
-        CuteBackend.merge_max_splits = 256 if label == "cute-merged" else default_cute_merge
+        TritonBackend.merge_max_splits = MAX_SPLITS if label == "triton-merged" else default_merge
+        CuteBackend.merge_max_splits = MAX_SPLITS if label == "cute-merged" else default_cute_merge
         flashsplit.registry.invalidate()
         name = label.removesuffix("-merged")
         try:

@@ -28,6 +28,13 @@ def cutlass_available() -> bool:
     return importlib.util.find_spec("cutlass") is not None
 
 
+def _planned_split(problem: DecodeProblem, units: int, units_per_sm: int) -> tuple[int, int]:
+    """(splits, keys per split) the shared plan gives ``problem``'s ``units`` work units at
+    ``units_per_sm`` CTAs per SM: what the dispatch rules below judge a tile choice by."""
+    splits = choose_num_splits(units, problem.seqlen_k, device_num_sms(problem.device_type), units_per_sm)[0]
+    return splits, tokens_per_split(problem.seqlen_k, splits)
+
+
 class CuteBackend(Backend):
     name = "cute"
     priority = 10
@@ -135,9 +142,7 @@ class CuteBackend(Backend):
         units = problem.work_units(self.block_m(problem))
         if units >= self.fill_units:
             return True
-        splits = choose_num_splits(units, problem.seqlen_k, device_num_sms(problem.device_type),
-                                   configs.split_tile(128)[2])[0]
-        return tokens_per_split(problem.seqlen_k, splits) >= self.long_split_keys
+        return _planned_split(problem, units, configs.split_tile(128)[2])[1] >= self.long_split_keys
 
     def units_per_sm(self, problem: DecodeProblem) -> int:
         if self.one_cta_per_sm(problem):
@@ -167,11 +172,9 @@ class CuteBackend(Backend):
                 configs.paged_supported(problem.page_size, 128) or configs.subtile_paged_supported(problem.page_size, 128))):
             return False
         units = problem.work_units(self.block_m(problem))
-        sms = device_num_sms(problem.device_type)
-        if units > sms:
+        if units > device_num_sms(problem.device_type):
             return False
-        splits = choose_num_splits(units, problem.seqlen_k, sms, configs.ONE_PER_SM_TILE[2])[0]
-        keys = tokens_per_split(problem.seqlen_k, splits)
+        splits, keys = _planned_split(problem, units, configs.ONE_PER_SM_TILE[2])
         least = self.one_per_sm_min_keys if splits == 1 else self.one_per_sm_min_split_keys
         return least <= keys <= self.one_per_sm_max_keys
 

@@ -34,6 +34,11 @@ class TritonTiles:
     num_stages: int
 
 
+#: Programs per SM the plan counts for the split kernel (measured on the H200, REFERENCE.md
+#: section 2: 2 beat FA3's 1); :func:`choose_tiles` keeps 3 stages while a launch fits one such wave.
+PROGRAMS_PER_SM = 2
+
+
 def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs: int = 0,
                  split_keys: int = 0, fp8_cache: bool = False, paged: bool = False,
                  num_sms: int = DEFAULT_NUM_SMS) -> TritonTiles:
@@ -45,7 +50,7 @@ def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs:
     single 128-key granule (H200 sweep, B = 1, 4k keys, 32 splits: 10.6 us with 32-key tiles vs
     11.2 with 64: four pipelined tiles instead of two); both divide the split granule, so a
     split never starts inside a tile. Stages: 3, but 2 for a single-split
-    launch of more programs than two per SM hold (``num_sms``): 2 stages leave room for a third
+    launch of more programs than ``PROGRAMS_PER_SM`` per SM hold (``num_sms``): 2 stages leave room for a third
     program per SM. H200, 32/8 heads, one split: B = 64 x 4k (512 programs) 239-245 us with 2
     stages vs 278-284 with 3; up to one wave of two per SM 3 stages hide more latency: B = 32 x
     4k (256 programs) 123.8 vs 137.5, 16k 480.9 vs 532.0, B = 16 x 4k 76 vs 109, B = 1 x 128k
@@ -61,7 +66,7 @@ def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs:
     if fp8_cache and not paged and split_keys >= 2048:
         block_n = 128
     return TritonTiles(block_m=block_m, block_n=block_n, block_d=block_d, num_warps=4,
-                       num_stages=2 if num_splits == 1 and programs > 2 * num_sms else 3)
+                       num_stages=2 if num_splits == 1 and programs > PROGRAMS_PER_SM * num_sms else 3)
 
 
 def _strides(t: torch.Tensor | None, dims: int) -> tuple[int, ...]:
@@ -110,8 +115,7 @@ class TritonBackend(Backend):
         return 0, "the fastest backend measured for this problem (H200; docs/performance.md)"
 
     def units_per_sm(self, problem: DecodeProblem) -> int:
-        # Measured on the H200 (REFERENCE.md section 2): 2 CTAs per SM beat FA3's count of 1.
-        return 2
+        return PROGRAMS_PER_SM
 
     # -- launches -------------------------------------------------------------------------------
 
