@@ -92,6 +92,32 @@ def test_fp8_cache(dtype, fp8, per_head, page_size, lengths, num_splits, generat
     check_against_reference(out, lse, q, k_ref, v_ref, seqlens, False)
 
 
+@pytest.mark.parametrize("head_dim, page_size", [(96, 0), (128, 0), (128, 16)])
+def test_fp8_cache_unmasked_tiles_with_causal_diagonal_and_tails(head_dim, page_size, generator):
+    """Triton's fp8 kernel runs the tiles wholly inside a split's visible keys without masks
+    (``TritonBackend.full_tiles_fp8``) and the rest masked: partial last tiles, a causal diagonal
+    that crosses tiles (L_q = 3), a head dim below its tile (96 of 128: columns still masked),
+    rows shorter than one tile, NaN past every row's end, and pages."""
+    from flashsplit.triton.backend import TritonBackend
+
+    assert TritonBackend.full_tiles_fp8
+    lengths = (1088, 256, 131, 3)  # 1088, 256: the causal diagonal ends a whole tile
+    case = DecodeCase(batch=4, seqlen_q=3, seqlen_k=1104, num_heads_kv=2, group=2, head_dim=head_dim,
+                      dtype=torch.float16, lengths=lengths, num_splits=3, causal=True)
+    q, k, v, seqlens = make_inputs(case, DEVICE, generator)
+    k8, k_descale = quantize_fp8(k, torch.float8_e4m3fn, True)
+    v8, v_descale = quantize_fp8(v, torch.float8_e4m3fn, True)
+    k_ref, v_ref = dequantize(k8, k_descale), dequantize(v8, v_descale)
+    extra = {}
+    if page_size:
+        k8, v8, table, k_ref8, v_ref8 = to_paged(k8, v8, list(lengths), page_size, generator, share_first_page=False)
+        k_ref, v_ref = dequantize(k_ref8, k_descale), dequantize(v_ref8, v_descale)
+        extra = dict(block_table=table)
+    out, lse = flashsplit.decode(q, k8, v8, cache_seqlens=seqlens, k_descale=k_descale, v_descale=v_descale,
+                                 causal=True, num_splits=3, return_lse=True, backend="triton", **extra)
+    check_against_reference(out, lse, q, k_ref, v_ref, seqlens, True)
+
+
 @pytest.mark.parametrize("dtype, big", [(torch.float16, 3e4), (torch.bfloat16, 1e7)])
 def test_fp8_cache_with_q_rows_of_any_magnitude(dtype, big, generator):
     """q rows far outside fp16's comfortable range (and far below it) in one tile: each row is

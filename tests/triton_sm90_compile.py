@@ -80,7 +80,8 @@ def split_variants():
     for rows, dim in itertools.product([1, 4, 20, 64], [64, 96, 128, 256]):
         tiles = choose_tiles(rows, dim)
         yield dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d, HAS_SEQLENS=True,
-                   HAS_PARTIALS=True, CAUSAL=True, FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True)
+                   HAS_PARTIALS=True, CAUSAL=True, FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True,
+                   EVEN_D=tiles.block_d == dim)
 
 
 def main() -> int:
@@ -96,6 +97,8 @@ def main() -> int:
             flags["CHUNK_TILES"], flags["CHUNK_PAGES"] = _page_chunk(page_size, flags["BLOCK_N"])
             flags["HAS_DESCALE"] = kv != dtype
             flags.setdefault("MERGE_IN_LAST_SPLIT", False)
+            flags.setdefault("EVEN_D", True)  # head dims of a power of two (the variants above: 128)
+            flags["FULL_TILES"] = flags["HAS_DESCALE"]  # fp8 caches: unmasked whole tiles (TritonBackend)
             if flags["MERGE_IN_LAST_SPLIT"]:  # 4 packed rows, 32 splits: two chunks of 16 (merge_tiles)
                 flags.update(MERGE_ROWS=4, MERGE_SPLITS=32, MERGE_CHUNK=16)
             # decode without merging: the combine follows (PDL)

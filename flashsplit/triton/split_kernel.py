@@ -54,8 +54,13 @@ def chunk_page_ids(bt_row, c0, seqlen, PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.
 def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
                 n0, end, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PAGED: tl.constexpr,
-                PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr):
+                PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr, FULL: tl.constexpr, EVEN_D: tl.constexpr):
     """Online-softmax update of (max, sum, acc) with keys [n0, n0 + BLOCK_N) of a split ending at end.
+
+    FULL: every key of the tile is below ``end`` and visible to every row (the caller's
+    ``full_limit``), so the loads and scores need no key mask; with EVEN_D (BLOCK_D == head_dim)
+    no column mask either. Masks cost a predicate select per 16-byte copy and per score, which
+    an fp8 tile (twice the keys per byte) cannot hide behind its loads.
 
     fp8 caches are converted to q's dtype in registers (exact for e4m3/e5m2 into fp16), q being
     fp16 then (:func:`q_for_fp16_dots`, with ``qk_scale_log2`` a ``[BLOCK_M, 1]`` row scale);
@@ -63,18 +68,28 @@ def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, s
     """
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_n = offs_n < end
-    mask_d = offs_d < head_dim
     k_tok, v_tok = token_offsets(offs_n, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb,
                                  stride_vn, PAGED, PAGE_SIZE, CHUNK_PAGES)
-    # Masked loads: cache slots past the row's end may hold NaN and are never read.
-    kt = tl.load(k_base + k_tok[None, :] + offs_d[:, None], mask=mask_n[None, :] & mask_d[:, None], other=0.0)
-    v = tl.load(v_base + v_tok[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    k_ptrs = k_base + k_tok[None, :] + offs_d[:, None]
+    v_ptrs = v_base + v_tok[:, None] + offs_d[None, :]
+    mask_n = offs_n < end
+    mask_d = offs_d < head_dim
+    if FULL and EVEN_D:
+        kt = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    elif FULL:
+        kt = tl.load(k_ptrs, mask=mask_d[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=mask_d[None, :], other=0.0)
+    else:
+        # Masked loads: cache slots past the row's end may hold NaN and are never read.
+        kt = tl.load(k_ptrs, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
     s = tl.dot(q, kt.to(q.dtype)) * qk_scale_log2
-    visible = mask_n[None, :]
-    if CAUSAL:
-        visible = visible & (offs_n[None, :] <= last_visible[:, None])
-    s = tl.where(visible, s, float("-inf"))
+    if not FULL:
+        visible = mask_n[None, :]
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= last_visible[:, None])
+        s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     # A row that has seen no visible key yet keeps max -inf; shift by 0 so no -inf - -inf.
     m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -87,23 +102,53 @@ def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, s
 
 @triton.jit
 def attend_range(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
-                 lo, hi, end, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
+                 lo, hi, end, full_limit, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PAGED: tl.constexpr,
-                 PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr, RUNTIME_BOUND_WHILE: tl.constexpr):
-    """:func:`attend_tile` over the tiles starting in ``[lo, hi)`` (keys past ``end`` masked)."""
+                 PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr, RUNTIME_BOUND_WHILE: tl.constexpr,
+                 FULL_TILES: tl.constexpr, EVEN_D: tl.constexpr):
+    """:func:`attend_tile` over the tiles starting in ``[lo, hi)`` (keys past ``end`` masked).
+
+    ``hi`` is ``end`` or ``lo`` plus whole tiles. With FULL_TILES, the tiles whose keys all lie
+    below ``full_limit`` (``end``, or for causal rows the first key some row cannot see) run
+    unmasked in one pipelined loop, the rest (at most one tile, or the causal diagonal) masked;
+    without, every tile is masked (one loop body: fewer registers).
+    """
+    full_hi = lo
+    if FULL_TILES:
+        full_hi = tl.minimum(hi, lo + tl.maximum(full_limit - lo, 0) // BLOCK_N * BLOCK_N)
     if RUNTIME_BOUND_WHILE:
         # The CPU interpreter cannot take a loaded length as a range() bound (triton 3.6).
         n0 = lo
         while n0 < hi:
+            if n0 < full_hi:
+                m_i, l_i, acc = attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb,
+                                            stride_kn, stride_vb, stride_vn, n0, end, last_visible, m_i, l_i, acc,
+                                            qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE,
+                                            CHUNK_PAGES, True, EVEN_D)
+            else:
+                m_i, l_i, acc = attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb,
+                                            stride_kn, stride_vb, stride_vn, n0, end, last_visible, m_i, l_i, acc,
+                                            qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE,
+                                            CHUNK_PAGES, False, EVEN_D)
+            n0 += BLOCK_N
+    elif FULL_TILES:
+        for n0 in range(lo, full_hi, BLOCK_N):
             m_i, l_i, acc = attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn,
                                         stride_vb, stride_vn, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2,
-                                        head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES)
-            n0 += BLOCK_N
+                                        head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES, True,
+                                        EVEN_D)
+        # The tail: not software-pipelined (usually one tile; its loads wait either way).
+        for n0 in tl.range(full_hi, hi, BLOCK_N, num_stages=1):
+            m_i, l_i, acc = attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn,
+                                        stride_vb, stride_vn, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2,
+                                        head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES, False,
+                                        EVEN_D)
     else:
         for n0 in range(lo, hi, BLOCK_N):
             m_i, l_i, acc = attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn,
                                         stride_vb, stride_vn, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2,
-                                        head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES)
+                                        head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES, False,
+                                        EVEN_D)
     return m_i, l_i, acc
 
 
@@ -257,6 +302,8 @@ def split_kv_kernel(
     MERGE_ROWS: tl.constexpr = 16,
     MERGE_SPLITS: tl.constexpr = 16,
     MERGE_CHUNK: tl.constexpr = 16,
+    FULL_TILES: tl.constexpr = False,
+    EVEN_D: tl.constexpr = False,
 ):
     """Attention of one split of one row's keys for one tile of packed (query, q head) rows.
 
@@ -302,6 +349,10 @@ def split_kv_kernel(
 
     # Causal, bottom-right aligned: query m is token (seqlen - L_q + m) and sees keys up to it.
     last_visible = seqlen - seqlen_q + offs_m
+    # Keys below full_limit are visible to every query of the tile: their tiles need no mask.
+    full_limit = end
+    if CAUSAL:
+        full_limit = tl.minimum(end, seqlen - seqlen_q + 1)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max, log2 domain
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -327,15 +378,15 @@ def split_kv_kernel(
             first_page, page_ids = chunk_page_ids(bt_row, c0, seqlen, PAGE_SIZE, CHUNK_PAGES)
             c1 = tl.minimum(c0 + CHUNK_TILES * BLOCK_N, end)
             m_i, l_i, acc = attend_range(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn,
-                                         stride_vb, stride_vn, c0, c1, end, last_visible, m_i, l_i, acc,
-                                         qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE,
-                                         CHUNK_PAGES, RUNTIME_BOUND_WHILE)
+                                         stride_vb, stride_vn, c0, c1, end, full_limit, last_visible, m_i, l_i,
+                                         acc, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE,
+                                         CHUNK_PAGES, RUNTIME_BOUND_WHILE, FULL_TILES, EVEN_D)
             c0 = c1
     else:
         m_i, l_i, acc = attend_range(q, k_base, v_base, 0, 0, num_pages, stride_kb, stride_kn, stride_vb,
-                                     stride_vn, start, end, end, last_visible, m_i, l_i, acc, qk_scale_log2,
-                                     head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES,
-                                     RUNTIME_BOUND_WHILE)
+                                     stride_vn, start, end, end, full_limit, last_visible, m_i, l_i, acc,
+                                     qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE,
+                                     CHUNK_PAGES, RUNTIME_BOUND_WHILE, FULL_TILES, EVEN_D)
 
     has_keys = l_i > 0.0
     lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
