@@ -18,7 +18,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from flashsplit.triton.backend import _page_chunk, choose_tiles  # noqa: E402
+from flashsplit.triton.backend import TritonBackend, _page_chunk, choose_tiles  # noqa: E402
 from flashsplit.triton.combine_kernel import combine_kernel  # noqa: E402
 from flashsplit.triton.split_kernel import split_kv_kernel  # noqa: E402
 
@@ -98,7 +98,7 @@ def main() -> int:
             flags["HAS_DESCALE"] = kv != dtype
             flags.setdefault("MERGE_IN_LAST_SPLIT", False)
             flags.setdefault("EVEN_D", True)  # head dims of a power of two (the variants above: 128)
-            flags["FULL_TILES"] = flags["HAS_DESCALE"]  # fp8 caches: unmasked whole tiles (TritonBackend)
+            flags["FULL_TILES"] = flags["HAS_DESCALE"] and TritonBackend.full_tiles_fp8  # as the launcher sets it
             if flags["MERGE_IN_LAST_SPLIT"]:  # 4 packed rows, 32 splits: two chunks of 16 (merge_tiles)
                 flags.update(MERGE_ROWS=4, MERGE_SPLITS=32, MERGE_CHUNK=16)
             # decode without merging: the combine follows (PDL)

@@ -95,10 +95,10 @@ class TritonBackend(Backend):
     #: 29-32 splits 16.4 vs 10.6 (B = 1, 4k), 133.1 vs 128.2 (128k). 0: never merge.
     merge_max_splits = 4
     #: fp8 caches: tiles wholly inside a split's visible keys load and score without masks (a
-    #: second, unmasked loop body). H200, 32/8 heads, e4m3, same-machine runs (seventh session):
-    #: B = 1 x 128k 95.2 -> 87.7 us, 16k 19.6 -> 17.8; B = 16 x 16k 182.5 -> 161.8, 128k 1400 ->
-    #: 1282. Not for 16-bit caches: there the second body cost registers and occupancy (B = 64 x
-    #: 4k, one split: 244 -> 301 us) and gained nothing measurable.
+    #: second, unmasked loop body). H200, 32/8 heads, e4m3, one run, off -> on (seventh session,
+    #: call 4): B = 1 x 128k 94.1 -> 87.3 us, 16k 19.7 -> 17.5; B = 16 x 16k 181.2 -> 162.0, 128k
+    #: 1375.5 -> 1247.8; B = 64 x 16k 801.3 -> 656.4. Not for 16-bit caches: there the second body
+    #: cost registers and occupancy (B = 64 x 4k, one split: 244 -> 301 us) and gained nothing.
     full_tiles_fp8 = True
 
     def __init__(self) -> None:
