@@ -459,7 +459,7 @@ class SplitKVDecodeKernel:
                 )
             if cutlass.const_expr(self.merge):
                 self.merge_if_last(mO, mLSE, mOut, mOutLSE, mArrivals, storage.ticket.get_tensor(cute.make_layout((4,))),
-                                   tidx, batch_idx, z_idx, row_block, seqlen_q, group, num_splits)
+                                   tidx, batch_idx, z_idx, kvh, row_block, seqlen_q, group, num_splits)
 
     def make_kv_pipeline(self, mbar_ptr):
         """Full/empty mbarriers of the K+V stages: one TMA thread produces, 4 consumer warps release."""
@@ -829,7 +829,7 @@ class SplitKVDecodeKernel:
         return cutlass.min(seqlen_q * group - row_block * self.block_m, self.block_m)
 
     @cute.jit
-    def merge_if_last(self, mO, mLSE, mOut, mOutLSE, mArrivals, sTicket, tidx, batch_idx, z_idx, row_block,
+    def merge_if_last(self, mO, mLSE, mOut, mOutLSE, mArrivals, sTicket, tidx, batch_idx, z_idx, kvh, row_block,
                       seqlen_q, group, num_splits):
         """``merge``: count this CTA's split as done on its row tile's arrival counter; the last
         of the tile's ``num_splits`` CTAs merges the partials of the tile's real rows into
@@ -854,7 +854,6 @@ class SplitKVDecodeKernel:
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             lane = tidx % 32
             rows = self.tile_rows(seqlen_q, group, row_block)
-            kvh = z_idx // ((seqlen_q * group + M - 1) // M)
             acc = cute.make_rmem_tensor((C,), Float32)
             out = cute.make_rmem_tensor((C,), self.dtype)
             for r in cutlass.range(warp, rows, self.num_consumer_threads // 32, unroll=1):
