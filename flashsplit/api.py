@@ -151,9 +151,10 @@ def decode(
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
     lse = None
+    fresh_out = out is None
     if isinstance(q, torch.Tensor) and q.dim() == 4:  # else decode_into names the problem
         batch, seqlen_q, num_heads, _ = q.shape
-        if out is None:
+        if fresh_out:
             out = torch.empty_like(q)
         if return_lse:
             lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
@@ -164,7 +165,7 @@ def decode(
                               softmax_scale, causal, num_splits, backend)
     else:
         _decode_into(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, softmax_scale,
-                     causal, num_splits, backend)
+                     causal, num_splits, backend, fresh_out)
     return (out, lse) if return_lse else out
 
 
@@ -196,10 +197,11 @@ def decode_into(
 
 
 def _decode_into(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, softmax_scale,
-                 causal, num_splits, backend) -> None:
-    """:func:`decode_into` with positional arguments (the eager hot path of :func:`decode`)."""
+                 causal, num_splits, backend, fresh_out=False) -> None:
+    """:func:`decode_into` with positional arguments (the eager hot path of :func:`decode`);
+    ``fresh_out``: ``out`` is ``torch.empty_like(q)``, made by :func:`decode`."""
     key = _signature(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale,
-                     softmax_scale, causal, num_splits, backend)
+                     softmax_scale, causal, num_splits, backend, fresh_out)
     try:
         run = _PREPARED.get(key) if key is not None else None
     except TypeError:  # an unhashable argument (a list as softmax_scale, ...): validation explains
@@ -219,6 +221,9 @@ _MAX_PREPARED = 4096
 registry.on_change(_PREPARED.clear)  # a prepared launcher embeds the backend choice
 
 
+_FRESH_OUT = "out = torch.empty_like(q)"  # the marker _signature keys a fresh output by
+
+
 def _tensor_facts(t):
     """What validation and the kernels' specialization read of an optional tensor argument:
     everything but its values and its address (beyond 16-byte alignment)."""
@@ -230,20 +235,26 @@ def _tensor_facts(t):
 
 
 def _signature(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, softmax_scale,
-               causal, num_splits, backend) -> tuple | None:
+               causal, num_splits, backend, fresh_out=False) -> tuple | None:
     """A key of one decode call's static facts (:func:`_tensor_facts` of every tensor, the
     scalars with their types), or None (then nothing is cached). It can still be unhashable (an
     unhashable scalar argument): the lookup catches that. The four tensors every call has are
-    read inline: this runs on every eager call."""
+    read inline: this runs on every eager call. A ``fresh_out`` (``torch.empty_like(q)``) is
+    keyed by a marker: its facts follow from q's (shape, dtype, device; q's strides where q is
+    dense, else contiguous ones; the allocator's alignment)."""
     try:
         if not (type(q) is type(k_cache) is type(v_cache) is type(out) is torch.Tensor):
             return None  # a subclass or a wrong type: validation explains, nothing cached
+        out_facts = _FRESH_OUT if fresh_out else (out.shape, out.stride(), out.dtype, out.device, out.data_ptr() & 15)
         return (q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15,
                 k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device, k_cache.data_ptr() & 15,
                 v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, v_cache.data_ptr() & 15,
-                out.shape, out.stride(), out.dtype, out.device, out.data_ptr() & 15,
-                _tensor_facts(lse), _tensor_facts(cache_seqlens), _tensor_facts(block_table),
-                _tensor_facts(k_descale), _tensor_facts(v_descale),
+                out_facts,
+                # (the usual None arguments skip the call)
+                lse if lse is None else _tensor_facts(lse), _tensor_facts(cache_seqlens),
+                block_table if block_table is None else _tensor_facts(block_table),
+                k_descale if k_descale is None else _tensor_facts(k_descale),
+                v_descale if v_descale is None else _tensor_facts(v_descale),
                 type(softmax_scale), softmax_scale, type(causal), causal, type(num_splits), num_splits,
                 type(backend), backend)
     except Exception:  # a sparse tensor, ...: validation explains

@@ -75,6 +75,27 @@ def test_signature_tells_apart_what_validation_and_specialization_read(generator
     assert _signature([1], k, v, out, lens) is None  # a wrong type is never cached: validation names it
 
 
+def test_fresh_output_key_follows_from_q_and_never_serves_a_misaligned_out(generator):
+    """decode() keys its own ``torch.empty_like(q)`` by a marker; a caller's ``out`` is keyed by
+    its facts, so a misaligned one never reuses a launcher prepared for a fresh output."""
+    q, k, v = _inputs(generator)
+    lens = torch.tensor([300, 7], dtype=torch.int32, device=DEVICE)
+    fresh = api._signature(q, k, v, torch.empty_like(q), None, lens, None, None, None, None, False, 0, "auto", True)
+    assert fresh == api._signature(q.clone(), k, v, torch.empty_like(q), None, lens, None, None, None, None, False, 0,
+                                   "auto", True)
+    assert fresh != _signature(q, k, v, torch.empty_like(q), lens)
+    misaligned = torch.empty(q.numel() + 1, dtype=q.dtype, device=DEVICE)[1:].view(q.shape)
+    assert _signature(q, k, v, misaligned, lens) not in (fresh, _signature(q, k, v, torch.empty_like(q), lens))
+    # q's strides are in the key, so a non-dense q (whose empty_like is contiguous) keys apart
+    q_strided = torch.randn(2, 1, 16, 32, generator=generator).to(DEVICE, q.dtype)[:, :, ::2]
+    assert torch.empty_like(q_strided).stride() != q_strided.stride()
+    assert api._signature(q_strided, k, v, torch.empty_like(q_strided), None, lens, None, None, None, None, False,
+                          0, "auto", True) != fresh
+    out = flashsplit.decode(q_strided, k, v, cache_seqlens=lens, backend="triton")
+    ref, _ = attention_ref(q_strided, k, v, lens)
+    torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
+
+
 def test_workspace_reuses_memory_on_the_cpu_only_per_call():
     ws = Workspace()
     a, b = ws.get(torch.device("cpu"), 10), ws.get(torch.device("cpu"), 10)
@@ -152,11 +173,10 @@ def test_prepared_triton_replay_passes_addresses_in_kernel_order(merge, generato
     out, lse = torch.empty_like(q), torch.empty(2, 8, 1, device=DEVICE)
     prepared = PreparedDecode(backend, 3, 0.2, False)
     calls = []
-    prepared.split = lambda ptrs: calls.append(("split", ptrs))
-    prepared.combine = lambda ptrs: calls.append(("combine", ptrs))
+    prepared.split, prepared.combine = _FakeRelaunch("split", calls), _FakeRelaunch("combine", calls)
     bases, counters = [], []
-    real_buffer, real_arrivals = backend._workspace.buffer, backend._arrivals_for
-    monkeypatch.setattr(backend._workspace, "buffer", lambda *a: bases.append(real_buffer(*a)) or bases[-1])
+    real_arrivals = backend._arrivals_for
+    _record_workspace(backend._workspace, bases, monkeypatch)
     monkeypatch.setattr(backend, "_arrivals_for", lambda q: counters.append(real_arrivals(q)) or counters[-1])
     prepared(q, k, v, lens, None, None, None, out, lse)
     op = bases[0].data_ptr()
@@ -171,6 +191,25 @@ def test_prepared_triton_replay_passes_addresses_in_kernel_order(merge, generato
         assert calls == [("split", (*addresses, None)), ("combine", (op, lp, lens.data_ptr(), out.data_ptr(),
                                                                       lse.data_ptr()))]
         assert counters == []
+
+
+class _FakeRelaunch:
+    """Stands in for a :class:`~flashsplit.triton.launch.Relaunch`: records the addresses."""
+
+    device = 0  # the current CUDA device's index (on the GPU)
+
+    def __init__(self, name, calls):
+        self.name, self.calls = name, calls
+
+    def __call__(self, pointers, stream=None):
+        self.calls.append((self.name, pointers))
+
+
+def _record_workspace(workspace, bases, monkeypatch):
+    """Append every buffer ``workspace`` hands out (through either entry point) to ``bases``."""
+    real_buffer, real_stream_buffer = workspace.buffer, workspace.stream_buffer
+    monkeypatch.setattr(workspace, "buffer", lambda *a: bases.append(real_buffer(*a)) or bases[-1])
+    monkeypatch.setattr(workspace, "stream_buffer", lambda *a: bases.append(real_stream_buffer(*a)) or bases[-1])
 
 
 class _FakeCompiled:
@@ -295,8 +334,7 @@ def test_prepared_cute_launches_with_workspace_addresses(num_splits, with_lse, m
     monkeypatch.setattr(cute_backend.CuteBackend, "_split_launch", split_launch)
     monkeypatch.setattr(cute_backend.CuteBackend, "_combine_launch", combine_launch)
     monkeypatch.setattr(cute_backend, "_run", lambda kernel, raw, library_args: launches.append((kernel, raw)))
-    real_buffer = backend._workspace.buffer
-    monkeypatch.setattr(backend._workspace, "buffer", lambda *a: bases.append(real_buffer(*a)) or bases[-1])
+    _record_workspace(backend._workspace, bases, monkeypatch)
     real_counters = backend._arrivals.get
     monkeypatch.setattr(backend._arrivals, "get", lambda *a: counters.append(real_counters(*a)) or counters[-1])
     prepared = backend.prepare(None, num_splits, 0.2, False)

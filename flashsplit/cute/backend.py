@@ -318,7 +318,12 @@ class PreparedCuteDecode:
         rows = batch * seqlen_q * num_heads
         partial_rows = splits * rows if splits > 1 else 0
         scratch_lse = lse is None
-        buffer = self.backend._workspace.buffer(q.device, partial_rows * (head_dim + 1) + rows * scratch_lse or 1)
+        numel = partial_rows * (head_dim + 1) + rows * scratch_lse or 1
+        if q.is_cuda:  # one read of the stream for the workspace and the launches
+            stream = torch._C._cuda_getCurrentRawStream(q.get_device())
+            buffer = self.backend._workspace.stream_buffer((q.get_device(), stream), numel)
+        else:
+            stream, buffer = 0, self.backend._workspace.buffer(q.device, numel)
         op = buffer.data_ptr()
         lp = op + partial_rows * head_dim * 4
         lse_ptr = lp + partial_rows * 4 if scratch_lse else lse.data_ptr()
@@ -326,7 +331,6 @@ class PreparedCuteDecode:
         if self.split is None:
             self._first_launch_setup(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse,
                                      buffer, partial_rows, rows)
-        stream = _raw_stream(q)
         # One split writes the final outputs; several write the partials, which the split
         # kernel's last CTAs (merge) or the combine merge.
         if splits == 1:

@@ -19,7 +19,7 @@ from ..registry import Backend
 from ..workspace import ARRIVALS, Workspace
 from . import interpreter_active
 from .combine_kernel import combine_kernel
-from .launch import Relaunch, launch
+from .launch import Relaunch, current_stream, launch
 from .split_kernel import LOG2E, split_kv_kernel
 
 
@@ -252,6 +252,9 @@ class PreparedDecode:
         self.merge = num_splits <= backend.merge_max_splits  # fixed per prepared launch (its compiled kernel)
         self.split: Relaunch | None = None
         self.combine: Relaunch | None = None
+        # The partials' workspace size (fp32 elements) and lse_partial's byte offset in it, set on
+        # the first replay (the call signature fixes q's shape).
+        self._partials_numel = self._lse_offset = 0
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse) -> None:
         num_splits = self.num_splits
@@ -270,18 +273,28 @@ class PreparedDecode:
         shortcut = cache_seqlens is not None
         merge = self.merge
         if self.split is not None and (merge or self.combine is not None):
-            batch, seqlen_q, num_heads, head_dim = q.shape
-            rows = num_splits * batch * seqlen_q * num_heads
             # The workspace holds out_partial then lse_partial (the layout _alloc_partials views).
-            buffer = self.backend._workspace.buffer(q.device, rows * (head_dim + 1))
+            # The stream is read once for it and both launches (a Relaunch launches on the current
+            # device's stream, as Triton does: q's device but by misuse).
+            if not self._partials_numel:
+                self._size_partials(q)
+            if q.is_cuda:
+                index = q.get_device()
+                stream = current_stream(index)
+                buffer = self.backend._workspace.stream_buffer((index, stream), self._partials_numel)
+                if index != self.split.device:
+                    stream = None
+            else:  # the interpreter never gets here (no Relaunch) but tests with fakes do
+                buffer, stream = self.backend._workspace.buffer(q.device, self._partials_numel), None
             op = buffer.data_ptr()
-            lp = op + rows * head_dim * 4
+            lp = op + self._lse_offset
             seqlens, out_ptr, lse_ptr = _address(cache_seqlens), out.data_ptr(), _address(lse)
             arrivals = self.backend._arrivals_for(q) if merge else None
             self.split((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), seqlens, _address(block_table),
-                        _address(k_descale), _address(v_descale), op, lp, out_ptr, lse_ptr, _address(arrivals)))
+                        _address(k_descale), _address(v_descale), op, lp, out_ptr, lse_ptr, _address(arrivals)),
+                       stream)
             if not merge:
-                self.combine((op, lp, seqlens, out_ptr, lse_ptr))
+                self.combine((op, lp, seqlens, out_ptr, lse_ptr), stream)
             return
         out_partial, lse_partial = self.backend._alloc_partials(q, num_splits)
         arrivals = self.backend._arrivals_for(q) if merge else None
@@ -293,6 +306,11 @@ class PreparedDecode:
             self.combine = self.backend._launch_combine(
                 out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows=shortcut,
                 seqlen_k=_capacity(k_cache, block_table), after_split=True)
+
+    def _size_partials(self, q: torch.Tensor) -> None:
+        batch, seqlen_q, num_heads, head_dim = q.shape
+        rows = self.num_splits * batch * seqlen_q * num_heads
+        self._partials_numel, self._lse_offset = rows * (head_dim + 1), rows * head_dim * 4
 
 
 @dataclass(frozen=True)

@@ -62,16 +62,25 @@ class Relaunch:
             self._launch = run.launch
             self._prefix = (run.launch_cooperative_grid, run.launch_pdl, None, None, self._packed)
 
-    def __call__(self, pointers: Sequence[int | None]) -> None:
-        args = (*pointers, *self._tail)
-        stream = current_stream(self._device)
+    @property
+    def device(self) -> int:
+        """The CUDA device index the launch was compiled and first launched on."""
+        return self._device
+
+    def __call__(self, pointers: Sequence[int | None], stream: int | None = None) -> None:
+        """Launch on ``stream`` (a raw handle of this launch's device; default: its current stream)."""
+        if stream is None:
+            stream = current_stream(self._device)
         enter, leave = _active_hooks()
-        metadata = self._compiled.launch_metadata(self._grid, stream, *args) if enter is not None else None
         gx, gy, gz = self._grid
-        if self._launch is not None:
-            self._launch(gx, gy, gz, stream, self._function, *self._prefix, metadata, enter, leave, *args)
-        else:
+        if enter is not None:  # a profiler's hooks: Triton's own path, with the launch metadata
+            args = (*pointers, *self._tail)
+            metadata = self._compiled.launch_metadata(self._grid, stream, *args)
             self._run(gx, gy, gz, stream, self._function, self._packed, metadata, enter, leave, *args)
+        elif self._launch is not None:
+            self._launch(gx, gy, gz, stream, self._function, *self._prefix, None, None, None, *pointers, *self._tail)
+        else:
+            self._run(gx, gy, gz, stream, self._function, self._packed, None, None, None, *pointers, *self._tail)
 
 
 _RUNTIME_KNOBS = triton.knobs.runtime
