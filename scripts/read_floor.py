@@ -1,0 +1,120 @@
+"""How fast can any kernel read N bytes, timed the way the bench times decode?
+
+The B = 1 targets of the benchmark issue (4k keys <= 7 us, 16k <= 17, 128k <= 120) sit close to
+what merely reading the KV cache costs once launch latency and the ramp of a short kernel count.
+This script measures that floor on the current GPU with no attention math at all:
+
+- ``empty``: a graph of back-to-back empty kernels: the per-kernel cost of a graph node;
+- ``read``: a streaming kernel that reads every byte of an N-byte buffer once (each program
+  loads one contiguous chunk with all its loads in flight, and writes one float), the best of a
+  sweep over chunk sizes and warps; input buffers rotated so nothing is served from L2, CUDA-graph
+  replay, median of replays (:mod:`flashsplit.bench.timing`, as the bench does);
+- ``read+1``: the best read followed by a one-program kernel, as a split kernel is followed by
+  its combine: the cost of a second kernel in the chain.
+
+    python scripts/read_floor.py                     # KV sizes of B = 1, 32/8 heads, d = 128, bf16
+    python scripts/read_floor.py --mb 16.8 67.1      # any sizes, in MB (1e6 bytes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from flashsplit.bench.cases import rotation_count
+from flashsplit.bench.timing import TimingConfig, time_graph
+
+#: KV bytes of B = 1, 32/8 heads, d = 128, bf16 at 4k, 16k and 128k keys (K and V).
+DEFAULT_SIZES = {f"B=1 {n // 1024}k": 2 * n * 8 * 128 * 2 for n in (4096, 16384, 131072)}
+#: (elements per program, num_warps) tried by the read sweep (bf16 elements; 16-byte loads).
+READ_CONFIGS = [(chunk, warps) for chunk in (4096, 8192, 16384, 32768) for warps in (4, 8, 16)
+                if chunk // (32 * warps) >= 8]
+
+
+@triton.jit
+def _empty_kernel(x_ptr):
+    pass
+
+
+@triton.jit
+def _read_chunk_kernel(x_ptr, out_ptr, CHUNK: tl.constexpr):
+    """Program p reads elements [p * CHUNK, (p + 1) * CHUNK) in one load (all in flight)."""
+    pid = tl.program_id(0).to(tl.int64)
+    x = tl.load(x_ptr + pid * CHUNK + tl.arange(0, CHUNK), eviction_policy="evict_first")
+    tl.store(out_ptr + pid, tl.sum(x.to(tl.float32), axis=0))
+
+
+def time_read(nbytes: int, config: TimingConfig) -> list[tuple[float, str]]:
+    """(us per call, config) of every read variant, best first, for ``nbytes`` rounded to whole chunks."""
+    sets = rotation_count(nbytes)
+    numel = nbytes // 2
+    buffers = [torch.ones(numel, dtype=torch.bfloat16, device="cuda") for _ in range(sets)]
+    results = []
+    for chunk, warps in READ_CONFIGS:
+        programs = numel // chunk
+        if programs == 0:
+            continue
+        out = torch.empty(programs, dtype=torch.float32, device="cuda")
+
+        def run(i, chunk=chunk, warps=warps, programs=programs, out=out):
+            _read_chunk_kernel[(programs,)](buffers[i], out, CHUNK=chunk, num_warps=warps)
+
+        us = time_graph(run, sets, config, calls=max(20, sets))
+        results.append((us, f"{chunk * 2 // 1024} KB per program x {programs} programs, {warps} warps"))
+    buffers.clear()
+    torch.cuda.empty_cache()
+    return sorted(results)
+
+
+def time_read_then_one(nbytes: int, chunk: int, warps: int, config: TimingConfig) -> float:
+    """us per call of the read followed by a one-program kernel (a split kernel and its combine)."""
+    sets = rotation_count(nbytes)
+    numel = nbytes // 2
+    buffers = [torch.ones(numel, dtype=torch.bfloat16, device="cuda") for _ in range(sets)]
+    programs = numel // chunk
+    out = torch.empty(programs, dtype=torch.float32, device="cuda")
+
+    def run(i):
+        _read_chunk_kernel[(programs,)](buffers[i], out, CHUNK=chunk, num_warps=warps)
+        _empty_kernel[(1,)](out)
+
+    us = time_graph(run, sets, config, calls=max(20, sets))
+    buffers.clear()
+    torch.cuda.empty_cache()
+    return us
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", nargs="+", type=float, help="sizes in MB (1e6 bytes); default: B = 1 KV sizes")
+    parser.add_argument("--replays", type=int, default=50)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("read_floor: no CUDA device; this script measures the GPU.")
+        return
+    config = TimingConfig(replays=args.replays)
+    sizes = {f"{mb:g} MB": int(mb * 1e6) for mb in args.mb} if args.mb else DEFAULT_SIZES
+    x = torch.empty(1, device="cuda")
+    empty = time_graph(lambda i: _empty_kernel[(132,)](x), 1, config, calls=20)
+    print(f"{torch.cuda.get_device_name()}: empty kernel (132 programs) per graph node {empty:.2f} us")
+    print(f"{'size':>10} {'MB':>8} {'best read us':>13} {'TB/s':>6} {'read+1 us':>10}  best read config (next two)")
+    for label, nbytes in sizes.items():
+        results = time_read(nbytes, config)
+        if not results:
+            continue
+        best_us, best_cfg = results[0]
+        chunk_kb, warps = int(best_cfg.split()[0]), int(best_cfg.split(", ")[1].split()[0])
+        plus_one = time_read_then_one(nbytes, chunk_kb * 1024 // 2, warps, config)
+        others = "; ".join(f"{us:.2f} ({cfg})" for us, cfg in results[1:3])
+        print(f"{label:>10} {nbytes / 1e6:8.1f} {best_us:13.2f} {nbytes / best_us / 1e6:6.2f} {plus_one:10.2f}  "
+              f"{best_cfg} ({others})")
+        if math.isnan(best_us):
+            print("  (no timing)")
+
+
+if __name__ == "__main__":
+    main()
