@@ -18,7 +18,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from flashsplit.triton.backend import TritonBackend, _page_chunk, choose_tiles  # noqa: E402
+from flashsplit.triton.backend import TritonBackend, _page_chunk, choose_tiles, combine_warps  # noqa: E402
 from flashsplit.triton.combine_kernel import combine_kernel  # noqa: E402
 from flashsplit.triton.split_kernel import split_kv_kernel  # noqa: E402
 
@@ -133,8 +133,15 @@ def main() -> int:
             # BLOCK_S 32: one chunk (CHUNK_S 32) or a loop over chunks (8); decode waits on the split (PDL).
             compile_variant(combine_kernel, pointers, dict(BLOCK_D=block_d, BLOCK_S=32, CHUNK_S=chunk, GRANULE=128,
                                                            SKIP_SINGLE_SPLIT_ROWS=skip, WRITE_LSE=write_lse,
-                                                           WAIT_FOR_PRIOR_GRID=skip))
+                                                           WAIT_FOR_PRIOR_GRID=skip),
+                            num_warps=combine_warps(32, block_d))
             count += 1
+            if chunk == 32:  # up to 16 splits: BLOCK_S 16, one warp where a lane holds it all
+                compile_variant(combine_kernel, pointers, dict(BLOCK_D=block_d, BLOCK_S=16, CHUNK_S=16, GRANULE=128,
+                                                               SKIP_SINGLE_SPLIT_ROWS=skip, WRITE_LSE=write_lse,
+                                                               WAIT_FOR_PRIOR_GRID=skip),
+                                num_warps=combine_warps(16, block_d))
+                count += 1
     print(f"compiled {count} Triton kernel variants for sm_90")
     return 0
 

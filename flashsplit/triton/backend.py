@@ -100,6 +100,8 @@ class TritonBackend(Backend):
     #: 1375.5 -> 1247.8; B = 64 x 16k 801.3 -> 656.4. Not for 16-bit caches: there the second body
     #: cost registers and occupancy (B = 64 x 4k, one split: 244 -> 301 us) and gained nothing.
     full_tiles_fp8 = True
+    #: Warps per combine program; 0: :func:`combine_warps`.
+    combine_num_warps = 0
 
     def __init__(self) -> None:
         self._workspace = Workspace()
@@ -193,8 +195,8 @@ class TritonBackend(Backend):
             SPLIT_GRANULE, skip_single_split_rows, lse is not None,
             pdl,  # WAIT_FOR_PRIOR_GRID
         )
-        return launch(combine_kernel, grid, tensors, tail,
-                      dict(num_warps=4 if head_dim >= 128 else 2, launch_pdl=pdl))
+        num_warps = self.combine_num_warps or combine_warps(block_s, block_d)
+        return launch(combine_kernel, grid, tensors, tail, dict(num_warps=num_warps, launch_pdl=pdl))
 
     def _arrivals_for(self, q: torch.Tensor) -> torch.Tensor:
         """Zeroed int32 counters, one per split-kernel row tile (``ArrivalCounters.for_queries``)."""
@@ -334,6 +336,23 @@ def merge_tiles(packed_rows: int, head_dim: int, num_splits: int) -> MergeTiles:
     rows = min(tiles.block_m, triton.next_power_of_2(packed_rows))
     splits = max(2, triton.next_power_of_2(num_splits))
     return MergeTiles(rows, splits, min(splits, max(1, 8192 // (rows * tiles.block_d))))
+
+
+def combine_warps(block_s: int, block_d: int) -> int:
+    """Warps per combine program: one while a lane can hold its share of every split's partial
+    (``block_s x block_d`` values, at most 64 per lane), else 4 (2 for head dims under 128).
+
+    H200, graph replay, 32/8 heads, d = 128, one run of each twice (eighth session): 8 splits
+    B = 4 x 4k 22.75 / 22.74 us with 4 warps, 21.94 / 21.88 with one; 16k 66.70 / 66.62 vs
+    65.85 / 65.86. At 32 splits (B = 1) one warp would hold 128 values a lane: 4k 10.26 / 10.63
+    with 4 warps vs 10.61 / 10.67 (16k 22.65 / 22.75 vs 22.16 / 22.14), so B = 1 keeps 4.
+
+    >>> combine_warps(16, 128), combine_warps(32, 128), combine_warps(32, 64), combine_warps(16, 256)
+    (1, 4, 1, 4)
+    """
+    if block_s * block_d <= 32 * 64:
+        return 1
+    return 4 if block_d >= 128 else 2
 
 
 def _splits_launched(num_splits: int, has_cache_seqlens: bool, capacity: int) -> int:
