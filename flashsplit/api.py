@@ -74,7 +74,8 @@ def plan(
     for name, value in (("batch", batch), ("seqlen_k", seqlen_k), ("num_heads", num_heads),
                         ("num_heads_kv", num_heads_kv), ("head_dim", head_dim), ("seqlen_q", seqlen_q)):
         if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name in ("batch", "seqlen_k") else 1):
-            raise ValueError(f"{name}: expected a {'non-negative' if name in ('batch', 'seqlen_k') else 'positive'} int, got {value!r}")
+            kind = "non-negative" if name in ("batch", "seqlen_k") else "positive"
+            raise ValueError(f"{name}: expected a {kind} int, got {value!r}")
     if num_heads % num_heads_kv != 0:
         raise ValueError(f"num_heads: expected a multiple of num_heads_kv ({num_heads_kv}), got {num_heads}")
     check_num_splits(num_splits)

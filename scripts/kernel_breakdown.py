@@ -67,8 +67,8 @@ def main() -> None:
     args = parser.parse_args()
     heads, heads_kv = (int(x) for x in args.heads.split("/"))
     for cell in args.cells:
-        b, l = cell.split("x")
-        batch, seqlen_k = int(b), parse_seqlen(l)
+        b, keys = cell.split("x")
+        batch, seqlen_k = int(b), parse_seqlen(keys)
         sets, lens = make_sets(batch, seqlen_k, heads, heads_kv, 128)
         plan = flashsplit.plan(batch, seqlen_k, heads, heads_kv, 128, dtype=torch.bfloat16, device="cuda")
         print(f"== B={batch} L_k={seqlen_k} {heads}/{heads_kv} d=128 bf16: {plan.num_splits} splits ({plan.backend})")

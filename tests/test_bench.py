@@ -429,7 +429,7 @@ def test_render_report_table():
 
 
 def test_plot_choices():
-    case_rows = [rows.BenchRow("t", b, l, 32, 8, 128, "bf16", device_us=1.0) for b in (4, 16) for l in (1024, 16384)]
+    case_rows = [rows.BenchRow("t", b, n, 32, 8, 128, "bf16", device_us=1.0) for b in (4, 16) for n in (1024, 16384)]
     case_rows.append(rows.BenchRow("t", 64, 16384, 32, 8, 128, "bf16", device_us=1.0))
     assert render.plot_choices(case_rows) == (4, 16384)
     assert render.plot_choices(case_rows, fixed_seqlen=1024) == (4, 1024)
@@ -440,8 +440,8 @@ def test_plot_writes_png(tmp_path):
     pytest.importorskip("matplotlib")
     report = _sample_report()
     report.sweep = []
-    report.rows = [rows.BenchRow(c, b, l, 32, 8, 128, "bf16", device_us=float(b * l) / 1e3)
-                   for c in ("triton", "sdpa-cudnn") for b in (1, 4) for l in (1024, 4096, 16384)]
+    report.rows = [rows.BenchRow(c, b, n, 32, 8, 128, "bf16", device_us=float(b * n) / 1e3)
+                   for c in ("triton", "sdpa-cudnn") for b in (1, 4) for n in (1024, 4096, 16384)]
     path = tmp_path / "bench.png"
     render.write_plot(report, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -47,11 +47,11 @@ def test_combine_into_out(generator):
 
 
 @pytest.mark.parametrize("mutate, exc, match", [
-    (lambda o, l: (o.half(), l), TypeError, "out_partial: expected dtype float32"),
-    (lambda o, l: (o, l[:, :, :, :2]), ValueError, "lse_partial: expected shape"),
-    (lambda o, l: (o[0], l), ValueError, "out_partial: expected 5 dims"),
-    (lambda o, l: ("x", l), TypeError, "out_partial: expected a torch.Tensor"),
-    (lambda o, l: (o.transpose(-1, -2), l.transpose(-1, -2)), ValueError, "lse_partial: expected shape|contiguous"),
+    (lambda o, lp: (o.half(), lp), TypeError, "out_partial: expected dtype float32"),
+    (lambda o, lp: (o, lp[:, :, :, :2]), ValueError, "lse_partial: expected shape"),
+    (lambda o, lp: (o[0], lp), ValueError, "out_partial: expected 5 dims"),
+    (lambda o, lp: ("x", lp), TypeError, "out_partial: expected a torch.Tensor"),
+    (lambda o, lp: (o.transpose(-1, -2), lp.transpose(-1, -2)), ValueError, "lse_partial: expected shape|contiguous"),
 ])
 def test_combine_rejects_bad_partials(mutate, exc, match, generator):
     out_p, lse_p = _partials(generator)

@@ -95,7 +95,8 @@ def test_cache_over_2_31_elements(backend, generator):
     out, lse = flashsplit.decode(q, k, v, cache_seqlens=lengths, num_splits=7, return_lse=True, backend=backend)
     # Check the short rows against the reference on the live prefix, the full row on its tail.
     short = slice(0, 4)
-    check_against_reference(out[short], lse[short], q[short], k[short, :4000], v[short, :4000], lengths[short], what="out[rows 0-3]")
+    check_against_reference(out[short], lse[short], q[short], k[short, :4000], v[short, :4000], lengths[short],
+                            what="out[rows 0-3]")
     full_ref, full_lse = attention_ref(q[4:], k[4:], v[4:])
     torch.testing.assert_close(out[4:].double(), full_ref, atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(lse[4:], full_lse, atol=1e-3, rtol=1e-3)

@@ -83,12 +83,12 @@ def measure_ceiling(probe_bytes: int = PROBE_BYTES, reps: int = 10) -> Ceiling:
         if bw > best_bw:
             best_bw, best_cfg = bw, f"BLOCK={block} TILES={tiles} warps={warps}"
         del partial
-    del x
+    x = None  # (the closures above hold the name, not the tensor: its memory is freed here)
     torch.cuda.empty_cache()
     half = probe_bytes // 2 // 4  # source and destination together span probe_bytes
     src = torch.ones(half, dtype=torch.float32, device="cuda")
     dst = torch.empty_like(src)
     copy_bw = 2 * half * 4 / (_time_ms(lambda: dst.copy_(src), reps) * 1e-3)
-    del src, dst
+    src = dst = None
     torch.cuda.empty_cache()
     return Ceiling(best_bw, best_cfg, copy_bw, probe_bytes)

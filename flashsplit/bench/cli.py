@@ -101,11 +101,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     who.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention (slow to compile)")
 
     timing = parser.add_argument_group("timing")
-    timing.add_argument("--replays", type=parse_positive_int, default=50, metavar="N", help="timed graph replays, median taken (default 50)")
+    timing.add_argument("--replays", type=parse_positive_int, default=50, metavar="N",
+                        help="timed graph replays, median taken (default 50)")
     timing.add_argument("--calls-per-graph", type=parse_positive_int, default=20, metavar="N",
                         help="calls captured per graph (at least the rotation count; default 20)")
     timing.add_argument("--warmup", type=parse_positive_int, default=5, metavar="N", help="warm-up replays (default 5)")
-    timing.add_argument("--eager-calls", type=parse_positive_int, default=50, metavar="N", help="calls per eager wall-clock sample (default 50)")
+    timing.add_argument("--eager-calls", type=parse_positive_int, default=50, metavar="N",
+                        help="calls per eager wall-clock sample (default 50)")
     timing.add_argument("--no-ceiling", action="store_true", help="skip the bandwidth-ceiling probe")
     timing.add_argument("--seed", type=int, default=0, metavar="N", help="input RNG seed (default 0)")
 

@@ -48,8 +48,8 @@ def rows_table(rows: list[BenchRow], title: str = "decode attention, per call") 
             table.add_section()
         previous = cell
         table.add_row(r.contender, str(r.batch), format_seqlen(r.seqlen_k), r.heads, str(r.head_dim), r.dtype,
-                      format_label(r.page_size, r.kv), _f(r.num_splits, "{}"), _f(r.device_us), _f(r.eager_us), r.method, _f(r.gbps, "{:.0f}"),
-                      _f(r.pct_datasheet, "{:.0f}%"), _f(r.pct_ceiling, "{:.0f}%"), _f(r.rel_err, "{:.1e}"),
+                      format_label(r.page_size, r.kv), _f(r.num_splits, "{}"), _f(r.device_us), _f(r.eager_us), r.method,
+                      _f(r.gbps, "{:.0f}"), _f(r.pct_datasheet, "{:.0f}%"), _f(r.pct_ceiling, "{:.0f}%"), _f(r.rel_err, "{:.1e}"),
                       r.note if r.status == OK else f"{r.status}: {r.note}", style=_STATUS_STYLE.get(r.status, ""))
     return table
 
@@ -62,8 +62,9 @@ def sweep_table(summaries: list[SweepSummary]) -> Table:
     for s in summaries:
         gap_style = "" if s.gap_pct is None or s.gap_pct < 5 else "yellow" if s.gap_pct < 15 else "red"
         table.add_row(s.contender, str(s.batch), format_seqlen(s.seqlen_k), f"{s.num_heads}/{s.num_heads_kv}",
-                      str(s.head_dim), format_label(s.page_size, s.kv_dtype or s.dtype), _f(s.heuristic_splits, "{}"), _f(s.heuristic_us), _f(s.best_splits, "{}"),
-                      _f(s.best_us), _f(s.gap_pct, "{:.1f}%"), s.note, style=gap_style)
+                      str(s.head_dim), format_label(s.page_size, s.kv_dtype or s.dtype), _f(s.heuristic_splits, "{}"),
+                      _f(s.heuristic_us), _f(s.best_splits, "{}"), _f(s.best_us), _f(s.gap_pct, "{:.1f}%"), s.note,
+                      style=gap_style)
     return table
 
 
@@ -160,8 +161,8 @@ def plot_choices(rows: list[BenchRow], fixed_seqlen: int | None = None) -> tuple
     batch = min(r.batch for r in ok)
     if fixed_seqlen is None:
         batches_per_len = Counter((r.seqlen_k, r.batch) for r in ok)
-        per_len = Counter(l for l, _ in batches_per_len)
-        fixed_seqlen = max(per_len, key=lambda l: (per_len[l], l))
+        per_len = Counter(length for length, _ in batches_per_len)
+        fixed_seqlen = max(per_len, key=lambda length: (per_len[length], length))
     return batch, fixed_seqlen
 
 
