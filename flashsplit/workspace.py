@@ -12,10 +12,14 @@ from __future__ import annotations
 import torch
 
 
-def _stream_key(device: torch.device) -> tuple[int, int]:
-    """(device index, raw handle of its current stream): what the per-stream caches key on."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+def stream_key(index: int) -> tuple[int, int]:
+    """(CUDA device index, raw handle of its current stream): what the per-stream caches key on,
+    and the stream the backends' prepared launches of that call go to."""
     return index, torch._C._cuda_getCurrentRawStream(index)
+
+
+def _stream_key(device: torch.device) -> tuple[int, int]:
+    return stream_key(device.index if device.index is not None else torch.cuda.current_device())
 
 
 #: ``torch.cuda.is_current_stream_capturing`` without its Python wrapper (0.34 us per call on the
@@ -40,7 +44,7 @@ class Workspace:
 
     def stream_buffer(self, key: tuple[int, int], numel: int) -> torch.Tensor:
         """:meth:`buffer` for a CUDA device whose (index, raw current stream) the caller already
-        has (:func:`_stream_key`): the eager hot path, which also launches on that stream."""
+        has (:func:`stream_key`): the eager hot path, which also launches on that stream."""
         if _capturing():
             return torch.empty(numel, dtype=torch.float32, device=torch.device("cuda", key[0]))
         buffer = self._buffers.get(key)
@@ -81,7 +85,7 @@ class ArrivalCounters:
             return torch.zeros(numel, dtype=torch.int32, device=device)
         key = _stream_key(device)
         index = key[0]
-        if torch.cuda.is_current_stream_capturing():
+        if _capturing():
             arena = self._arenas.get(index)
             if arena is not None and arena[1] + numel <= arena[0].numel():
                 arena[1] += numel

@@ -16,7 +16,7 @@ import torch
 from ..plan import choose_num_splits, device_num_sms, tokens_per_split
 from ..problem import FP8_DTYPES, DecodeProblem
 from ..registry import Backend
-from ..workspace import ARRIVALS, Workspace
+from ..workspace import ARRIVALS, Workspace, stream_key
 from . import configs
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -320,8 +320,8 @@ class PreparedCuteDecode:
         scratch_lse = lse is None
         numel = partial_rows * (head_dim + 1) + rows * scratch_lse or 1
         if q.is_cuda:  # one read of the stream for the workspace and the launches
-            stream = torch._C._cuda_getCurrentRawStream(q.get_device())
-            buffer = self.backend._workspace.stream_buffer((q.get_device(), stream), numel)
+            key = stream_key(q.get_device())
+            stream, buffer = key[1], self.backend._workspace.stream_buffer(key, numel)
         else:
             stream, buffer = 0, self.backend._workspace.buffer(q.device, numel)
         op = buffer.data_ptr()
@@ -509,7 +509,7 @@ def _run(kernel, raw: tuple, library_args) -> None:
 
 
 def _raw_stream(t: torch.Tensor) -> int:
-    return torch._C._cuda_getCurrentRawStream(t.device.index) if t.is_cuda else 0
+    return stream_key(t.get_device())[1] if t.is_cuda else 0
 
 
 def _stream():

@@ -16,10 +16,10 @@ import triton
 from ..plan import DEFAULT_NUM_SMS, SPLIT_GRANULE, cdiv, device_num_sms, splits_used, tokens_per_split
 from ..problem import DecodeProblem
 from ..registry import Backend
-from ..workspace import ARRIVALS, Workspace
+from ..workspace import ARRIVALS, Workspace, stream_key
 from . import interpreter_active
 from .combine_kernel import combine_kernel
-from .launch import Relaunch, current_stream, launch
+from .launch import Relaunch, launch
 from .split_kernel import LOG2E, split_kv_kernel
 
 
@@ -206,8 +206,7 @@ class TritonBackend(Backend):
         """``out_partial`` ``[S, B, L_q, H, D]`` and ``lse_partial`` ``[S, B, H, L_q]``, fp32, both
         contiguous views of one buffer: with ``scratch``, the stream's reusable workspace."""
         batch, seqlen_q, num_heads, head_dim = q.shape
-        rows = num_splits * batch * seqlen_q * num_heads
-        numel = rows * (head_dim + 1)
+        rows, numel = _partials_size(q, num_splits)
         buffer = self._workspace.get(q.device, numel) if scratch else torch.empty(numel, dtype=torch.float32,
                                                                                    device=q.device)
         out_partial = buffer[: rows * head_dim].view(num_splits, batch, seqlen_q, num_heads, head_dim)
@@ -281,11 +280,9 @@ class PreparedDecode:
             if not self._partials_numel:
                 self._size_partials(q)
             if q.is_cuda:
-                index = q.get_device()
-                stream = current_stream(index)
-                buffer = self.backend._workspace.stream_buffer((index, stream), self._partials_numel)
-                if index != self.split.device:
-                    stream = None
+                key = stream_key(q.get_device())
+                buffer = self.backend._workspace.stream_buffer(key, self._partials_numel)
+                stream = key[1] if key[0] == self.split.device else None
             else:  # the interpreter never gets here (no Relaunch) but tests with fakes do
                 buffer, stream = self.backend._workspace.buffer(q.device, self._partials_numel), None
             op = buffer.data_ptr()
@@ -310,9 +307,8 @@ class PreparedDecode:
                 seqlen_k=_capacity(k_cache, block_table), after_split=True)
 
     def _size_partials(self, q: torch.Tensor) -> None:
-        batch, seqlen_q, num_heads, head_dim = q.shape
-        rows = self.num_splits * batch * seqlen_q * num_heads
-        self._partials_numel, self._lse_offset = rows * (head_dim + 1), rows * head_dim * 4
+        rows, self._partials_numel = _partials_size(q, self.num_splits)
+        self._lse_offset = rows * q.shape[3] * 4
 
 
 @dataclass(frozen=True)
@@ -336,6 +332,14 @@ def merge_tiles(packed_rows: int, head_dim: int, num_splits: int) -> MergeTiles:
     rows = min(tiles.block_m, triton.next_power_of_2(packed_rows))
     splits = max(2, triton.next_power_of_2(num_splits))
     return MergeTiles(rows, splits, min(splits, max(1, 8192 // (rows * tiles.block_d))))
+
+
+def _partials_size(q: torch.Tensor, num_splits: int) -> tuple[int, int]:
+    """(rows, fp32 elements) of one launch's partials for ``q`` ``[B, L_q, H, D]``: the
+    ``S x B x L_q x H`` output rows of ``D`` values, then one LSE per row, in one buffer."""
+    batch, seqlen_q, num_heads, head_dim = q.shape
+    rows = num_splits * batch * seqlen_q * num_heads
+    return rows, rows * (head_dim + 1)
 
 
 def combine_warps(block_s: int, block_d: int) -> int:
