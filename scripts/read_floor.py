@@ -19,7 +19,6 @@ This script measures that floor on the current GPU with no attention math at all
 from __future__ import annotations
 
 import argparse
-import math
 
 import torch
 import triton
@@ -48,44 +47,24 @@ def _read_chunk_kernel(x_ptr, out_ptr, CHUNK: tl.constexpr):
     tl.store(out_ptr + pid, tl.sum(x.to(tl.float32), axis=0))
 
 
-def time_read(nbytes: int, config: TimingConfig) -> list[tuple[float, str]]:
-    """(us per call, config) of every read variant, best first, for ``nbytes`` rounded to whole chunks."""
-    sets = rotation_count(nbytes)
-    numel = nbytes // 2
-    buffers = [torch.ones(numel, dtype=torch.bfloat16, device="cuda") for _ in range(sets)]
-    results = []
-    for chunk, warps in READ_CONFIGS:
-        programs = numel // chunk
-        if programs == 0:
-            continue
-        out = torch.empty(programs, dtype=torch.float32, device="cuda")
-
-        def run(i, chunk=chunk, warps=warps, programs=programs, out=out):
-            _read_chunk_kernel[(programs,)](buffers[i], out, CHUNK=chunk, num_warps=warps)
-
-        us = time_graph(run, sets, config, calls=max(20, sets))
-        results.append((us, f"{chunk * 2 // 1024} KB per program x {programs} programs, {warps} warps"))
-    buffers.clear()
-    torch.cuda.empty_cache()
-    return sorted(results)
-
-
-def time_read_then_one(nbytes: int, chunk: int, warps: int, config: TimingConfig) -> float:
-    """us per call of the read followed by a one-program kernel (a split kernel and its combine)."""
-    sets = rotation_count(nbytes)
-    numel = nbytes // 2
-    buffers = [torch.ones(numel, dtype=torch.bfloat16, device="cuda") for _ in range(sets)]
-    programs = numel // chunk
+def time_read(buffers: list[torch.Tensor], chunk: int, warps: int, config: TimingConfig,
+              then_one: bool = False) -> float:
+    """us per call of reading one of ``buffers`` (bf16, rotated call by call) with programs of
+    ``chunk`` elements; ``then_one``: each read followed by a one-program kernel, as a split kernel
+    is by its combine."""
+    programs = buffers[0].numel() // chunk
     out = torch.empty(programs, dtype=torch.float32, device="cuda")
 
     def run(i):
         _read_chunk_kernel[(programs,)](buffers[i], out, CHUNK=chunk, num_warps=warps)
-        _empty_kernel[(1,)](out)
+        if then_one:
+            _empty_kernel[(1,)](out)
 
-    us = time_graph(run, sets, config, calls=max(20, sets))
-    buffers.clear()
-    torch.cuda.empty_cache()
-    return us
+    return time_graph(run, len(buffers), config, calls=max(20, len(buffers)))
+
+
+def describe(chunk: int, warps: int, numel: int) -> str:
+    return f"{chunk * 2 // 1024} KB per program x {numel // chunk} programs, {warps} warps"
 
 
 def main() -> None:
@@ -103,17 +82,18 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: empty kernel (132 programs) per graph node {empty:.2f} us")
     print(f"{'size':>10} {'MB':>8} {'best read us':>13} {'TB/s':>6} {'read+1 us':>10}  best read config (next two)")
     for label, nbytes in sizes.items():
-        results = time_read(nbytes, config)
-        if not results:
-            continue
-        best_us, best_cfg = results[0]
-        chunk_kb, warps = int(best_cfg.split()[0]), int(best_cfg.split(", ")[1].split()[0])
-        plus_one = time_read_then_one(nbytes, chunk_kb * 1024 // 2, warps, config)
-        others = "; ".join(f"{us:.2f} ({cfg})" for us, cfg in results[1:3])
-        print(f"{label:>10} {nbytes / 1e6:8.1f} {best_us:13.2f} {nbytes / best_us / 1e6:6.2f} {plus_one:10.2f}  "
-              f"{best_cfg} ({others})")
-        if math.isnan(best_us):
-            print("  (no timing)")
+        numel = nbytes // 2  # bf16; rounded down to whole chunks by each variant
+        buffers = [torch.ones(numel, dtype=torch.bfloat16, device="cuda") for _ in range(rotation_count(nbytes))]
+        results = sorted((time_read(buffers, chunk, warps, config), chunk, warps)
+                         for chunk, warps in READ_CONFIGS if numel >= chunk)
+        if results:
+            best_us, chunk, warps = results[0]
+            plus_one = time_read(buffers, chunk, warps, config, then_one=True)
+            others = "; ".join(f"{us:.2f} ({describe(c, w, numel)})" for us, c, w in results[1:3])
+            print(f"{label:>10} {nbytes / 1e6:8.1f} {best_us:13.2f} {nbytes / best_us / 1e6:6.2f} {plus_one:10.2f}  "
+                  f"{describe(chunk, warps, numel)} ({others})")
+        buffers.clear()
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
