@@ -118,6 +118,34 @@ def test_fp8_cache_unmasked_tiles_with_causal_diagonal_and_tails(head_dim, page_
     check_against_reference(out, lse, q, k_ref, v_ref, seqlens, True)
 
 
+@pytest.mark.parametrize("layout, pairs", [("contiguous", True), ("odd address", False), ("odd strides", False)])
+def test_fp8_v_read_as_pairs_where_it_can_be(layout, pairs, generator):
+    """Triton reads an fp8 V cache as int16 pairs of adjacent columns when its address and strides
+    allow (16-byte aligned, even strides), and byte by byte otherwise; both agree with the
+    reference. On the CPU the pairs are split by integer casts, on a GPU by PTX ``cvt``."""
+    from flashsplit.triton.backend import TritonBackend, _v_pairs
+
+    assert TritonBackend.fp8_v_pairs
+    lengths = (300, 131, 64)
+    case = DecodeCase(batch=3, seqlen_q=1, seqlen_k=304, num_heads_kv=2, group=4, head_dim=64,
+                      dtype=torch.float16, lengths=lengths, num_splits=2)
+    q, k, v, seqlens = make_inputs(case, DEVICE, generator)
+    k8, k_descale = quantize_fp8(k, torch.float8_e5m2, True)
+    v8, v_descale = quantize_fp8(v, torch.float8_e5m2, True)
+    if layout == "odd address":  # the same values one byte into a wider buffer
+        wide = torch.empty(*v8.shape[:3], 65, dtype=torch.uint8, device=DEVICE)
+        wide[..., 1:] = v8.view(torch.uint8)
+        v8 = wide.view(torch.float8_e5m2)[..., 1:]
+    elif layout == "odd strides":  # heads 65 bytes apart
+        wide = torch.empty(*v8.shape[:3], 65, dtype=torch.float8_e5m2, device=DEVICE)
+        wide[..., :64] = v8
+        v8 = wide[..., :64]
+    assert _v_pairs(v8) is pairs
+    out, lse = flashsplit.decode(q, k8, v8, cache_seqlens=seqlens, k_descale=k_descale, v_descale=v_descale,
+                                 num_splits=2, return_lse=True, backend="triton")
+    check_against_reference(out, lse, q, dequantize(k8, k_descale), dequantize(v8, v_descale), seqlens, False)
+
+
 @pytest.mark.parametrize("dtype, big", [(torch.float16, 3e4), (torch.bfloat16, 1e7)])
 def test_fp8_cache_with_q_rows_of_any_magnitude(dtype, big, generator):
     """q rows far outside fp16's comfortable range (and far below it) in one tile: each row is

@@ -71,6 +71,14 @@ def split_variants():
     yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,  # fp8,
                FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, KV="fp8e4nv",  # merged in the
                MERGE_IN_LAST_SPLIT=True)  # last split
+    for kv in ("fp8e4nv", "fp8e5"):  # fp8 pairs converted by integer ops (GPUs before sm_89), causal rows
+        yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=True,
+                   FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, KV=kv, PAIRS_PTX=False)
+    for dim in (64, 96, 256):  # fp8 at other head dims (96: column masks on the pairs)
+        tiles = choose_tiles(4, dim, fp8_cache=True)
+        yield dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d, HAS_SEQLENS=True,
+                   HAS_PARTIALS=True, CAUSAL=False, FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True,
+                   KV="fp8e4nv", EVEN_D=tiles.block_d == dim)
     for page_size in (1, 48, 128):  # page sizes are constexprs (16 above)
         yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,
                    FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=True, PAGE=page_size)
@@ -99,11 +107,17 @@ def main() -> int:
             flags.setdefault("MERGE_IN_LAST_SPLIT", False)
             flags.setdefault("EVEN_D", True)  # head dims of a power of two (the variants above: 128)
             flags["FULL_TILES"] = flags["HAS_DESCALE"] and TritonBackend.full_tiles_fp8  # as the launcher sets it
+            # fp8 V read as int16 pairs, converted by PTX cvt on sm_90 (the launcher's choice there);
+            # PAIRS_PTX=False (the integer path of older GPUs) where a variant asks for it.
+            flags["V_PAIRS"] = flags["HAS_DESCALE"] and TritonBackend.fp8_v_pairs
+            flags["V_E5M2"] = kv == "fp8e5"
+            flags["PAIRS_PTX"] = flags["V_PAIRS"] and flags.pop("PAIRS_PTX", True)
             if flags["MERGE_IN_LAST_SPLIT"]:  # 4 packed rows, 32 splits: two chunks of 16 (merge_tiles)
                 flags.update(MERGE_ROWS=4, MERGE_SPLITS=32, MERGE_CHUNK=16)
             # decode without merging: the combine follows (PDL)
             flags["LAUNCH_DEPENDENTS"] = flags["HAS_PARTIALS"] and has_out and not flags["MERGE_IN_LAST_SPLIT"]
-            pointers = {"Q": f"*{dtype}", "K": f"*{kv}", "V": f"*{kv}", "OUT": f"*{dtype}" if has_out else None,
+            pointers = {"Q": f"*{dtype}", "K": f"*{kv}", "V": "*i16" if flags["V_PAIRS"] else f"*{kv}",
+                        "OUT": f"*{dtype}" if has_out else None,
                         "BLOCK_TABLE": "*i32" if flags["PAGED"] else None,
                         "K_DESCALE": "*fp32" if flags["HAS_DESCALE"] else None,
                         "V_DESCALE": "*fp32" if flags["HAS_DESCALE"] else None,
@@ -120,6 +134,11 @@ def main() -> int:
                 # The last split's merge: a gpu-scope acq_rel count, partials read through L2.
                 assert re.search(r"atom\.global\.gpu\.acq_rel\.add", ptx), f"no arrival count: {flags}"
                 assert "ld.global.cg" in ptx, f"merge reads partials through L1: {flags}"
+            if flags["PAIRS_PTX"]:
+                # V's tile: 16-bit elements through a transposing ldmatrix, one cvt per pair, no byte gathers.
+                assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx, f"V not via ldmatrix.trans: {flags}"
+                assert f"cvt.rn.f16x2.{'e5m2' if flags['V_E5M2'] else 'e4m3'}x2" in ptx, f"no pair cvt: {flags}"
+                assert "ld.shared.b8" not in ptx, f"fp8 bytes gathered from shared memory: {flags}"
             if flags["BLOCK_N"] == 64 and flags["HAS_PARTIALS"] and has_out and kv == dtype:
                 # K/V tiles stream through a 3-stage cp.async pipeline, two tiles in flight, in the
                 # dense and the paged kernel alike (paged used to wait for every tile: wait_group 0).

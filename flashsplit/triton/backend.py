@@ -100,6 +100,9 @@ class TritonBackend(Backend):
     #: 1375.5 -> 1247.8; B = 64 x 16k 801.3 -> 656.4. Not for 16-bit caches: there the second body
     #: cost registers and occupancy (B = 64 x 4k, one split: 244 -> 301 us) and gained nothing.
     full_tiles_fp8 = True
+    #: fp8 V caches read as int16 pairs of adjacent columns (:func:`_v_pairs`): 16-byte copies and
+    #: a transposing ``ldmatrix`` instead of a byte-wise gather of V's fp8 tile before ``P @ V``.
+    fp8_v_pairs = True
     #: Warps per combine program; 0: :func:`combine_warps`.
     combine_num_warps = 0
 
@@ -143,10 +146,12 @@ class TritonBackend(Backend):
                              tokens_per_split(seqlen_k, num_splits), k_descale is not None,
                              block_table is not None, device_num_sms(q.device.type, q.device.index))
         grid = (num_splits, batch, num_heads_kv * row_blocks)
-        tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale,
+        v_pairs = self.fp8_v_pairs and v_cache.dtype in _FP8 and _v_pairs(v_cache)
+        v_arg = v_cache.view(torch.int16) if v_pairs else v_cache  # the same address: replays pass v_cache's
+        tensors = (q, k_cache, v_arg, cache_seqlens, block_table, k_descale, v_descale,
                    out_partial, lse_partial, out, lse, arrivals)
         tail = (
-            *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
+            *q.stride()[:3], *k_cache.stride()[:3], *v_arg.stride()[:3],
             *_strides(out_partial, 4), *_strides(lse_partial, 3),
             *_strides(out, 3), *_strides(lse, 2),
             *_strides(block_table, 1), *_descale_strides(k_descale), *_descale_strides(v_descale),
@@ -171,6 +176,9 @@ class TritonBackend(Backend):
             *dataclasses.astuple(merge_tiles(seqlen_q * group, head_dim, num_splits)),  # MERGE_ROWS/_SPLITS/_CHUNK
             k_descale is not None and self.full_tiles_fp8,  # FULL_TILES
             tiles.block_d == head_dim,  # EVEN_D
+            v_pairs,  # V_PAIRS
+            v_cache.dtype == torch.float8_e5m2,  # V_E5M2
+            v_pairs and _pairs_ptx(v_cache),  # PAIRS_PTX
         )
         return launch(split_kv_kernel, grid, tensors, tail,
                       dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages))
@@ -384,6 +392,22 @@ def _page_chunk(page_size: int, block_n: int) -> tuple[int, int]:
     keys = 2048 if page_size >= 8 else 512
     tiles = max(1, keys // block_n)
     return tiles, triton.next_power_of_2(cdiv(tiles * block_n, page_size) + 1)
+
+
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _v_pairs(v_cache: torch.Tensor) -> bool:
+    """Whether an fp8 V cache can be read as int16 pairs of adjacent head-dim columns: an even
+    head dim, columns contiguous, even strides, and 16-byte aligned (the prepared-call key
+    records that alignment, so every replay of the launch meets it too)."""
+    return (v_cache.shape[-1] % 2 == 0 and v_cache.stride(-1) == 1
+            and all(s % 2 == 0 for s in v_cache.stride()[:-1]) and v_cache.data_ptr() % 16 == 0)
+
+
+def _pairs_ptx(t: torch.Tensor) -> bool:
+    """fp8 pairs converted by PTX ``cvt.rn.f16x2.e4m3x2``/``e5m2x2`` (sm_89+), not the interpreter."""
+    return t.device.type == "cuda" and not interpreter_active() and _capability(t.device.index) >= (8, 9)
 
 
 def _pdl(t: torch.Tensor) -> bool:

@@ -51,10 +51,41 @@ def chunk_page_ids(bt_row, c0, seqlen, PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.
 
 
 @triton.jit
+def fp8_pairs_to_fp16(v16, E5M2: tl.constexpr, PTX: tl.constexpr):
+    """int16 ``[N, D/2]`` holding pairs of fp8 values of adjacent head-dim columns (an fp8 cache
+    read as int16) -> their fp16 values ``(even columns, odd columns)``, exact.
+
+    Why pairs: ``P @ V`` takes V as the transposed (key-major) operand, and fp8 has no
+    transposing shared-memory load, so Triton gathers an fp8 V tile byte by byte (``ld.shared.b8``,
+    8-byte copies into shared memory). As 16-bit elements, V gets 16-byte copies and
+    ``ldmatrix.trans``; one ``cvt.rn.f16x2`` per pair then yields both columns (PTX; sm_89+).
+    sm_90 SASS per 128-key fp8 tile: 603 instructions vs 784. The integer path (the CPU
+    interpreter, older GPUs) computes the same values with Triton casts.
+    """
+    if PTX:
+        if E5M2:
+            return tl.inline_asm_elementwise("{ .reg .b32 t; cvt.rn.f16x2.e5m2x2 t, $2; mov.b32 {$0, $1}, t; }",
+                                             "=h,=h,h", [v16], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+        else:
+            return tl.inline_asm_elementwise("{ .reg .b32 t; cvt.rn.f16x2.e4m3x2 t, $2; mov.b32 {$0, $1}, t; }",
+                                             "=h,=h,h", [v16], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+    else:
+        u = v16.to(tl.uint16, bitcast=True)
+        lo = u.to(tl.uint8)  # the lower address: the even column (little endian)
+        hi = (u >> 8).to(tl.uint8)
+        if E5M2:
+            return lo.to(tl.float8e5, bitcast=True).to(tl.float16), hi.to(tl.float8e5, bitcast=True).to(tl.float16)
+        else:
+            return (lo.to(tl.float8e4nv, bitcast=True).to(tl.float16),
+                    hi.to(tl.float8e4nv, bitcast=True).to(tl.float16))
+
+
+@triton.jit
 def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
-                n0, end, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
+                n0, end, last_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, head_dim,
                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PAGED: tl.constexpr,
-                PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr, FULL: tl.constexpr, EVEN_D: tl.constexpr):
+                PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr, FULL: tl.constexpr, EVEN_D: tl.constexpr,
+                V_PAIRS: tl.constexpr, V_E5M2: tl.constexpr, PAIRS_PTX: tl.constexpr):
     """Online-softmax update of (max, sum, acc) with keys [n0, n0 + BLOCK_N) of a split ending at end.
 
     FULL: every key of the tile is below ``end`` and visible to every row (the caller's
@@ -65,25 +96,35 @@ def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, s
     fp8 caches are converted to q's dtype in registers (exact for e4m3/e5m2 into fp16), q being
     fp16 then (:func:`q_for_fp16_dots`, with ``qk_scale_log2`` a ``[BLOCK_M, 1]`` row scale);
     their scales are folded into ``qk_scale_log2`` (K) and applied to the output (V).
+
+    V_PAIRS: ``v_base`` is the fp8 V cache read as int16 (strides in int16 elements); ``acc``
+    and ``acc_odd`` ``[BLOCK_M, BLOCK_D / 2]`` hold the even and odd output columns
+    (:func:`fp8_pairs_to_fp16`). Otherwise ``acc`` is ``[BLOCK_M, BLOCK_D]`` and ``acc_odd`` unused.
     """
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     k_tok, v_tok = token_offsets(offs_n, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb,
                                  stride_vn, PAGED, PAGE_SIZE, CHUNK_PAGES)
     k_ptrs = k_base + k_tok[None, :] + offs_d[:, None]
-    v_ptrs = v_base + v_tok[:, None] + offs_d[None, :]
     mask_n = offs_n < end
     mask_d = offs_d < head_dim
+    if V_PAIRS:
+        offs_v = tl.arange(0, BLOCK_D // 2)  # pairs of columns (2j, 2j + 1); head_dim is even
+        mask_v = offs_v * 2 < head_dim
+    else:
+        offs_v = offs_d
+        mask_v = mask_d
+    v_ptrs = v_base + v_tok[:, None] + offs_v[None, :]
     if FULL and EVEN_D:
         kt = tl.load(k_ptrs)
         v = tl.load(v_ptrs)
     elif FULL:
         kt = tl.load(k_ptrs, mask=mask_d[:, None], other=0.0)
-        v = tl.load(v_ptrs, mask=mask_d[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=mask_v[None, :], other=0.0)
     else:
         # Masked loads: cache slots past the row's end may hold NaN and are never read.
         kt = tl.load(k_ptrs, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
-        v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_v[None, :], other=0.0)
     s = tl.dot(q, kt.to(q.dtype)) * qk_scale_log2
     if not FULL:
         visible = mask_n[None, :]
@@ -96,16 +137,23 @@ def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, s
     alpha = tl.exp2(m_i - m_shift)
     p = tl.exp2(s - m_shift[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
-    return m_new, l_i, acc
+    if V_PAIRS:
+        v_even, v_odd = fp8_pairs_to_fp16(v, V_E5M2, PAIRS_PTX)
+        p16 = p.to(tl.float16)
+        acc = acc * alpha[:, None] + tl.dot(p16, v_even)
+        acc_odd = acc_odd * alpha[:, None] + tl.dot(p16, v_odd)
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+    return m_new, l_i, acc, acc_odd
 
 
 @triton.jit
 def attend_range(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
-                 lo, hi, end, full_limit, last_visible, m_i, l_i, acc, qk_scale_log2, head_dim,
+                 lo, hi, end, full_limit, last_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, head_dim,
                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PAGED: tl.constexpr,
                  PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr, RUNTIME_BOUND_WHILE: tl.constexpr,
-                 FULL_TILES: tl.constexpr, EVEN_D: tl.constexpr):
+                 FULL_TILES: tl.constexpr, EVEN_D: tl.constexpr, V_PAIRS: tl.constexpr, V_E5M2: tl.constexpr,
+                 PAIRS_PTX: tl.constexpr):
     """:func:`attend_tile` over the tiles starting in ``[lo, hi)`` (keys past ``end`` masked).
 
     ``hi`` is ``end`` or ``lo`` plus whole tiles. With FULL_TILES, the tiles whose keys all lie
@@ -121,35 +169,35 @@ def attend_range(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, 
         n0 = lo
         while n0 < hi:
             if n0 < full_hi:
-                m_i, l_i, acc = attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb,
-                                            stride_kn, stride_vb, stride_vn, n0, end, last_visible, m_i, l_i, acc,
-                                            qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE,
-                                            CHUNK_PAGES, True, EVEN_D)
+                m_i, l_i, acc, acc_odd = attend_tile(
+                    q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, n0, end,
+                    last_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED,
+                    PAGE_SIZE, CHUNK_PAGES, True, EVEN_D, V_PAIRS, V_E5M2, PAIRS_PTX)
             else:
-                m_i, l_i, acc = attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb,
-                                            stride_kn, stride_vb, stride_vn, n0, end, last_visible, m_i, l_i, acc,
-                                            qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE,
-                                            CHUNK_PAGES, False, EVEN_D)
+                m_i, l_i, acc, acc_odd = attend_tile(
+                    q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, n0, end,
+                    last_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED,
+                    PAGE_SIZE, CHUNK_PAGES, False, EVEN_D, V_PAIRS, V_E5M2, PAIRS_PTX)
             n0 += BLOCK_N
     elif FULL_TILES:
         for n0 in range(lo, full_hi, BLOCK_N):
-            m_i, l_i, acc = attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn,
-                                        stride_vb, stride_vn, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2,
-                                        head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES, True,
-                                        EVEN_D)
+            m_i, l_i, acc, acc_odd = attend_tile(
+                q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, n0, end,
+                last_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED,
+                PAGE_SIZE, CHUNK_PAGES, True, EVEN_D, V_PAIRS, V_E5M2, PAIRS_PTX)
         # The tail: not software-pipelined (usually one tile; its loads wait either way).
         for n0 in tl.range(full_hi, hi, BLOCK_N, num_stages=1):
-            m_i, l_i, acc = attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn,
-                                        stride_vb, stride_vn, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2,
-                                        head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES, False,
-                                        EVEN_D)
+            m_i, l_i, acc, acc_odd = attend_tile(
+                q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, n0, end,
+                last_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED,
+                PAGE_SIZE, CHUNK_PAGES, False, EVEN_D, V_PAIRS, V_E5M2, PAIRS_PTX)
     else:
         for n0 in range(lo, hi, BLOCK_N):
-            m_i, l_i, acc = attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn,
-                                        stride_vb, stride_vn, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2,
-                                        head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES, False,
-                                        EVEN_D)
-    return m_i, l_i, acc
+            m_i, l_i, acc, acc_odd = attend_tile(
+                q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, n0, end,
+                last_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED,
+                PAGE_SIZE, CHUNK_PAGES, False, EVEN_D, V_PAIRS, V_E5M2, PAIRS_PTX)
+    return m_i, l_i, acc, acc_odd
 
 
 @triton.jit
@@ -304,6 +352,9 @@ def split_kv_kernel(
     MERGE_CHUNK: tl.constexpr = 16,
     FULL_TILES: tl.constexpr = False,
     EVEN_D: tl.constexpr = False,
+    V_PAIRS: tl.constexpr = False,
+    V_E5M2: tl.constexpr = False,
+    PAIRS_PTX: tl.constexpr = False,
 ):
     """Attention of one split of one row's keys for one tile of packed (query, q head) rows.
 
@@ -316,6 +367,9 @@ def split_kv_kernel(
     ``ARRIVALS[b, kv head x row block]`` (int32, zero between launches) once its partial is
     written, and the last of the row's ``num_splits`` programs merges all of them
     (:func:`merge_splits`), writes ``OUT``/``LSE`` and sets the count back to zero.
+
+    With V_PAIRS, ``V`` is an fp8 cache viewed as int16 (V_E5M2: its format), strides in int16
+    elements (:func:`fp8_pairs_to_fp16`; PAIRS_PTX: convert with PTX ``cvt``).
     """
     if LAUNCH_DEPENDENTS:
         # Programmatic dependent launch (sm_90+): once every program has started, the combine
@@ -356,7 +410,12 @@ def split_kv_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max, log2 domain
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if V_PAIRS:  # even and odd output columns
+        acc = tl.zeros([BLOCK_M, BLOCK_D // 2], tl.float32)
+        acc_odd = tl.zeros([BLOCK_M, BLOCK_D // 2], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        acc_odd = tl.zeros([1], tl.float32)  # unused
     if PAGED:  # dim 0 of the cache is the page, found per key through the row's page table
         k_base = K + kvh * stride_kh
         v_base = V + kvh * stride_vh
@@ -377,16 +436,20 @@ def split_kv_kernel(
         while c0 < end:
             first_page, page_ids = chunk_page_ids(bt_row, c0, seqlen, PAGE_SIZE, CHUNK_PAGES)
             c1 = tl.minimum(c0 + CHUNK_TILES * BLOCK_N, end)
-            m_i, l_i, acc = attend_range(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn,
-                                         stride_vb, stride_vn, c0, c1, end, full_limit, last_visible, m_i, l_i,
-                                         acc, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE,
-                                         CHUNK_PAGES, RUNTIME_BOUND_WHILE, FULL_TILES, EVEN_D)
+            m_i, l_i, acc, acc_odd = attend_range(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb,
+                                                  stride_kn, stride_vb, stride_vn, c0, c1, end, full_limit,
+                                                  last_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, head_dim,
+                                                  BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES,
+                                                  RUNTIME_BOUND_WHILE, FULL_TILES, EVEN_D, V_PAIRS, V_E5M2, PAIRS_PTX)
             c0 = c1
     else:
-        m_i, l_i, acc = attend_range(q, k_base, v_base, 0, 0, num_pages, stride_kb, stride_kn, stride_vb,
-                                     stride_vn, start, end, end, full_limit, last_visible, m_i, l_i, acc,
-                                     qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE,
-                                     CHUNK_PAGES, RUNTIME_BOUND_WHILE, FULL_TILES, EVEN_D)
+        m_i, l_i, acc, acc_odd = attend_range(q, k_base, v_base, 0, 0, num_pages, stride_kb, stride_kn, stride_vb,
+                                              stride_vn, start, end, end, full_limit, last_visible, m_i, l_i, acc,
+                                              acc_odd, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED,
+                                              PAGE_SIZE, CHUNK_PAGES, RUNTIME_BOUND_WHILE, FULL_TILES, EVEN_D,
+                                              V_PAIRS, V_E5M2, PAIRS_PTX)
+    if V_PAIRS:  # interleave the even and odd columns back: [BLOCK_M, BLOCK_D / 2, 2] -> [BLOCK_M, BLOCK_D]
+        acc = tl.reshape(tl.join(acc, acc_odd), [BLOCK_M, BLOCK_D])
 
     has_keys = l_i > 0.0
     lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
