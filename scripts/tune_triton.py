@@ -34,9 +34,9 @@ def use_tiles(block_n: int, num_warps: int, num_stages: int) -> None:
     original = _ORIGINAL_CHOOSE
 
     def choose(packed_rows: int, head_dim: int, num_splits: int = 0, programs: int = 0,
-               split_keys: int = 0, fp8_cache: bool = False, paged: bool = False,
+               split_keys: int = 0, fp8_cache: bool = False,
                num_sms: int = tb.DEFAULT_NUM_SMS) -> tb.TritonTiles:
-        t = original(packed_rows, head_dim, num_splits, programs, split_keys, fp8_cache, paged, num_sms)
+        t = original(packed_rows, head_dim, num_splits, programs, split_keys, fp8_cache, num_sms)
         return tb.TritonTiles(t.block_m, block_n, t.block_d, num_warps, num_stages)
 
     tb.choose_tiles = choose

@@ -159,6 +159,9 @@ def test_tile_stages_follow_the_h200_sweep():
     assert choose_tiles(4, 128, num_splits=32, programs=256, split_keys=128).block_n == 32
     assert choose_tiles(4, 128, num_splits=32, programs=256, split_keys=512).block_n == 64
     assert choose_tiles(4, 128, num_splits=1, programs=8, split_keys=128).block_n == 64
+    # fp8 caches (dense or paged alike): 128-key tiles once a split holds 2048 keys
+    assert choose_tiles(4, 128, num_splits=32, programs=256, split_keys=4096, fp8_cache=True).block_n == 128
+    assert choose_tiles(4, 128, num_splits=32, programs=256, split_keys=512, fp8_cache=True).block_n == 64
 
 
 @pytest.mark.parametrize("group, head_dim", [(5, 64), (8, 256)])  # merged in one chunk of 8 splits / 4 chunks of 2

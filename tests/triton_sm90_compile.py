@@ -66,8 +66,11 @@ def split_variants():
     for paged, kv in itertools.product([False, True], ["same", "fp8e4nv", "fp8e5"]):
         yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,
                    FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=paged, KV=kv)
-    yield dict(BLOCK_M=16, BLOCK_N=128, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,  # dense fp8,
-               FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, KV="fp8e4nv")  # long splits
+    for paged in (False, True):  # fp8, long splits: 128-key tiles (pages of 16 and 1 when paged)
+        for page in ((16, 1) if paged else (0,)):
+            yield dict(BLOCK_M=16, BLOCK_N=128, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,
+                       FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, KV="fp8e4nv", PAGED=paged,
+                       **({"PAGE": page} if paged else {}))
     yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,  # fp8,
                FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, KV="fp8e4nv",  # merged in the
                MERGE_IN_LAST_SPLIT=True)  # last split

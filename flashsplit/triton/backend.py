@@ -40,7 +40,7 @@ PROGRAMS_PER_SM = 2
 
 
 def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs: int = 0,
-                 split_keys: int = 0, fp8_cache: bool = False, paged: bool = False,
+                 split_keys: int = 0, fp8_cache: bool = False,
                  num_sms: int = DEFAULT_NUM_SMS) -> TritonTiles:
     """Tiles for ``packed_rows`` rows (L_q x group) of head dim ``head_dim``; ``split_keys`` is the
     longest split's key count (the plan's, at the cache capacity).
@@ -57,13 +57,15 @@ def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs:
     2271 vs 2958 (docs/performance.md). An fp8 cache takes 128-key tiles
     once a split holds 2048 keys or more (the same bytes in flight as 64 16-bit keys; H200,
     B = 1, 128k: 108.7 us vs 117.3 with 64; B = 16, 128k: 1389 vs 1557; 512-key splits of
-    B = 1, 16k stay faster with 64: 20.4 vs 22.4). Not for a paged fp8 cache (B = 1, 128k, pages
-    of 16: 192.0 us with 128-key tiles vs 150.8 with 64).
+    B = 1, 16k stay faster with 64: 20.4 vs 22.4), dense or paged: with V read in pairs
+    (``TritonBackend.fp8_v_pairs``), pages of 16, e4m3, 128 vs 64 keys: B = 1 x 128k 78.7 vs
+    97.7 us, B = 16 x 128k 1204.8 vs 1548.3, 16k 156.8 vs 200.8 (before pairs, 64 was faster
+    paged: 150.8 vs 192.0 at B = 1 x 128k).
     """
     block_m = min(64, max(16, triton.next_power_of_2(packed_rows)))
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_n = 32 if 0 < split_keys <= SPLIT_GRANULE and num_splits > 1 else 64
-    if fp8_cache and not paged and split_keys >= 2048:
+    if fp8_cache and split_keys >= 2048:
         block_n = 128
     return TritonTiles(block_m=block_m, block_n=block_n, block_d=block_d, num_warps=4,
                        num_stages=2 if num_splits == 1 and programs > PROGRAMS_PER_SM * num_sms else 3)
@@ -144,7 +146,7 @@ class TritonBackend(Backend):
         row_blocks = cdiv(seqlen_q * group, block_m)
         tiles = choose_tiles(seqlen_q * group, head_dim, num_splits, num_splits * batch * num_heads_kv * row_blocks,
                              tokens_per_split(seqlen_k, num_splits), k_descale is not None,
-                             block_table is not None, device_num_sms(q.device.type, q.device.index))
+                             device_num_sms(q.device.type, q.device.index))
         grid = (num_splits, batch, num_heads_kv * row_blocks)
         v_pairs = self.fp8_v_pairs and v_cache.dtype in _FP8 and _v_pairs(v_cache)
         v_arg = v_cache.view(torch.int16) if v_pairs else v_cache  # the same address: replays pass v_cache's
