@@ -105,6 +105,8 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
     ptx = _compiled_ptx(compile_split, config, tmp_path)
     assert "wgmma.mma_async" in ptx
     assert ".minnctapersm" in ptx or config.units_per_sm == 1
+    # A partials launch that a combine follows signals it (PDL) after its last tile, nothing else does.
+    assert ("griddepcontrol.launch_dependents" in ptx) == (config.launch_dependents != "none")
     if config.gather_pages:
         # One bulk copy of a key row for K and one for V in the producer loop, completing on the
         # stage's mbarrier (no TMA tensor copies), from addresses built on block-table loads.
@@ -194,6 +196,28 @@ def _check_combine_loads_first(ptx: str, config) -> None:
     head = body[:body.index("shfl.sync.bfly")]
     vectors = len(re.findall(rf"ld\.global\.v{kernel.vec}\.b32", head))
     assert vectors == kernel.chunk * kernel.cols_per_lane // kernel.vec, vectors
+
+
+def _combine_signal() -> str:
+    """What a partials launch that does not merge signals its combine with (``COMBINE_PDL``)."""
+    from flashsplit.cute import configs
+
+    return "none" if configs.COMBINE_PDL == "off" else configs.COMBINE_PDL
+
+
+def test_partials_launches_signal_the_pdl_combine():
+    """Every partials launch that a combine follows signals it (``COMBINE_PDL``, after the last
+    tile), merging and final-output launches do not, and the combine is a PDL launch with it."""
+    from flashsplit.cute import configs
+
+    assert configs.COMBINE_PDL == "epilogue" and CuteBackend.combine_pdl == configs.COMBINE_PDL
+    for c in all_split_configs() + compile_check_configs():
+        expected = _combine_signal() if c.write_partials and not c.merge else "none"
+        assert c.launch_dependents == expected, c
+    assert all(c.pdl for c in all_combine_configs())
+    with pytest.raises(ValueError, match="launch_dependents: expected one of"):
+        configs.split_config("bfloat16", 128, False, True, launch_dependents="later")
+    assert configs.split_config("bfloat16", 128, False, True, launch_dependents="entry").launch_dependents == "entry"
 
 
 def test_configs_fit_shared_memory():
@@ -296,7 +320,7 @@ def test_merge_configs():
     assert {(c.subtile_page > 0, c.gather_pages) for c in merged if c.paged} == {
         (False, False), (True, False), (False, True)}
     for c in merged:
-        plain = c.__class__(**{**c.__dict__, "merge": False})
+        plain = c.__class__(**{**c.__dict__, "merge": False, "launch_dependents": _combine_signal()})
         assert plain in set(all_split_configs()) and c.smem_bytes == plain.smem_bytes + 16
         configs.check_smem(c)
     assert not any(c.merge for c in all_split_configs())  # the twins are listed here, not there

@@ -45,6 +45,9 @@ class CuteBackend(Backend):
     #: (16k); 32 splits 13.1 vs 12.7 (B = 1, 4k) and 126.1 vs 125.5 (128k): one warp per row walks
     #: 32 splits in two register chunks, where the combine's 32 CTAs take one round trip each.
     merge_max_splits = 16
+    #: The combine kernel as a programmatic dependent of the split kernel: "off", or where each
+    #: split CTA signals it (``configs.LAUNCH_DEPENDENTS``: "none" = when the grid ends).
+    combine_pdl = configs.COMBINE_PDL
 
     def __init__(self) -> None:
         self._full_seqlens: dict[tuple, torch.Tensor] = {}
@@ -209,7 +212,8 @@ class CuteBackend(Backend):
         from .compile import compile_combine
 
         num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
-        kernel = compile_combine(configs.CombineConfig(_OUT_DTYPE_NAMES[out.dtype], head_dim))
+        kernel = compile_combine(configs.CombineConfig(_OUT_DTYPE_NAMES[out.dtype], head_dim,
+                                                       pdl=self.combine_pdl != "off"))
         static = (num_splits, batch, seqlen_q, num_heads,
                   *out_partial.stride()[:4], *lse_partial.stride(), *out.stride()[:3])
         return kernel, static
@@ -242,8 +246,11 @@ class CuteBackend(Backend):
         else:
             seqlen_k, max_pages = cache_len, 1
         kv_dtype = _FP8_NAMES.get(k.dtype, "same")
+        # A combine follows (partials, no merge): its programmatic launch's signal, if any.
+        trigger = self.combine_pdl if write_partials and out is None and self.combine_pdl != "off" else "none"
         config = configs.split_config(_DTYPE_NAMES[q.dtype], head_dim, causal, write_partials, paged, kv_dtype,
-                                      cache_len if paged else None, merge=out is not None, one_per_sm=one_per_sm)
+                                      cache_len if paged else None, merge=out is not None, one_per_sm=one_per_sm,
+                                      launch_dependents=trigger)
         if lse.stride() != _compact_strides(lse.shape):
             raise ValueError(f"lse: expected a contiguous tensor, got strides {lse.stride()}")
         o_strides = o.stride()[:4] if write_partials else (0, *o.stride()[:3])

@@ -97,9 +97,11 @@ class CombineKernel:
             grid=[num_rows, 1, 1],
             block=[self.num_threads, 1, 1],
             stream=stream,
-            # Not a programmatic dependent launch: on the H200 it made decode slower (B = 1,
-            # 32/8 heads: 12.7 -> 14.0 us at 4k keys, 23.7 -> 25.3 at 16k; docs/performance.md).
-            # The griddepcontrol.wait below is then a no-op; it keeps a PDL launch correct.
+            # A programmatic dependent launch only with CombineConfig.pdl (CuteBackend.combine_pdl):
+            # on the H200 it made decode slower (B = 1, 32/8 heads: 12.7 -> 14.0 us at 4k keys,
+            # 23.7 -> 25.3 at 16k; docs/performance.md). Without it the griddepcontrol.wait below
+            # is a no-op; it keeps a PDL launch correct.
+            use_pdl=self.config.pdl,
         )
 
     @cute.kernel

@@ -74,6 +74,10 @@ class SplitConfig:
     #: converted (half the conversions of a tile). Dense or whole-tile pages; fp16 PV operands
     #: (a bf16 q needs ``fp16_operands``). Gated by ``FP8_QK_VERIFIED_ON_GPU``.
     fp8_qk: bool = False
+    #: Where each CTA signals ``griddepcontrol.launch_dependents`` for a combine launched as a
+    #: programmatic dependent (``CuteBackend.combine_pdl``): "none" (the grid's end), "entry"
+    #: or "epilogue" (after the last tile, before the partials are written).
+    launch_dependents: str = "none"
 
     @property
     def fp8(self) -> bool:
@@ -109,6 +113,8 @@ class CombineConfig:
 
     dtype: str
     head_dim: int
+    #: Launched as a programmatic dependent of the split kernel (``CuteBackend.combine_pdl``).
+    pdl: bool = False
 
 
 def split_tile(head_dim: int) -> tuple[int, int, int]:
@@ -163,7 +169,8 @@ GATHER_STAGES = 2
 def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, paged: bool = False,
                  kv_dtype: str = "same", page_size: int | None = None,
                  fp16_operands: bool | None = None, merge: bool = False, one_per_sm: bool = False,
-                 skip_padding: bool | None = None, fp8_qk: bool | None = None) -> SplitConfig:
+                 skip_padding: bool | None = None, fp8_qk: bool | None = None,
+                 launch_dependents: str | None = None) -> SplitConfig:
     """The compile key for a problem. ``page_size`` (paged only) picks the load mode: a multiple
     of the tile (one TMA box per tile; the page size a runtime value), a sub-tile size
     (``subtile_page``: tile_n / P TMA boxes), or anything else (``gather_pages``: one bulk copy
@@ -210,8 +217,25 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
         raise ValueError("fp8_qk: only for an e4m3 cache, dense or in whole-tile pages, with fp16 wgmma "
                          f"operands (fp16 q, or bf16 q with fp16_operands); got {dtype}/{kv_dtype}, "
                          f"fp16_operands={fp16_operands}, page_size={page_size}")
+    if launch_dependents is None:  # a combine kernel follows a partials launch that does not merge
+        launch_dependents = COMBINE_PDL if write_partials and not merge and COMBINE_PDL != "off" else "none"
+    if launch_dependents not in LAUNCH_DEPENDENTS:
+        raise ValueError(f"launch_dependents: expected one of {LAUNCH_DEPENDENTS}, got {launch_dependents!r}")
     return SplitConfig(dtype, head_dim, tile_n, stages, causal, write_partials, units, paged, kv_dtype,
-                       subtile_page, gather, fp16_operands, merge, skip_padding, fp8_qk)
+                       subtile_page, gather, fp16_operands, merge, skip_padding, fp8_qk, launch_dependents)
+
+
+#: Where a split CTA may signal its programmatic dependents (``SplitConfig.launch_dependents``).
+LAUNCH_DEPENDENTS = ("none", "entry", "epilogue")
+
+#: The combine kernel is a programmatic dependent (PDL) of the split kernel, whose CTAs signal it
+#: after their last tile ("epilogue"); "off": a plain launch. H200, 32/8 heads, d = 128, bf16,
+#: graph replay, three rounds in one process (ninth session, call 7), us, plain -> PDL signalled
+#: at the epilogue / at the grid's end ("none") / on entry: B = 1 x 4k 12.05 -> 11.71 / 12.27 /
+#: 13.43, 16k 23.30 -> 22.83 / 23.62 / 24.12 (Triton 22.83 there). Signalled on entry, the
+#: combine's CTAs sit on the SMs from the start and slow the split kernel (so the second and
+#: seventh sessions' PDL attempts, which signalled early, measured slower).
+COMBINE_PDL = "epilogue"
 
 
 #: The paged kernel passed ``pytest tests/test_cute_gpu.py tests/test_gpu.py`` on an H200
@@ -403,7 +427,8 @@ def compile_check_configs() -> list[SplitConfig]:
 
 
 def all_combine_configs() -> list[CombineConfig]:
-    return [CombineConfig(dtype, head_dim) for dtype in COMBINE_OUT_DTYPES for head_dim in HEAD_DIMS]
+    return [CombineConfig(dtype, head_dim, pdl=COMBINE_PDL != "off") for dtype in COMBINE_OUT_DTYPES
+            for head_dim in HEAD_DIMS]
 
 
 def check_smem(config: SplitConfig) -> None:

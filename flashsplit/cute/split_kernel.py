@@ -103,6 +103,7 @@ class SplitKVDecodeKernel:
         # flight (d = 128: 16 splits a round trip).
         self.merge = config.merge
         self.row_merge = RowMerge(config.head_dim, 1, 2048 // config.head_dim)
+        self.launch_dependents = config.launch_dependents
 
     @staticmethod
     def can_implement(head_dim: int, tile_n: int) -> str | None:
@@ -387,6 +388,10 @@ class SplitKVDecodeKernel:
         mOutLSE: cute.Tensor | None,
         mArrivals: cute.Tensor | None,
     ):
+        if cutlass.const_expr(self.launch_dependents == "entry"):
+            # The combine (a programmatic dependent) may be scheduled once every CTA has started;
+            # it waits (griddepcontrol.wait) for this grid's writes before reading them.
+            cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         split_idx, batch_idx, z_idx = cute.arch.block_idx()
@@ -821,6 +826,8 @@ class SplitKVDecodeKernel:
                 kv_pipeline.consumer_release(state)
             state.advance()
 
+        if cutlass.const_expr(self.launch_dependents == "epilogue"):
+            cute.arch.griddepcontrol_launch_dependents()  # every tile done: only the stores remain
         self.epilogue(acc_o, row_max, row_sum, mO, mLSE, tidx, split_idx, batch_idx, kvh, row_block,
                       seqlen_q, group, num_tiles, v_scale)
 
