@@ -233,8 +233,8 @@ LAUNCH_DEPENDENTS = ("none", "entry", "epilogue")
 #: graph replay, three rounds in one process (ninth session, call 7), us, plain -> PDL signalled
 #: at the epilogue / at the grid's end ("none") / on entry: B = 1 x 4k 12.05 -> 11.71 / 12.27 /
 #: 13.43, 16k 23.30 -> 22.83 / 23.62 / 24.12 (Triton 22.83 there). Signalled on entry, the
-#: combine's CTAs sit on the SMs from the start and slow the split kernel (so the second and
-#: seventh sessions' PDL attempts, which signalled early, measured slower).
+#: combine's CTAs sit on the SMs while the split CTAs work, and the call got slower (why was not
+#: profiled): the second and seventh sessions' PDL attempts signalled there and were reverted.
 COMBINE_PDL = "epilogue"
 
 
