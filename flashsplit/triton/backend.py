@@ -14,7 +14,7 @@ import torch
 import triton
 
 from ..plan import DEFAULT_NUM_SMS, SPLIT_GRANULE, cdiv, device_num_sms, splits_used, tokens_per_split
-from ..problem import DecodeProblem
+from ..problem import FP8_DTYPES, DecodeProblem
 from ..registry import Backend
 from ..workspace import ARRIVALS, Workspace, stream_key
 from . import interpreter_active
@@ -148,7 +148,7 @@ class TritonBackend(Backend):
                              tokens_per_split(seqlen_k, num_splits), k_descale is not None,
                              device_num_sms(q.device.type, q.device.index))
         grid = (num_splits, batch, num_heads_kv * row_blocks)
-        v_pairs = self.fp8_v_pairs and v_cache.dtype in _FP8 and _v_pairs(v_cache)
+        v_pairs = self.fp8_v_pairs and v_cache.dtype in FP8_DTYPES and _v_pairs(v_cache)
         v_arg = v_cache.view(torch.int16) if v_pairs else v_cache  # the same address: replays pass v_cache's
         tensors = (q, k_cache, v_arg, cache_seqlens, block_table, k_descale, v_descale,
                    out_partial, lse_partial, out, lse, arrivals)
@@ -396,9 +396,6 @@ def _page_chunk(page_size: int, block_n: int) -> tuple[int, int]:
     return tiles, triton.next_power_of_2(cdiv(tiles * block_n, page_size) + 1)
 
 
-_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
-
-
 def _v_pairs(v_cache: torch.Tensor) -> bool:
     """Whether an fp8 V cache can be read as int16 pairs of adjacent head-dim columns: an even
     head dim, columns contiguous, even strides, and 16-byte aligned (the prepared-call key
@@ -407,14 +404,19 @@ def _v_pairs(v_cache: torch.Tensor) -> bool:
             and all(s % 2 == 0 for s in v_cache.stride()[:-1]) and v_cache.data_ptr() % 16 == 0)
 
 
+def _compiled_for(t: torch.Tensor, capability: tuple[int, int]) -> bool:
+    """Whether ``t``'s launch compiles for a GPU of at least ``capability`` (not the interpreter)."""
+    return t.device.type == "cuda" and not interpreter_active() and _capability(t.device.index) >= capability
+
+
 def _pairs_ptx(t: torch.Tensor) -> bool:
-    """fp8 pairs converted by PTX ``cvt.rn.f16x2.e4m3x2``/``e5m2x2`` (sm_89+), not the interpreter."""
-    return t.device.type == "cuda" and not interpreter_active() and _capability(t.device.index) >= (8, 9)
+    """fp8 pairs converted by PTX ``cvt.rn.f16x2.e4m3x2``/``e5m2x2``: sm_89 and later."""
+    return _compiled_for(t, (8, 9))
 
 
 def _pdl(t: torch.Tensor) -> bool:
-    """Programmatic dependent launch of the combine: Hopper (sm_90) and later, not the interpreter."""
-    return t.device.type == "cuda" and not interpreter_active() and _capability(t.device.index)[0] >= 9
+    """Programmatic dependent launch of the combine: Hopper (sm_90) and later."""
+    return _compiled_for(t, (9, 0))
 
 
 @functools.lru_cache(maxsize=None)

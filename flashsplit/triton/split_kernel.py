@@ -65,21 +65,15 @@ def fp8_pairs_to_fp16(v16, E5M2: tl.constexpr, PTX: tl.constexpr):
     was no better than the byte gather (796 vs 784 instructions per tile; ``cvt``: 603).
     """
     if PTX:
-        if E5M2:
-            return tl.inline_asm_elementwise("{ .reg .b32 t; cvt.rn.f16x2.e5m2x2 t, $2; mov.b32 {$0, $1}, t; }",
-                                             "=h,=h,h", [v16], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
-        else:
-            return tl.inline_asm_elementwise("{ .reg .b32 t; cvt.rn.f16x2.e4m3x2 t, $2; mov.b32 {$0, $1}, t; }",
-                                             "=h,=h,h", [v16], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+        cvt: tl.constexpr = "cvt.rn.f16x2.e5m2x2" if E5M2 else "cvt.rn.f16x2.e4m3x2"
+        return tl.inline_asm_elementwise("{ .reg .b32 t; " + cvt + " t, $2; mov.b32 {$0, $1}, t; }",
+                                         "=h,=h,h", [v16], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
     else:
+        fp8: tl.constexpr = tl.float8e5 if E5M2 else tl.float8e4nv
         u = v16.to(tl.uint16, bitcast=True)
         lo = u.to(tl.uint8)  # the lower address: the even column (little endian)
         hi = (u >> 8).to(tl.uint8)
-        if E5M2:
-            return lo.to(tl.float8e5, bitcast=True).to(tl.float16), hi.to(tl.float8e5, bitcast=True).to(tl.float16)
-        else:
-            return (lo.to(tl.float8e4nv, bitcast=True).to(tl.float16),
-                    hi.to(tl.float8e4nv, bitcast=True).to(tl.float16))
+        return lo.to(fp8, bitcast=True).to(tl.float16), hi.to(fp8, bitcast=True).to(tl.float16)
 
 
 @triton.jit
