@@ -215,9 +215,10 @@ def test_partials_launches_signal_the_pdl_combine():
         expected = _combine_signal() if c.write_partials and not c.merge else "none"
         assert c.launch_dependents == expected, c
     assert all(c.pdl for c in all_combine_configs())
-    with pytest.raises(ValueError, match="launch_dependents: expected one of"):
-        configs.split_config("bfloat16", 128, False, True, launch_dependents="later")
-    assert configs.split_config("bfloat16", 128, False, True, launch_dependents="entry").launch_dependents == "entry"
+    with pytest.raises(ValueError, match="combine_pdl: expected 'off' or one of"):
+        configs.split_config("bfloat16", 128, False, True, combine_pdl="later")
+    assert configs.split_config("bfloat16", 128, False, True, combine_pdl="entry").launch_dependents == "entry"
+    assert configs.split_config("bfloat16", 128, False, True, combine_pdl="off").launch_dependents == "none"
 
 
 def test_configs_fit_shared_memory():

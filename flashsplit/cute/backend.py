@@ -246,11 +246,9 @@ class CuteBackend(Backend):
         else:
             seqlen_k, max_pages = cache_len, 1
         kv_dtype = _FP8_NAMES.get(k.dtype, "same")
-        # A combine follows (partials, no merge): its programmatic launch's signal, if any.
-        trigger = self.combine_pdl if write_partials and out is None and self.combine_pdl != "off" else "none"
         config = configs.split_config(_DTYPE_NAMES[q.dtype], head_dim, causal, write_partials, paged, kv_dtype,
                                       cache_len if paged else None, merge=out is not None, one_per_sm=one_per_sm,
-                                      launch_dependents=trigger)
+                                      combine_pdl=self.combine_pdl)
         if lse.stride() != _compact_strides(lse.shape):
             raise ValueError(f"lse: expected a contiguous tensor, got strides {lse.stride()}")
         o_strides = o.stride()[:4] if write_partials else (0, *o.stride()[:3])

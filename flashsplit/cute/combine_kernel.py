@@ -97,10 +97,9 @@ class CombineKernel:
             grid=[num_rows, 1, 1],
             block=[self.num_threads, 1, 1],
             stream=stream,
-            # A programmatic dependent launch only with CombineConfig.pdl (CuteBackend.combine_pdl):
-            # on the H200 it made decode slower (B = 1, 32/8 heads: 12.7 -> 14.0 us at 4k keys,
-            # 23.7 -> 25.3 at 16k; docs/performance.md). Without it the griddepcontrol.wait below
-            # is a no-op; it keeps a PDL launch correct.
+            # A programmatic dependent of the split kernel with CombineConfig.pdl (configs.COMBINE_PDL:
+            # the split CTAs signal it after their last tile; signalled on entry it was slower,
+            # docs/cute.md). Without it the griddepcontrol.wait below returns at once.
             use_pdl=self.config.pdl,
         )
 

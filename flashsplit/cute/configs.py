@@ -170,7 +170,7 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
                  kv_dtype: str = "same", page_size: int | None = None,
                  fp16_operands: bool | None = None, merge: bool = False, one_per_sm: bool = False,
                  skip_padding: bool | None = None, fp8_qk: bool | None = None,
-                 launch_dependents: str | None = None) -> SplitConfig:
+                 combine_pdl: str | None = None) -> SplitConfig:
     """The compile key for a problem. ``page_size`` (paged only) picks the load mode: a multiple
     of the tile (one TMA box per tile; the page size a runtime value), a sub-tile size
     (``subtile_page``: tile_n / P TMA boxes), or anything else (``gather_pages``: one bulk copy
@@ -179,7 +179,9 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
     row tile merges the partials (no combine kernel). ``one_per_sm`` (16-bit caches at d = 128,
     dense or in TMA pages): :data:`ONE_PER_SM_TILE` instead of :func:`split_tile`'s.
     ``skip_padding`` defaults to ``SKIP_PADDING_VERIFIED_ON_GPU``, ``fp8_qk`` (e4m3 caches, dense
-    or whole-tile pages) to ``FP8_QK_VERIFIED_ON_GPU``."""
+    or whole-tile pages) to ``FP8_QK_VERIFIED_ON_GPU``. ``combine_pdl`` (default ``COMBINE_PDL``):
+    how the combine after a partials launch that does not merge is launched, "off" or where the
+    split CTAs signal it (``SplitConfig.launch_dependents``)."""
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype: expected one of {KV_DTYPES}, got {kv_dtype!r}")
     eligible = kv_dtype != "same" and dtype == "bfloat16"
@@ -217,10 +219,12 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
         raise ValueError("fp8_qk: only for an e4m3 cache, dense or in whole-tile pages, with fp16 wgmma "
                          f"operands (fp16 q, or bf16 q with fp16_operands); got {dtype}/{kv_dtype}, "
                          f"fp16_operands={fp16_operands}, page_size={page_size}")
-    if launch_dependents is None:  # a combine kernel follows a partials launch that does not merge
-        launch_dependents = COMBINE_PDL if write_partials and not merge and COMBINE_PDL != "off" else "none"
-    if launch_dependents not in LAUNCH_DEPENDENTS:
-        raise ValueError(f"launch_dependents: expected one of {LAUNCH_DEPENDENTS}, got {launch_dependents!r}")
+    if combine_pdl is None:
+        combine_pdl = COMBINE_PDL
+    if combine_pdl != "off" and combine_pdl not in LAUNCH_DEPENDENTS:
+        raise ValueError(f"combine_pdl: expected 'off' or one of {LAUNCH_DEPENDENTS}, got {combine_pdl!r}")
+    # A combine kernel follows a partials launch that does not merge: signal it where combine_pdl says.
+    launch_dependents = combine_pdl if write_partials and not merge and combine_pdl != "off" else "none"
     return SplitConfig(dtype, head_dim, tile_n, stages, causal, write_partials, units, paged, kv_dtype,
                        subtile_page, gather, fp16_operands, merge, skip_padding, fp8_qk, launch_dependents)
 
