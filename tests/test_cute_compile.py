@@ -313,7 +313,7 @@ def test_merge_configs():
 
     with pytest.raises(ValueError, match="merge: only for a launch that writes partials"):
         configs.split_config("bfloat16", 128, False, False, merge=True)
-    merged = [c for c in compile_check_configs() if c.merge and not _one_per_sm(c)]
+    merged = [c for c in compile_check_configs() if c.merge and not _one_per_sm(c) and not _short_or_barriers(c)]
     assert all(c.write_partials for c in merged)
     assert {(c.kv_dtype, c.head_dim) for c in merged if not c.paged} == {
         (kv, d) for kv in configs.KV_DTYPES for d in configs.HEAD_DIMS}
@@ -382,12 +382,47 @@ def test_one_per_sm_configs():
             configs.split_config(**args, one_per_sm=True)
     with pytest.raises(ValueError, match="one_per_sm: not for gathered pages"):
         configs.split_config("bfloat16", 128, False, True, True, page_size=48, one_per_sm=True)
-    deep = [c for c in compile_check_configs() if _one_per_sm(c) and c.skip_padding and not c.paged]
+    deep = [c for c in compile_check_configs()
+            if _one_per_sm(c) and c.skip_padding and not c.paged and not _short_or_barriers(c)]
     assert len(deep) == 9 and {(c.dtype, c.causal, c.write_partials) for c in deep} == {
         (d, ca, wp) for d in configs.DTYPES for ca in (False, True) for wp in (False, True)}
     paged = [c for c in compile_check_configs() if _one_per_sm(c) and c.paged]
     assert {c.subtile_page for c in paged} == {0, 16}  # whole-tile and sub-tile TMA pages
     assert any(c.merge for c in deep) and not any(c in set(all_split_configs()) for c in deep)
+
+
+def test_short_split_and_barrier_configs():
+    """The short-split tile (32-key tiles, 4 stages, two CTAs per SM) is a compile key of dense
+    16-bit d = 128 partials launches; the compile check builds it for every dtype x causal,
+    combined and merged. Split K/V barriers apply to 16-bit TMA loads only (staged loads keep one
+    pair per stage, whatever is asked), add 16 bytes per stage, and the compile check builds the
+    layout SPLIT_KV_BARRIERS does not select for every head dim and both special tiles."""
+    from flashsplit.cute import configs
+
+    c = configs.split_config("bfloat16", 128, False, True, short_splits=True)
+    assert (c.tile_n, c.stages, c.units_per_sm) == configs.SHORT_SPLIT_TILE == (32, 4, 2)
+    configs.check_smem(c)
+    for kwargs in (dict(head_dim=64), dict(kv_dtype="float8_e4m3fn"), dict(paged=True, page_size=128),
+                   dict(one_per_sm=True)):
+        args = dict(dtype="bfloat16", head_dim=128, causal=False, write_partials=True) | kwargs
+        with pytest.raises(ValueError, match="short_splits: only for dense 16-bit caches at head_dim 128"):
+            configs.split_config(**args, short_splits=True)
+    short = [c for c in compile_check_configs() if c.tile_n == 32]
+    assert all(c.write_partials and not c.paged and not c.fp8 for c in short)
+    assert {(c.dtype, c.causal, c.merge) for c in short} == {
+        (d, ca, m) for d in configs.DTYPES for ca in (False, True) for m in (False, True)}
+    for kv_dtype, page_size in (("float8_e4m3fn", None), ("float8_e5m2", 16), ("same", 48)):
+        staged = configs.split_config("bfloat16", 128, False, True, page_size is not None, kv_dtype, page_size,
+                                      split_barriers=True)
+        assert staged.staged and not staged.split_barriers
+    joint = configs.split_config("bfloat16", 128, False, True, split_barriers=False)
+    split = configs.split_config("bfloat16", 128, False, True, split_barriers=True)
+    assert split.smem_bytes == joint.smem_bytes + 16 * joint.stages
+    other = [c for c in compile_check_configs() if c.split_barriers != configs.SPLIT_KV_BARRIERS]
+    assert {c.head_dim for c in other if not c.paged} == set(configs.HEAD_DIMS)
+    assert {c.subtile_page for c in other if c.paged} == {0, 16}
+    assert any(_one_per_sm(c) for c in other) and any(c.tile_n == 32 for c in other)
+    assert all(c.split_barriers == configs.SPLIT_KV_BARRIERS for c in all_split_configs() if not c.staged)
 
 
 def test_one_cta_per_sm_rule():
@@ -446,6 +481,14 @@ def test_cute_preferred_where_measured_faster():
 def _one_per_sm(config) -> bool:
     """A configuration of the one-CTA-per-SM tile (test_one_per_sm_configs)."""
     return config.head_dim == 128 and config.units_per_sm == 1
+
+
+def _short_or_barriers(config) -> bool:
+    """A configuration of the short-split tile or of the K/V barrier layout that
+    ``SPLIT_KV_BARRIERS`` does not select (test_short_split_and_barrier_configs)."""
+    from flashsplit.cute import configs
+
+    return config.tile_n == configs.SHORT_SPLIT_TILE[0] or config.split_barriers != configs.SPLIT_KV_BARRIERS
 
 
 def configs_tile(head_dim):
@@ -722,7 +765,8 @@ def test_fp16_operand_configs():
         configs.split_config("bfloat16", 128, False, True, fp16_operands=True)
     dispatched = set(all_split_configs())
     others = [c for c in compile_check_configs()
-              if c not in dispatched and not c.merge and not _one_per_sm(c) and c.skip_padding and not c.fp8_qk]
+              if c not in dispatched and not c.merge and not _one_per_sm(c) and c.skip_padding and not c.fp8_qk
+              and not _short_or_barriers(c)]
     assert all(c.fp8 and c.dtype == "bfloat16" and c.fp16_operands != chosen for c in others)
     assert {(c.kv_dtype, c.head_dim) for c in others if not c.paged} == {
         (kv, d) for kv in configs.KV_DTYPES[1:] for d in configs.HEAD_DIMS}

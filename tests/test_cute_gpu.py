@@ -813,3 +813,76 @@ def test_one_per_sm_paged(page_size, seqlen_q, group, causal, num_splits, cute_p
                                                                       num_splits, page_size + num_splits)
     _decode_paged_and_check(case, q, k, v, seqlens, k_pages, v_pages, table, num_splits, causal,
                             f"one CTA per SM, pages of {page_size}", one_per_sm=True)
+
+
+# The short-split tile (configs.SHORT_SPLIT_TILE: 32-key tiles, 4 stages; the rule in
+# CuteBackend.short_splits takes it where every split is one 128-key granule). It is correct for
+# any split length, so the d = 128 matrix runs on it at 3, 5 and 17 splits (and so at 1-8 tiles
+# per split, empty splits and rows, partial last tiles of 1/127/129 keys, merged and combined).
+@pytest.mark.parametrize("case", [c for c in _cases() if c.head_dim == 128 and c.num_splits > 1], ids=str)
+def test_short_split_decode_matches_reference(case):
+    test_decode_matches_reference(case, short_splits=True)
+
+
+def test_short_split_through_decode_api_and_graph_replay(monkeypatch):
+    """B = 1, 8 KV heads, 4k keys: the plan's 32 splits of one granule take the short-split tile
+    (with ``short_split_tiles``); a captured decode follows new cache_seqlens."""
+    import flashsplit
+    from flashsplit.cute.backend import CuteBackend
+
+    monkeypatch.setattr(CuteBackend, "short_split_tiles", True)
+    case = DecodeCase(1, 1, 4096, 8, 4, 128, torch.bfloat16, (3000,), 0)
+    problem = case.problem()
+    assert CuteBackend().short_splits(problem, 32) and not CuteBackend().short_splits(problem, 16)
+    q, k, v, seqlens = make_inputs(case, "cuda", torch.Generator().manual_seed(3))
+    prepared = CuteBackend().prepare(problem, 32, 0.1, False)
+    assert prepared.short_splits
+    out = torch.full_like(q, float("nan"))
+    prepared(q, k, v, seqlens, None, None, None, out, None)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        prepared(q, k, v, seqlens, None, None, None, out, None)
+    for n in (3000, 1, 130, 0, 2999):  # (NaN past 3000)
+        seqlens.fill_(n)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_against_reference(out, None, q, k, v, seqlens, False, 0.1, what=f"length {n}")
+    out2 = flashsplit.decode(q, k, v, cache_seqlens=seqlens, backend="cute")
+    torch.cuda.synchronize()
+    check_against_reference(out2, None, q, k, v, seqlens, False, 1.0 / math.sqrt(128))
+
+
+@pytest.fixture
+def cute_other_barriers(monkeypatch):
+    """The K/V barrier layout ``configs.SPLIT_KV_BARRIERS`` does not select (one full/empty pair
+    per K+V stage, or one each for K and V)."""
+    from flashsplit.cute import configs
+    from flashsplit.cute.backend import CuteBackend
+
+    monkeypatch.setattr(CuteBackend, "split_barriers", not configs.SPLIT_KV_BARRIERS)
+
+
+@pytest.mark.parametrize("case", _cases(), ids=str)
+def test_other_barriers_decode_matches_reference(case, cute_other_barriers):
+    test_decode_matches_reference(case)
+
+
+@pytest.mark.parametrize("case", [c for c in _cases() if c.head_dim == 128 and c.num_splits > 1][:6], ids=str)
+def test_other_barriers_short_and_one_per_sm_tiles(case, cute_other_barriers):
+    test_decode_matches_reference(case, short_splits=True)
+    test_decode_matches_reference(case, one_per_sm=True)
+
+
+@pytest.mark.parametrize("page_size", [128, 64, 16, 8])
+@pytest.mark.parametrize("seqlen_q,group,causal,num_splits", [(1, 5, False, 3), (4, 8, True, 17)])
+def test_other_barriers_paged(page_size, seqlen_q, group, causal, num_splits, cute_paged_enabled, cute_other_barriers):
+    """Whole-tile and sub-tile pages (K boxes and V boxes on barriers of their own)."""
+    case, q, k, v, seqlens, k_pages, v_pages, table = _subtile_inputs(128, page_size, seqlen_q, group, causal,
+                                                                      num_splits, page_size + num_splits + 1)
+    _decode_paged_and_check(case, q, k, v, seqlens, k_pages, v_pages, table, num_splits, causal,
+                            f"other barriers, pages of {page_size}")
+
+
+def test_other_barriers_cuda_graph_capture(cute_other_barriers):
+    test_cuda_graph_capture()

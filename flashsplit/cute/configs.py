@@ -78,6 +78,11 @@ class SplitConfig:
     #: programmatic dependent (``CuteBackend.combine_pdl``): "none" (the grid's end), "entry"
     #: or "epilogue" (after the last tile, before the partials are written).
     launch_dependents: str = "none"
+    #: K and V tiles complete on mbarriers of their own (16-bit TMA loads: dense or TMA pages),
+    #: FA3's pipeline: ``S = Q K^T`` and the softmax run while the stage's V tile is still in
+    #: flight, and a K stage goes back to the producer after its S wgmma. False: one full/empty
+    #: pair per K+V stage. Default ``SPLIT_KV_BARRIERS``.
+    split_barriers: bool = False
 
     @property
     def fp8(self) -> bool:
@@ -104,7 +109,8 @@ class SplitConfig:
             kv = 2 * self.stages * tile * itemsize
         row_scales = 64 * 4 if self.fp16_operands or self.fp8_qk else 0  # fp32 per q row, after the mbarriers
         ticket = 16 if self.merge else 0  # the arrival count's broadcast slot (int32, padded)
-        return q + kv + 16 * self.stages + row_scales + ticket
+        barriers = 16 * self.stages * (2 if self.split_barriers else 1)  # full + empty, 8 bytes each
+        return q + kv + barriers + row_scales + ticket
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,15 @@ def split_tile(head_dim: int) -> tuple[int, int, int]:
 #: B = 64 4k 247.6 vs 245.1 (``CuteBackend.one_cta_per_sm`` picks it).
 ONE_PER_SM_TILE = (64, 3, 1)
 
+#: 32-key tiles, 4 stages (the same 64 KiB of loads in flight and two CTAs per SM as
+#: ``split_tile(128)``), for 16-bit dense caches at d = 128 whose every split is one 128-key
+#: granule (``split_config(..., short_splits=True)``, ``CuteBackend.short_split_tiles``): a
+#: CTA's last tile, whose S, softmax and PV run after its last bytes land, is half as long.
+#: Triton's rule for the same splits (``flashsplit.triton.backend.choose_tiles``).
+SHORT_SPLIT_TILE = (32, 4, 2)
+#: Whether the backend takes :data:`SHORT_SPLIT_TILE` where it applies (``CuteBackend.short_split_tiles``).
+SHORT_SPLIT_TILES = False
+
 
 def fp8_stages(head_dim: int) -> int:
     """fp8 staging slots per CTA (same tile and CTAs/SM as the 16-bit kernel). An fp8 slot is
@@ -170,7 +185,8 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
                  kv_dtype: str = "same", page_size: int | None = None,
                  fp16_operands: bool | None = None, merge: bool = False, one_per_sm: bool = False,
                  skip_padding: bool | None = None, fp8_qk: bool | None = None,
-                 combine_pdl: str | None = None) -> SplitConfig:
+                 combine_pdl: str | None = None, short_splits: bool = False,
+                 split_barriers: bool | None = None) -> SplitConfig:
     """The compile key for a problem. ``page_size`` (paged only) picks the load mode: a multiple
     of the tile (one TMA box per tile; the page size a runtime value), a sub-tile size
     (``subtile_page``: tile_n / P TMA boxes), or anything else (``gather_pages``: one bulk copy
@@ -181,7 +197,10 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
     ``skip_padding`` defaults to ``SKIP_PADDING_VERIFIED_ON_GPU``, ``fp8_qk`` (e4m3 caches, dense
     or whole-tile pages) to ``FP8_QK_VERIFIED_ON_GPU``. ``combine_pdl`` (default ``COMBINE_PDL``):
     how the combine after a partials launch that does not merge is launched, "off" or where the
-    split CTAs signal it (``SplitConfig.launch_dependents``)."""
+    split CTAs signal it (``SplitConfig.launch_dependents``). ``short_splits`` (16-bit dense caches
+    at d = 128, every split one granule): :data:`SHORT_SPLIT_TILE`. ``split_barriers`` (default
+    ``SPLIT_KV_BARRIERS``): K and V on their own mbarriers where the loads are 16-bit TMA tiles
+    (``SplitConfig.split_barriers``; ignored for staged loads)."""
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype: expected one of {KV_DTYPES}, got {kv_dtype!r}")
     eligible = kv_dtype != "same" and dtype == "bfloat16"
@@ -194,7 +213,10 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
     if one_per_sm and (head_dim != 128 or kv_dtype != "same"):
         raise ValueError(f"one_per_sm: only for 16-bit caches at head_dim 128 (dense or TMA pages), got head_dim "
                          f"{head_dim}, kv_dtype {kv_dtype}")
-    tile_n, stages, units = ONE_PER_SM_TILE if one_per_sm else split_tile(head_dim)
+    if short_splits and (head_dim != 128 or kv_dtype != "same" or paged or one_per_sm):
+        raise ValueError(f"short_splits: only for dense 16-bit caches at head_dim 128, got head_dim {head_dim}, "
+                         f"kv_dtype {kv_dtype}, paged={paged}, one_per_sm={one_per_sm}")
+    tile_n, stages, units = ONE_PER_SM_TILE if one_per_sm else SHORT_SPLIT_TILE if short_splits else split_tile(head_dim)
     subtile_page, gather = 0, False
     if paged and page_size is not None and not paged_supported(page_size, head_dim):
         if page_size < 1:
@@ -225,8 +247,12 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
         raise ValueError(f"combine_pdl: expected 'off' or one of {LAUNCH_DEPENDENTS}, got {combine_pdl!r}")
     # A combine kernel follows a partials launch that does not merge: signal it where combine_pdl says.
     launch_dependents = combine_pdl if write_partials and not merge and combine_pdl != "off" else "none"
+    if split_barriers is None:
+        split_barriers = SPLIT_KV_BARRIERS
+    split_barriers = split_barriers and kv_dtype == "same" and not gather  # staged loads keep one pair
     return SplitConfig(dtype, head_dim, tile_n, stages, causal, write_partials, units, paged, kv_dtype,
-                       subtile_page, gather, fp16_operands, merge, skip_padding, fp8_qk, launch_dependents)
+                       subtile_page, gather, fp16_operands, merge, skip_padding, fp8_qk, launch_dependents,
+                       split_barriers)
 
 
 #: Where a split CTA may signal its programmatic dependents (``SplitConfig.launch_dependents``).
@@ -240,6 +266,10 @@ LAUNCH_DEPENDENTS = ("none", "entry", "epilogue")
 #: combine's CTAs sit on the SMs while the split CTAs work, and the call got slower (why was not
 #: profiled): the second and seventh sessions' PDL attempts signalled there and were reverted.
 COMBINE_PDL = "epilogue"
+
+#: K and V tiles on mbarriers of their own (``SplitConfig.split_barriers``), where the loads
+#: are 16-bit TMA tiles.
+SPLIT_KV_BARRIERS = False
 
 
 #: The paged kernel passed ``pytest tests/test_cute_gpu.py tests/test_gpu.py`` on an H200
@@ -427,6 +457,17 @@ def compile_check_configs() -> list[SplitConfig]:
     for j, (dtype, head_dim) in enumerate((dt, d) for dt in DTYPES for d in HEAD_DIMS):
         configs.append(split_config(dtype, head_dim, j % 2 == 1, j % 3 != 2, False, "float8_e4m3fn", fp8_qk=qk))
     configs.append(split_config("bfloat16", 128, False, True, True, "float8_e4m3fn", 128, fp8_qk=qk))
+    # The short-split tile (dense 16-bit, d = 128, several splits): dtype x causal, combined and merged.
+    configs += [split_config(dtype, 128, causal, True, merge=merge, short_splits=True)
+                for dtype in DTYPES for causal in (False, True) for merge in (False, True)]
+    # The K/V barrier layout SPLIT_KV_BARRIERS does not select: every head dim dense (final and
+    # partials output), TMA pages (whole-tile and sub-tile), the one-CTA-per-SM and short tiles.
+    other = not SPLIT_KV_BARRIERS
+    configs += [split_config(DTYPES[j % 2], head_dim, j % 2 == 1, wp, split_barriers=other)
+                for j, head_dim in enumerate(HEAD_DIMS) for wp in (False, True)]
+    configs += [split_config("bfloat16", 128, False, True, True, page_size=p, split_barriers=other) for p in (128, 16)]
+    configs.append(split_config("float16", 128, True, True, merge=True, one_per_sm=True, split_barriers=other))
+    configs.append(split_config("bfloat16", 128, False, True, short_splits=True, split_barriers=other))
     return configs
 
 

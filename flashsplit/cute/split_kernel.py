@@ -104,13 +104,15 @@ class SplitKVDecodeKernel:
         self.merge = config.merge
         self.row_merge = RowMerge(config.head_dim, 1, 2048 // config.head_dim)
         self.launch_dependents = config.launch_dependents
+        # K and V on mbarriers of their own (16-bit TMA loads only; configs.split_config).
+        self.split_barriers = config.split_barriers
 
     @staticmethod
     def can_implement(head_dim: int, tile_n: int) -> str | None:
         if head_dim not in (64, 128, 256):
             return f"head_dim {head_dim} is not one of 64, 128, 256"
-        if 128 % tile_n != 0 or tile_n % 64 != 0:
-            return f"tile_n {tile_n} must be 64 or 128 (a divisor of the 128-key split granule)"
+        if 128 % tile_n != 0 or tile_n % 32 != 0:
+            return f"tile_n {tile_n} must be 32, 64 or 128 (a divisor of the 128-key split granule)"
         return None
 
     # ------------------------------------------------------------------------------------------
@@ -275,9 +277,9 @@ class SplitKVDecodeKernel:
             tma_v, mV_tma = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileG2SOp(), mV, cute.slice_(v_load_layout, (None, None, 0)), (D, N)
             )
-        self.tx_bytes = cute.size_in_bytes(
-            self.kv_dtype, cute.slice_(k_load_layout, (None, None, 0))
-        ) + cute.size_in_bytes(self.kv_dtype, cute.slice_(v_load_layout, (None, None, 0)))
+        self.k_tx_bytes = cute.size_in_bytes(self.kv_dtype, cute.slice_(k_load_layout, (None, None, 0)))
+        self.v_tx_bytes = cute.size_in_bytes(self.kv_dtype, cute.slice_(v_load_layout, (None, None, 0)))
+        barrier_pairs = 2 if self.split_barriers else 1  # full/empty pairs per stage: K+V, or K and V
 
         merge = self.merge
         if cutlass.const_expr(self.staged):
@@ -305,7 +307,7 @@ class SplitKVDecodeKernel:
                 sQ: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(q_layout)], 1024]
                 sK: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(k_layout)], 1024]
                 sV: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(v_layout)], 1024]
-                kv_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+                kv_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2 * barrier_pairs]
                 if cutlass.const_expr(merge):  # the arrival count, broadcast to the consumer warps
                     ticket: cute.struct.MemRange[Int32, 4]
 
@@ -400,7 +402,14 @@ class SplitKVDecodeKernel:
 
         smem = SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        kv_pipeline = self.make_kv_pipeline(storage.kv_mbar.data_ptr())
+        # One pipeline for K+V stages, or (split_barriers) K's here and V's in v_pipeline; both
+        # advance with one state (same stages and phases).
+        v_pipeline = None
+        if cutlass.const_expr(self.split_barriers):
+            kv_pipeline = self.make_kv_pipeline(storage.kv_mbar.data_ptr(), self.k_tx_bytes)
+            v_pipeline = self.make_kv_pipeline(storage.kv_mbar.data_ptr() + self.stages * 2, self.v_tx_bytes)
+        else:
+            kv_pipeline = self.make_kv_pipeline(storage.kv_mbar.data_ptr(), self.k_tx_bytes + self.v_tx_bytes)
 
         sQ = storage.sQ.get_tensor(q_layout.outer, swizzle=q_layout.inner)
         if cutlass.const_expr(self.fp8_qk):
@@ -437,28 +446,28 @@ class SplitKVDecodeKernel:
                                  batch_idx, kvh, first_tile, num_tiles, end)
             elif cutlass.const_expr(self.subtile_page > 0):
                 self.load_subtile(tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK_load, sV_load, kv_pipeline,
-                                  batch_idx, kvh, first_tile, num_tiles, end)
+                                  v_pipeline, batch_idx, kvh, first_tile, num_tiles, end)
             else:
-                self.load(tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK_load, sV_load, kv_pipeline, batch_idx,
-                          kvh, first_tile, num_tiles, tiles_per_page)
+                self.load(tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK_load, sV_load, kv_pipeline, v_pipeline,
+                          batch_idx, kvh, first_tile, num_tiles, tiles_per_page)
         if warp_idx < self.producer_warp:
             if cutlass.const_expr(self.fp8):
                 # k_descale folds into the (log2) softmax scale, v_descale into the output.
                 self.mma_softmax_epilogue(
-                    qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, tidx, split_idx, batch_idx, kvh,
+                    qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, v_pipeline, tidx, split_idx, batch_idx, kvh,
                     row_block, seqlen_q, group, n_keys, start, end, num_tiles, first_tile,
                     softmax_scale_log2 * mKDescale[batch_idx, kvh], sK_load, sV_load, mVDescale[batch_idx, kvh],
                     sRowScale,
                 )
             elif cutlass.const_expr(self.staged):  # gathered 16-bit rows: staged, no scales
                 self.mma_softmax_epilogue(
-                    qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, tidx, split_idx, batch_idx, kvh,
+                    qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, v_pipeline, tidx, split_idx, batch_idx, kvh,
                     row_block, seqlen_q, group, n_keys, start, end, num_tiles, first_tile, softmax_scale_log2,
                     sK_load, sV_load, None, None,
                 )
             else:
                 self.mma_softmax_epilogue(
-                    qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, tidx, split_idx, batch_idx, kvh,
+                    qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, v_pipeline, tidx, split_idx, batch_idx, kvh,
                     row_block, seqlen_q, group, n_keys, start, end, num_tiles, first_tile, softmax_scale_log2,
                     None, None, None, None,
                 )
@@ -466,26 +475,28 @@ class SplitKVDecodeKernel:
                 self.merge_if_last(mO, mLSE, mOut, mOutLSE, mArrivals, storage.ticket.get_tensor(cute.make_layout((4,))),
                                    tidx, batch_idx, z_idx, kvh, row_block, seqlen_q, group, num_splits)
 
-    def make_kv_pipeline(self, mbar_ptr):
-        """Full/empty mbarriers of the K+V stages: one TMA thread produces, 4 consumer warps release."""
+    def make_kv_pipeline(self, mbar_ptr, tx_bytes):
+        """Full/empty mbarriers of ``stages`` stages that each receive ``tx_bytes`` (K+V, or K or
+        V alone): one TMA thread produces, 4 consumer warps release."""
         return pipeline.PipelineTmaAsync.create(
             barrier_storage=mbar_ptr,
             num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads // 32),
-            tx_count=self.tx_bytes,
+            tx_count=tx_bytes,
             defer_sync=True,
         )
 
     @cute.jit
-    def load(self, tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK, sV, kv_pipeline, batch_idx, kvh, first_tile,
-             num_tiles, tiles_per_page):
+    def load(self, tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK, sV, kv_pipeline, v_pipeline, batch_idx, kvh,
+             first_tile, num_tiles, tiles_per_page):
         """Producer warp: one K tile and one V tile per stage, by TMA.
 
         Tile ``t`` of this row is TMA tile ``(tile in cache row, cache row)``: ``(t, b)`` dense,
         ``(t % tiles_per_page, block_table[b, t // tiles_per_page])`` paged. The page id of the
         next tile is loaded before waiting for a free stage, so its latency hides behind that
         wait; only entries of tiles this split loads are read (never past the row's last page).
+        With ``v_pipeline`` (split barriers) the V tile waits for and lands on its own stage.
         """
         cpasync.prefetch_descriptor(tma_k)
         cpasync.prefetch_descriptor(tma_v)
@@ -513,13 +524,16 @@ class SplitKVDecodeKernel:
             kv_pipeline.producer_acquire(state)
             bar = kv_pipeline.producer_get_barrier(state)
             cute.copy(tma_k, tKgK[(None, tile, row)], tKsK[(None, state.index)], tma_bar_ptr=bar)
+            if cutlass.const_expr(self.split_barriers):
+                v_pipeline.producer_acquire(state)
+                bar = v_pipeline.producer_get_barrier(state)
             cute.copy(tma_v, tVgV[(None, tile, row)], tVsV[(None, state.index)], tma_bar_ptr=bar)
             kv_pipeline.producer_commit(state)
             state.advance()
 
     @cute.jit
-    def load_subtile(self, tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK, sV, kv_pipeline, batch_idx, kvh,
-                     first_tile, num_tiles, end):
+    def load_subtile(self, tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK, sV, kv_pipeline, v_pipeline, batch_idx,
+                     kvh, first_tile, num_tiles, end):
         """Producer warp, pages of P < tile_n keys: tile ``t`` is ``tile_n / P`` TMA boxes per
         tensor, box ``j`` (keys ``[t*N + j*P, t*N + (j+1)*P)``) from slot 0 of page
         ``block_table[b, t * N / P + j]`` into rows ``[j*P, (j+1)*P)`` of the stage; all land on
@@ -558,9 +572,17 @@ class SplitKVDecodeKernel:
                 self.read_pages(mBlockTable, next_pages, batch_idx, first_tile + i + 1, end)
             kv_pipeline.producer_acquire(state)
             bar = kv_pipeline.producer_get_barrier(state)
-            for j in cutlass.range_constexpr(boxes):
-                cute.copy(tma_k, tKgK[(None, pages[j])], tKsK[(None, j, 0, state.index)], tma_bar_ptr=bar)
-                cute.copy(tma_v, tVgV[(None, pages[j])], tVsV[(None, 0, j, state.index)], tma_bar_ptr=bar)
+            if cutlass.const_expr(self.split_barriers):  # (K boxes first, then V's on their own barrier)
+                for j in cutlass.range_constexpr(boxes):
+                    cute.copy(tma_k, tKgK[(None, pages[j])], tKsK[(None, j, 0, state.index)], tma_bar_ptr=bar)
+                v_pipeline.producer_acquire(state)
+                bar = v_pipeline.producer_get_barrier(state)
+                for j in cutlass.range_constexpr(boxes):
+                    cute.copy(tma_v, tVgV[(None, pages[j])], tVsV[(None, 0, j, state.index)], tma_bar_ptr=bar)
+            else:
+                for j in cutlass.range_constexpr(boxes):
+                    cute.copy(tma_k, tKgK[(None, pages[j])], tKsK[(None, j, 0, state.index)], tma_bar_ptr=bar)
+                    cute.copy(tma_v, tVgV[(None, pages[j])], tVsV[(None, 0, j, state.index)], tma_bar_ptr=bar)
             kv_pipeline.producer_commit(state)
             state.advance()
 
@@ -727,7 +749,7 @@ class SplitKVDecodeKernel:
 
     @cute.jit
     def mma_softmax_epilogue(
-        self, qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, tidx, split_idx, batch_idx, kvh,
+        self, qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, v_pipeline, tidx, split_idx, batch_idx, kvh,
         row_block, seqlen_q, group, n_keys, start, end, num_tiles, first_tile, softmax_scale_log2,
         sK8, sV8, v_scale, sRowScale,
     ):
@@ -783,7 +805,7 @@ class SplitKVDecodeKernel:
                 if cutlass.const_expr(not self.fp8_qk):
                     # The fp8 slot is consumed: hand it back to the producer now.
                     kv_pipeline.consumer_release(state)
-            else:
+            elif cutlass.const_expr(not self.split_barriers):
                 if tile_start + N > end:
                     self.zero_tail_v(sV, state.index, end - tile_start, tidx)
 
@@ -795,8 +817,9 @@ class SplitKVDecodeKernel:
                     cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, t], tSrK[None, None, kb, k_stage], acc_s)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
-            if cutlass.const_expr(self.fp8_qk):
-                # K was read by the S wgmma and V converted: the fp8 slot goes back now.
+            if cutlass.const_expr(self.fp8_qk or self.split_barriers):
+                # fp8 Q K^T: K was read by the S wgmma and V converted, the fp8 slot goes back
+                # now. Split barriers: the K stage goes back (V has a barrier of its own).
                 kv_pipeline.consumer_release(state)
 
             # Mask by selection (garbage keys may be NaN: never multiply them by 0), then the
@@ -816,13 +839,19 @@ class SplitKVDecodeKernel:
             # (skip_padding: skipped halves convert their raw scores; only padding rows read them.)
             tOrP_as_acc.store(acc_s.load().to(self.op_dtype))
 
+            if cutlass.const_expr(self.split_barriers):
+                v_pipeline.consumer_wait(state)
+                if tile_start + N > end:
+                    self.zero_tail_v(sV, state.index, end - tile_start, tidx)
             warpgroup.fence()
             pv_mma.set(warpgroup.Field.ACCUMULATE, True)
             for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
                 cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, op_stage], acc_o)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
-            if cutlass.const_expr(not self.staged):
+            if cutlass.const_expr(self.split_barriers):
+                v_pipeline.consumer_release(state)
+            elif cutlass.const_expr(not self.staged):
                 kv_pipeline.consumer_release(state)
             state.advance()
 
