@@ -313,7 +313,7 @@ def test_merge_configs():
 
     with pytest.raises(ValueError, match="merge: only for a launch that writes partials"):
         configs.split_config("bfloat16", 128, False, False, merge=True)
-    merged = [c for c in compile_check_configs() if c.merge and not _one_per_sm(c) and not _short_or_barriers(c)]
+    merged = [c for c in compile_check_configs() if c.merge and not _one_per_sm(c) and not _wave_or_barriers(c)]
     assert all(c.write_partials for c in merged)
     assert {(c.kv_dtype, c.head_dim) for c in merged if not c.paged} == {
         (kv, d) for kv in configs.KV_DTYPES for d in configs.HEAD_DIMS}
@@ -383,7 +383,7 @@ def test_one_per_sm_configs():
     with pytest.raises(ValueError, match="one_per_sm: not for gathered pages"):
         configs.split_config("bfloat16", 128, False, True, True, page_size=48, one_per_sm=True)
     deep = [c for c in compile_check_configs()
-            if _one_per_sm(c) and c.skip_padding and not c.paged and not _short_or_barriers(c)]
+            if _one_per_sm(c) and c.skip_padding and not c.paged and not _wave_or_barriers(c)]
     assert len(deep) == 9 and {(c.dtype, c.causal, c.write_partials) for c in deep} == {
         (d, ca, wp) for d in configs.DTYPES for ca in (False, True) for wp in (False, True)}
     paged = [c for c in compile_check_configs() if _one_per_sm(c) and c.paged]
@@ -391,26 +391,25 @@ def test_one_per_sm_configs():
     assert any(c.merge for c in deep) and not any(c in set(all_split_configs()) for c in deep)
 
 
-def test_short_split_and_barrier_configs():
-    """The short-split tile (32-key tiles, 4 stages, two CTAs per SM) is a compile key of dense
-    16-bit d = 128 partials launches; the compile check builds it for every dtype x causal,
-    combined and merged. Split K/V barriers apply to 16-bit TMA loads only (staged loads keep one
-    pair per stage, whatever is asked), add 16 bytes per stage, and the compile check builds the
-    layout SPLIT_KV_BARRIERS does not select for every head dim and both special tiles."""
+def test_one_wave_and_barrier_configs():
+    """Three stages for one-wave merging launches are a compile key of dense 16-bit d = 128
+    merging launches on the two-CTA tile (still two CTAs per SM); the compile check builds them
+    for every dtype x causal. Split K/V barriers apply to 16-bit TMA loads only (staged loads
+    keep one pair per stage, whatever is asked), add 16 bytes per stage, and the compile check
+    builds the layout SPLIT_KV_BARRIERS does not select for every head dim and special tile."""
     from flashsplit.cute import configs
 
-    c = configs.split_config("bfloat16", 128, False, True, short_splits=True)
-    assert (c.tile_n, c.stages, c.units_per_sm) == configs.SHORT_SPLIT_TILE == (32, 4, 2)
+    c = configs.split_config("bfloat16", 128, False, True, merge=True, one_wave=True)
+    assert (c.tile_n, c.stages, c.units_per_sm) == (64, configs.ONE_WAVE_STAGES, 2) == (64, 3, 2)
     configs.check_smem(c)
     for kwargs in (dict(head_dim=64), dict(kv_dtype="float8_e4m3fn"), dict(paged=True, page_size=128),
-                   dict(one_per_sm=True)):
-        args = dict(dtype="bfloat16", head_dim=128, causal=False, write_partials=True) | kwargs
-        with pytest.raises(ValueError, match="short_splits: only for dense 16-bit caches at head_dim 128"):
-            configs.split_config(**args, short_splits=True)
-    short = [c for c in compile_check_configs() if c.tile_n == 32]
-    assert all(c.write_partials and not c.paged and not c.fp8 for c in short)
-    assert {(c.dtype, c.causal, c.merge) for c in short} == {
-        (d, ca, m) for d in configs.DTYPES for ca in (False, True) for m in (False, True)}
+                   dict(one_per_sm=True), dict(merge=False)):
+        args = dict(dtype="bfloat16", head_dim=128, causal=False, write_partials=True, merge=True) | kwargs
+        with pytest.raises(ValueError, match="one_wave: only for merging launches of dense 16-bit caches"):
+            configs.split_config(**args, one_wave=True)
+    deep = [c for c in compile_check_configs() if _one_wave(c)]
+    assert all(c.merge and not c.paged and not c.fp8 for c in deep)
+    assert {(c.dtype, c.causal) for c in deep} >= {(d, ca) for d in configs.DTYPES for ca in (False, True)}
     for kv_dtype, page_size in (("float8_e4m3fn", None), ("float8_e5m2", 16), ("same", 48)):
         staged = configs.split_config("bfloat16", 128, False, True, page_size is not None, kv_dtype, page_size,
                                       split_barriers=True)
@@ -421,8 +420,31 @@ def test_short_split_and_barrier_configs():
     other = [c for c in compile_check_configs() if c.split_barriers != configs.SPLIT_KV_BARRIERS]
     assert {c.head_dim for c in other if not c.paged} == set(configs.HEAD_DIMS)
     assert {c.subtile_page for c in other if c.paged} == {0, 16}
-    assert any(_one_per_sm(c) for c in other) and any(c.tile_n == 32 for c in other)
+    assert any(_one_per_sm(c) for c in other) and any(_one_wave(c) for c in other)
     assert all(c.split_barriers == configs.SPLIT_KV_BARRIERS for c in all_split_configs() if not c.staged)
+
+
+def test_one_wave_merge_rule():
+    """3 stages where a dense 16-bit d = 128 launch on the two-CTA tile merges 2-16 splits in
+    one wave (Llama-3-8B heads: B = 4 x 4k/16k, 8 splits; B = 16 x 128k, 2; B = 8 x 4k, 4), not
+    for 32 combined splits (B = 1), one split (B = 64), one CTA per SM (B = 16 x 4k), d = 64,
+    fp8 or paged caches."""
+    from flashsplit.cute.backend import _planned_split
+
+    backend = CuteBackend()
+
+    def takes(batch, seqlen_k, head_dim=128, kv_dtype=None, page_size=0):
+        p = DecodeProblem(batch, 1, seqlen_k, 32, 8, head_dim, torch.bfloat16, False, True, "cuda",
+                          kv_dtype=kv_dtype, page_size=page_size)
+        splits = _planned_split(p, p.work_units(64), backend.units_per_sm(p))[0]
+        return backend.one_wave_merge(p, splits), splits
+
+    assert takes(4, 4096) == (True, 8) and takes(4, 16384) == (True, 8)
+    assert takes(16, 131072) == (True, 2) and takes(8, 4096) == (True, 4)
+    assert takes(1, 4096) == (False, 32) and takes(1, 131072) == (False, 32)
+    assert takes(64, 4096) == (False, 1) and takes(16, 4096)[0] is False  # one CTA per SM
+    assert not takes(4, 4096, head_dim=64)[0] and not takes(4, 4096, kv_dtype=torch.float8_e4m3fn)[0]
+    assert not takes(4, 4096, page_size=128)[0]
 
 
 def test_one_cta_per_sm_rule():
@@ -483,12 +505,17 @@ def _one_per_sm(config) -> bool:
     return config.head_dim == 128 and config.units_per_sm == 1
 
 
-def _short_or_barriers(config) -> bool:
-    """A configuration of the short-split tile or of the K/V barrier layout that
-    ``SPLIT_KV_BARRIERS`` does not select (test_short_split_and_barrier_configs)."""
+def _one_wave(config) -> bool:
+    """A configuration with ``ONE_WAVE_STAGES`` (test_one_wave_and_barrier_configs)."""
+    return config.head_dim == 128 and config.units_per_sm == 2 and config.stages == 3 and not config.staged
+
+
+def _wave_or_barriers(config) -> bool:
+    """A one-wave configuration or one of the K/V barrier layout that ``SPLIT_KV_BARRIERS`` does
+    not select (test_one_wave_and_barrier_configs)."""
     from flashsplit.cute import configs
 
-    return config.tile_n == configs.SHORT_SPLIT_TILE[0] or config.split_barriers != configs.SPLIT_KV_BARRIERS
+    return _one_wave(config) or config.split_barriers != configs.SPLIT_KV_BARRIERS
 
 
 def configs_tile(head_dim):
@@ -766,7 +793,7 @@ def test_fp16_operand_configs():
     dispatched = set(all_split_configs())
     others = [c for c in compile_check_configs()
               if c not in dispatched and not c.merge and not _one_per_sm(c) and c.skip_padding and not c.fp8_qk
-              and not _short_or_barriers(c)]
+              and not _wave_or_barriers(c)]
     assert all(c.fp8 and c.dtype == "bfloat16" and c.fp16_operands != chosen for c in others)
     assert {(c.kv_dtype, c.head_dim) for c in others if not c.paged} == {
         (kv, d) for kv in configs.KV_DTYPES[1:] for d in configs.HEAD_DIMS}

@@ -815,39 +815,39 @@ def test_one_per_sm_paged(page_size, seqlen_q, group, causal, num_splits, cute_p
                             f"one CTA per SM, pages of {page_size}", one_per_sm=True)
 
 
-# The short-split tile (configs.SHORT_SPLIT_TILE: 32-key tiles, 4 stages; the rule in
-# CuteBackend.short_splits takes it where every split is one 128-key granule). It is correct for
-# any split length, so the d = 128 matrix runs on it at 3, 5 and 17 splits (and so at 1-8 tiles
-# per split, empty splits and rows, partial last tiles of 1/127/129 keys, merged and combined).
-@pytest.mark.parametrize("case", [c for c in _cases() if c.head_dim == 128 and c.num_splits > 1], ids=str)
-def test_short_split_decode_matches_reference(case):
-    test_decode_matches_reference(case, short_splits=True)
+# Three stages for merging launches in one wave (configs.ONE_WAVE_STAGES; the rule in
+# CuteBackend.one_wave_merge): the d = 128 matrix's merging launches (3 and 5 splits: empty
+# splits and rows, partial last tiles of 1/127/129 keys, L_q 1-16, groups 1-8) on that kernel.
+@pytest.mark.parametrize("case", [c for c in _cases() if c.head_dim == 128 and 1 < c.num_splits <= 16], ids=str)
+def test_one_wave_decode_matches_reference(case):
+    test_decode_matches_reference(case, one_wave=True)
 
 
-def test_short_split_through_decode_api_and_graph_replay(monkeypatch):
-    """B = 1, 8 KV heads, 4k keys: the plan's 32 splits of one granule take the short-split tile
-    (with ``short_split_tiles``); a captured decode follows new cache_seqlens."""
+def test_one_wave_through_prepare_and_graph_replay():
+    """B = 4, 8 KV heads, 4k keys: the plan's 8 splits (256 CTAs) take the 3-stage kernel; a
+    captured decode follows new cache_seqlens (NaN past each row's longest length)."""
     import flashsplit
-    from flashsplit.cute.backend import CuteBackend
+    from flashsplit.cute.backend import CuteBackend, _planned_split
 
-    monkeypatch.setattr(CuteBackend, "short_split_tiles", True)
-    case = DecodeCase(1, 1, 4096, 8, 4, 128, torch.bfloat16, (3000,), 0)
+    case = DecodeCase(4, 1, 4096, 8, 4, 128, torch.bfloat16, (4000, 3000, 129, 1), 0)
     problem = case.problem()
-    assert CuteBackend().short_splits(problem, 32) and not CuteBackend().short_splits(problem, 16)
+    backend = CuteBackend()
+    splits = _planned_split(problem, problem.work_units(64), backend.units_per_sm(problem))[0]
+    assert splits == 8 and backend.one_wave_merge(problem, splits)
     q, k, v, seqlens = make_inputs(case, "cuda", torch.Generator().manual_seed(3))
-    prepared = CuteBackend().prepare(problem, 32, 0.1, False)
-    assert prepared.short_splits
+    prepared = backend.prepare(problem, splits, 0.1, False)
+    assert prepared.one_wave and prepared.merge
     out = torch.full_like(q, float("nan"))
     prepared(q, k, v, seqlens, None, None, None, out, None)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         prepared(q, k, v, seqlens, None, None, None, out, None)
-    for n in (3000, 1, 130, 0, 2999):  # (NaN past 3000)
-        seqlens.fill_(n)
+    for lengths in ((4000, 3000, 129, 1), (1, 0, 128, 1), (3999, 2999, 0, 0)):
+        seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        check_against_reference(out, None, q, k, v, seqlens, False, 0.1, what=f"length {n}")
+        check_against_reference(out, None, q, k, v, seqlens, False, 0.1, what=f"lengths {lengths}")
     out2 = flashsplit.decode(q, k, v, cache_seqlens=seqlens, backend="cute")
     torch.cuda.synchronize()
     check_against_reference(out2, None, q, k, v, seqlens, False, 1.0 / math.sqrt(128))
@@ -869,8 +869,8 @@ def test_other_barriers_decode_matches_reference(case, cute_other_barriers):
 
 
 @pytest.mark.parametrize("case", [c for c in _cases() if c.head_dim == 128 and c.num_splits > 1][:6], ids=str)
-def test_other_barriers_short_and_one_per_sm_tiles(case, cute_other_barriers):
-    test_decode_matches_reference(case, short_splits=True)
+def test_other_barriers_one_wave_and_one_per_sm_tiles(case, cute_other_barriers):
+    test_decode_matches_reference(case, one_wave=True)
     test_decode_matches_reference(case, one_per_sm=True)
 
 

@@ -321,7 +321,7 @@ def test_prepared_cute_launches_with_workspace_addresses(num_splits, with_lse, m
     setups, launches, bases, counters = [], [], [], []
 
     def split_launch(self, q_, k_, v_, seqlens, table, splits, scale, causal, o, lse_, partials, kd, vd, out_=None,
-                     one_per_sm=False):
+                     one_per_sm=False, one_wave=False):
         setups.append(("split", o.shape, lse_.shape, partials, out_ is out))
         strides = (0, 0, 0) if out_ is None else out_.stride()[:3]
         return cute_backend._SplitLaunch("split-kernel", (7,), (0, 0, 0, 0), strides, None, partials, q.dtype,

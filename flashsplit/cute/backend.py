@@ -13,7 +13,7 @@ import importlib.util
 
 import torch
 
-from ..plan import SPLIT_GRANULE, choose_num_splits, device_num_sms, tokens_per_split
+from ..plan import choose_num_splits, device_num_sms, tokens_per_split
 from ..problem import FP8_DTYPES, DecodeProblem
 from ..registry import Backend
 from ..workspace import ARRIVALS, Workspace, stream_key
@@ -48,9 +48,8 @@ class CuteBackend(Backend):
     #: The combine kernel as a programmatic dependent of the split kernel: "off", or where each
     #: split CTA signals it (``configs.LAUNCH_DEPENDENTS``: "none" = when the grid ends).
     combine_pdl = configs.COMBINE_PDL
-    #: Launches whose every split is one 128-key granule run on ``configs.SHORT_SPLIT_TILE``
-    #: (``short_splits``).
-    short_split_tiles = configs.SHORT_SPLIT_TILES
+    #: The combine's preferred shared-memory carveout (``configs.CombineConfig.smem_carveout``).
+    combine_carveout = configs.COMBINE_CARVEOUT
     #: K and V tiles on mbarriers of their own (``configs.SplitConfig.split_barriers``).
     split_barriers = configs.SPLIT_KV_BARRIERS
 
@@ -186,27 +185,33 @@ class CuteBackend(Backend):
         least = self.one_per_sm_min_keys if splits == 1 else self.one_per_sm_min_split_keys
         return least <= keys <= self.one_per_sm_max_keys
 
-    def short_splits(self, problem: DecodeProblem, num_splits: int) -> bool:
-        """Whether a launch of ``num_splits`` splits runs on ``configs.SHORT_SPLIT_TILE``: with
-        ``short_split_tiles``, a dense 16-bit cache at d = 128 whose every split holds one
-        128-key granule (at the cache's capacity, so at any live length)."""
-        return (self.short_split_tiles and num_splits > 1 and problem.head_dim == 128 and not problem.paged
-                and problem.cache_dtype == problem.dtype and not self.one_cta_per_sm(problem)
-                and tokens_per_split(problem.seqlen_k, num_splits) <= SPLIT_GRANULE)
+    def one_wave_merge(self, problem: DecodeProblem, num_splits: int) -> bool:
+        """Whether a launch of ``num_splits`` splits takes ``configs.ONE_WAVE_STAGES``: a dense
+        16-bit cache at d = 128 on the two-CTA tile, whose 2..``merge_max_splits`` splits merge
+        in the kernel and whose CTAs fit one wave at two per SM (where 3 stages measured faster)."""
+        if problem.head_dim != 128 or problem.paged or problem.cache_dtype != problem.dtype:
+            return False
+        if not (1 < num_splits <= self.merge_max_splits and configs.MERGE_VERIFIED_ON_GPU):
+            return False
+        if self.one_cta_per_sm(problem):
+            return False
+        ctas = problem.work_units(self.block_m(problem)) * num_splits
+        return ctas <= configs.split_tile(128)[2] * device_num_sms(problem.device_type)
 
     # ------------------------------------------------------------------ launches
     def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float, causal: bool):
         # (tests prepare without a problem)
         one_per_sm = problem is not None and self.one_cta_per_sm(problem)
-        short = problem is not None and self.short_splits(problem, num_splits)
-        return PreparedCuteDecode(self, num_splits, softmax_scale, causal, one_per_sm, short)
+        one_wave = problem is not None and self.one_wave_merge(problem, num_splits)
+        return PreparedCuteDecode(self, num_splits, softmax_scale, causal, one_per_sm, one_wave)
 
     def decode(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out, lse,
                block_table=None, k_descale=None, v_descale=None, one_per_sm: bool = False,
-               short_splits: bool = False) -> None:
+               one_wave: bool = False) -> None:
         """One decode with ``num_splits`` splits (tests; the api goes through :meth:`prepare`),
-        on the one-CTA-per-SM tile with ``one_per_sm``, on the short-split tile with ``short_splits``."""
-        PreparedCuteDecode(self, num_splits, softmax_scale, causal, one_per_sm, short_splits)(
+        on the one-CTA-per-SM tile with ``one_per_sm``, with ``configs.ONE_WAVE_STAGES`` with ``one_wave``
+        (a merging launch: 2..merge_max_splits splits)."""
+        PreparedCuteDecode(self, num_splits, softmax_scale, causal, one_per_sm, one_wave)(
             q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse)
 
     def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
@@ -229,7 +234,8 @@ class CuteBackend(Backend):
 
         num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
         kernel = compile_combine(configs.CombineConfig(_OUT_DTYPE_NAMES[out.dtype], head_dim,
-                                                       pdl=self.combine_pdl != "off"))
+                                                       pdl=self.combine_pdl != "off",
+                                                       smem_carveout=self.combine_carveout))
         static = (num_splits, batch, seqlen_q, num_heads,
                   *out_partial.stride()[:4], *lse_partial.stride(), *out.stride()[:3])
         return kernel, static
@@ -244,10 +250,10 @@ class CuteBackend(Backend):
 
     def _split_launch(self, q, k, v, cache_seqlens, block_table, num_splits, scale, causal, o, lse,
                       write_partials, k_descale=None, v_descale=None, out=None, one_per_sm=False,
-                      short_splits=False) -> _SplitLaunch:
+                      one_wave=False) -> _SplitLaunch:
         """The compiled split kernel for this call's static facts and its static raw arguments;
         with ``out`` (partials only), the kernel's last CTA per row tile merges into it; with
-        ``one_per_sm``, the one-CTA-per-SM tile; with ``short_splits``, the short-split tile."""
+        ``one_per_sm``, the one-CTA-per-SM tile; with ``one_wave``, ``configs.ONE_WAVE_STAGES``."""
         import math
 
         from .compile import compile_split
@@ -265,7 +271,7 @@ class CuteBackend(Backend):
         kv_dtype = _FP8_NAMES.get(k.dtype, "same")
         config = configs.split_config(_DTYPE_NAMES[q.dtype], head_dim, causal, write_partials, paged, kv_dtype,
                                       cache_len if paged else None, merge=out is not None, one_per_sm=one_per_sm,
-                                      combine_pdl=self.combine_pdl, short_splits=short_splits,
+                                      combine_pdl=self.combine_pdl, one_wave=one_wave,
                                       split_barriers=self.split_barriers)
         if lse.stride() != _compact_strides(lse.shape):
             raise ValueError(f"lse: expected a contiguous tensor, got strides {lse.stride()}")
@@ -324,17 +330,17 @@ class PreparedCuteDecode:
     """
 
     def __init__(self, backend: CuteBackend, num_splits: int, softmax_scale: float, causal: bool,
-                 one_per_sm: bool = False, short_splits: bool = False):
+                 one_per_sm: bool = False, one_wave: bool = False):
         self.backend = backend
         self.num_splits = num_splits
         self.softmax_scale = softmax_scale
         self.causal = causal
         self.one_per_sm = one_per_sm  # configs.ONE_PER_SM_TILE (the plan counted one CTA per SM)
-        self.short_splits = short_splits  # configs.SHORT_SPLIT_TILE (every split one granule)
         self.split: _SplitLaunch | None = None
         self.combine: tuple | None = None  # (compiled combine, its static raw arguments)
         # Fixed per prepared launch (its compiled kernel).
         self.merge = 1 < num_splits <= backend.merge_max_splits and configs.MERGE_VERIFIED_ON_GPU
+        self.one_wave = one_wave and self.merge  # configs.ONE_WAVE_STAGES (merging launches only)
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse) -> None:
         batch, seqlen_q, num_heads, head_dim = q.shape
@@ -390,7 +396,7 @@ class PreparedCuteDecode:
         self.split = self.backend._split_launch(q, k_cache, v_cache, cache_seqlens, block_table, splits,
                                                 self.softmax_scale, self.causal, out_partial, lse_partial, True,
                                                 k_descale, v_descale, out if self.merge else None,
-                                                one_per_sm=self.one_per_sm, short_splits=self.short_splits)
+                                                one_per_sm=self.one_per_sm, one_wave=self.one_wave)
         if not self.merge:
             self.combine = self.backend._combine_launch(out_partial, lse_partial, out)
 

@@ -121,6 +121,9 @@ class CombineConfig:
     head_dim: int
     #: Launched as a programmatic dependent of the split kernel (``CuteBackend.combine_pdl``).
     pdl: bool = False
+    #: The kernel's preferred shared-memory carveout (percent; None: the driver's choice).
+    #: ``COMBINE_CARVEOUT``.
+    smem_carveout: int | None = None
 
 
 def split_tile(head_dim: int) -> tuple[int, int, int]:
@@ -154,14 +157,16 @@ def split_tile(head_dim: int) -> tuple[int, int, int]:
 #: B = 64 4k 247.6 vs 245.1 (``CuteBackend.one_cta_per_sm`` picks it).
 ONE_PER_SM_TILE = (64, 3, 1)
 
-#: 32-key tiles, 4 stages (the same 64 KiB of loads in flight and two CTAs per SM as
-#: ``split_tile(128)``), for 16-bit dense caches at d = 128 whose every split is one 128-key
-#: granule (``split_config(..., short_splits=True)``, ``CuteBackend.short_split_tiles``): a
-#: CTA's last tile, whose S, softmax and PV run after its last bytes land, is half as long.
-#: Triton's rule for the same splits (``flashsplit.triton.backend.choose_tiles``).
-SHORT_SPLIT_TILE = (32, 4, 2)
-#: Whether the backend takes :data:`SHORT_SPLIT_TILE` where it applies (``CuteBackend.short_split_tiles``).
-SHORT_SPLIT_TILES = False
+#: K+V stages of the two-CTA d = 128 tile (64 keys) in a launch that merges in the kernel and
+#: whose CTAs fit one wave at two per SM (``split_config(..., one_wave=True)``,
+#: ``CuteBackend.one_wave_merge``): 3 instead of 2 (2 x 113 KiB of shared memory per SM, 96 KiB
+#: of loads in flight per CTA). H200, 32/8 heads, bf16, same runs (tenth session, calls 1-3), us,
+#: 3 vs 2 stages (Triton): B = 4 x 4k (8 splits) 22.09-22.13 vs 22.81-22.87 (21.93-22.12), B = 4
+#: x 16k 65.68-66.32 vs 66.12-66.41 (65.70-66.21), B = 16 x 128k (2 splits) 1855.0-1855.1 vs
+#: 1862.7-1863.0 (1883.1-1883.6). Not taken where it was slower: two waves (B = 64 x 4k, one
+#: split, 239.7-239.8 vs 237.8-237.9) and 32 combined splits (B = 1 x 128k 123.7-124.3 vs
+#: 123.1-123.6; B = 1 x 4k and 16k tied).
+ONE_WAVE_STAGES = 3
 
 
 def fp8_stages(head_dim: int) -> int:
@@ -185,7 +190,7 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
                  kv_dtype: str = "same", page_size: int | None = None,
                  fp16_operands: bool | None = None, merge: bool = False, one_per_sm: bool = False,
                  skip_padding: bool | None = None, fp8_qk: bool | None = None,
-                 combine_pdl: str | None = None, short_splits: bool = False,
+                 combine_pdl: str | None = None, one_wave: bool = False,
                  split_barriers: bool | None = None) -> SplitConfig:
     """The compile key for a problem. ``page_size`` (paged only) picks the load mode: a multiple
     of the tile (one TMA box per tile; the page size a runtime value), a sub-tile size
@@ -197,8 +202,8 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
     ``skip_padding`` defaults to ``SKIP_PADDING_VERIFIED_ON_GPU``, ``fp8_qk`` (e4m3 caches, dense
     or whole-tile pages) to ``FP8_QK_VERIFIED_ON_GPU``. ``combine_pdl`` (default ``COMBINE_PDL``):
     how the combine after a partials launch that does not merge is launched, "off" or where the
-    split CTAs signal it (``SplitConfig.launch_dependents``). ``short_splits`` (16-bit dense caches
-    at d = 128, every split one granule): :data:`SHORT_SPLIT_TILE`. ``split_barriers`` (default
+    split CTAs signal it (``SplitConfig.launch_dependents``). ``one_wave`` (merging launches of
+    dense 16-bit caches at d = 128 on the two-CTA tile): :data:`ONE_WAVE_STAGES`. ``split_barriers`` (default
     ``SPLIT_KV_BARRIERS``): K and V on their own mbarriers where the loads are 16-bit TMA tiles
     (``SplitConfig.split_barriers``; ignored for staged loads)."""
     if kv_dtype not in KV_DTYPES:
@@ -213,10 +218,13 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
     if one_per_sm and (head_dim != 128 or kv_dtype != "same"):
         raise ValueError(f"one_per_sm: only for 16-bit caches at head_dim 128 (dense or TMA pages), got head_dim "
                          f"{head_dim}, kv_dtype {kv_dtype}")
-    if short_splits and (head_dim != 128 or kv_dtype != "same" or paged or one_per_sm):
-        raise ValueError(f"short_splits: only for dense 16-bit caches at head_dim 128, got head_dim {head_dim}, "
-                         f"kv_dtype {kv_dtype}, paged={paged}, one_per_sm={one_per_sm}")
-    tile_n, stages, units = ONE_PER_SM_TILE if one_per_sm else SHORT_SPLIT_TILE if short_splits else split_tile(head_dim)
+    if one_wave and (head_dim != 128 or kv_dtype != "same" or paged or one_per_sm or not merge):
+        raise ValueError(f"one_wave: only for merging launches of dense 16-bit caches at head_dim 128 on the "
+                         f"two-CTA tile, got head_dim {head_dim}, kv_dtype {kv_dtype}, paged={paged}, "
+                         f"one_per_sm={one_per_sm}, merge={merge}")
+    tile_n, stages, units = ONE_PER_SM_TILE if one_per_sm else split_tile(head_dim)
+    if one_wave:
+        stages = ONE_WAVE_STAGES
     subtile_page, gather = 0, False
     if paged and page_size is not None and not paged_supported(page_size, head_dim):
         if page_size < 1:
@@ -266,6 +274,9 @@ LAUNCH_DEPENDENTS = ("none", "entry", "epilogue")
 #: combine's CTAs sit on the SMs while the split CTAs work, and the call got slower (why was not
 #: profiled): the second and seventh sessions' PDL attempts signalled there and were reverted.
 COMBINE_PDL = "epilogue"
+
+#: The combine kernel's preferred shared-memory carveout (``CombineConfig.smem_carveout``).
+COMBINE_CARVEOUT: int | None = None
 
 #: K and V tiles on mbarriers of their own (``SplitConfig.split_barriers``), where the loads
 #: are 16-bit TMA tiles.
@@ -457,23 +468,23 @@ def compile_check_configs() -> list[SplitConfig]:
     for j, (dtype, head_dim) in enumerate((dt, d) for dt in DTYPES for d in HEAD_DIMS):
         configs.append(split_config(dtype, head_dim, j % 2 == 1, j % 3 != 2, False, "float8_e4m3fn", fp8_qk=qk))
     configs.append(split_config("bfloat16", 128, False, True, True, "float8_e4m3fn", 128, fp8_qk=qk))
-    # The short-split tile (dense 16-bit, d = 128, several splits): dtype x causal, combined and merged.
-    configs += [split_config(dtype, 128, causal, True, merge=merge, short_splits=True)
-                for dtype in DTYPES for causal in (False, True) for merge in (False, True)]
+    # Three stages for one-wave merging launches (dense 16-bit, d = 128): dtype x causal.
+    configs += [split_config(dtype, 128, causal, True, merge=True, one_wave=True)
+                for dtype in DTYPES for causal in (False, True)]
     # The K/V barrier layout SPLIT_KV_BARRIERS does not select: every head dim dense (final and
-    # partials output), TMA pages (whole-tile and sub-tile), the one-CTA-per-SM and short tiles.
+    # partials output), TMA pages (whole-tile and sub-tile), one CTA per SM, one-wave stages.
     other = not SPLIT_KV_BARRIERS
     configs += [split_config(DTYPES[j % 2], head_dim, j % 2 == 1, wp, split_barriers=other)
                 for j, head_dim in enumerate(HEAD_DIMS) for wp in (False, True)]
     configs += [split_config("bfloat16", 128, False, True, True, page_size=p, split_barriers=other) for p in (128, 16)]
     configs.append(split_config("float16", 128, True, True, merge=True, one_per_sm=True, split_barriers=other))
-    configs.append(split_config("bfloat16", 128, False, True, short_splits=True, split_barriers=other))
+    configs.append(split_config("bfloat16", 128, False, True, merge=True, one_wave=True, split_barriers=other))
     return configs
 
 
 def all_combine_configs() -> list[CombineConfig]:
-    return [CombineConfig(dtype, head_dim, pdl=COMBINE_PDL != "off") for dtype in COMBINE_OUT_DTYPES
-            for head_dim in HEAD_DIMS]
+    return [CombineConfig(dtype, head_dim, pdl=COMBINE_PDL != "off", smem_carveout=COMBINE_CARVEOUT)
+            for dtype in COMBINE_OUT_DTYPES for head_dim in HEAD_DIMS]
 
 
 def check_smem(config: SplitConfig) -> None:

@@ -111,8 +111,8 @@ class SplitKVDecodeKernel:
     def can_implement(head_dim: int, tile_n: int) -> str | None:
         if head_dim not in (64, 128, 256):
             return f"head_dim {head_dim} is not one of 64, 128, 256"
-        if 128 % tile_n != 0 or tile_n % 32 != 0:
-            return f"tile_n {tile_n} must be 32, 64 or 128 (a divisor of the 128-key split granule)"
+        if 128 % tile_n != 0 or tile_n % 64 != 0:
+            return f"tile_n {tile_n} must be 64 or 128 (a divisor of the 128-key split granule)"
         return None
 
     # ------------------------------------------------------------------------------------------
