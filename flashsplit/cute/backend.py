@@ -48,8 +48,6 @@ class CuteBackend(Backend):
     #: The combine kernel as a programmatic dependent of the split kernel: "off", or where each
     #: split CTA signals it (``configs.LAUNCH_DEPENDENTS``: "none" = when the grid ends).
     combine_pdl = configs.COMBINE_PDL
-    #: The combine's preferred shared-memory carveout (``configs.CombineConfig.smem_carveout``).
-    combine_carveout = configs.COMBINE_CARVEOUT
     #: K and V tiles on mbarriers of their own (``configs.SplitConfig.split_barriers``).
     split_barriers = configs.SPLIT_KV_BARRIERS
 
@@ -234,8 +232,7 @@ class CuteBackend(Backend):
 
         num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
         kernel = compile_combine(configs.CombineConfig(_OUT_DTYPE_NAMES[out.dtype], head_dim,
-                                                       pdl=self.combine_pdl != "off",
-                                                       smem_carveout=self.combine_carveout))
+                                                       pdl=self.combine_pdl != "off"))
         static = (num_splits, batch, seqlen_q, num_heads,
                   *out_partial.stride()[:4], *lse_partial.stride(), *out.stride()[:3])
         return kernel, static

@@ -101,7 +101,6 @@ class CombineKernel:
             # the split CTAs signal it after their last tile; signalled on entry it was slower,
             # docs/cute.md). Without it the griddepcontrol.wait below returns at once.
             use_pdl=self.config.pdl,
-            preferred_smem_carveout=self.config.smem_carveout,
         )
 
     @cute.kernel

@@ -121,9 +121,6 @@ class CombineConfig:
     head_dim: int
     #: Launched as a programmatic dependent of the split kernel (``CuteBackend.combine_pdl``).
     pdl: bool = False
-    #: The kernel's preferred shared-memory carveout (percent; None: the driver's choice).
-    #: ``COMBINE_CARVEOUT``.
-    smem_carveout: int | None = None
 
 
 def split_tile(head_dim: int) -> tuple[int, int, int]:
@@ -274,9 +271,6 @@ LAUNCH_DEPENDENTS = ("none", "entry", "epilogue")
 #: combine's CTAs sit on the SMs while the split CTAs work, and the call got slower (why was not
 #: profiled): the second and seventh sessions' PDL attempts signalled there and were reverted.
 COMBINE_PDL = "epilogue"
-
-#: The combine kernel's preferred shared-memory carveout (``CombineConfig.smem_carveout``).
-COMBINE_CARVEOUT: int | None = None
 
 #: K and V tiles on mbarriers of their own (``SplitConfig.split_barriers``), where the loads
 #: are 16-bit TMA tiles.
@@ -483,8 +477,8 @@ def compile_check_configs() -> list[SplitConfig]:
 
 
 def all_combine_configs() -> list[CombineConfig]:
-    return [CombineConfig(dtype, head_dim, pdl=COMBINE_PDL != "off", smem_carveout=COMBINE_CARVEOUT)
-            for dtype in COMBINE_OUT_DTYPES for head_dim in HEAD_DIMS]
+    return [CombineConfig(dtype, head_dim, pdl=COMBINE_PDL != "off") for dtype in COMBINE_OUT_DTYPES
+            for head_dim in HEAD_DIMS]
 
 
 def check_smem(config: SplitConfig) -> None:
