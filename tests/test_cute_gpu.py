@@ -886,3 +886,13 @@ def test_other_barriers_paged(page_size, seqlen_q, group, causal, num_splits, cu
 
 def test_other_barriers_cuda_graph_capture(cute_other_barriers):
     test_cuda_graph_capture()
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("num_splits", [32, 33, 64, 256])
+def test_combine_many_splits(head_dim, num_splits):
+    """The combine kernel at split counts past the splits a row holds in flight (32; 64 at
+    d = 64): further chunks, and LSEs past one register per lane; empty rows and splits."""
+    lengths = (32768, 5000, 129, 0)
+    case = DecodeCase(len(lengths), 1, 32768, 2, 4, head_dim, torch.bfloat16, lengths, num_splits)
+    test_decode_matches_reference(case)
