@@ -11,7 +11,7 @@ first loads before anything waits on memory:
   columns of the partial O (vector loads where the tensor's layout proves alignment).
 
 The warp then reduces the row's LSE on its own with shuffles (max, then the sum of
-``exp(lse_s - max)``; accurate exp/log), weights its splits by ``exp(lse_s - lse)`` and sums them;
+``exp(lse_s - max)``; exp/log as FAST_MATH says), weights its splits by ``exp(lse_s - lse)`` and sums them;
 further chunks cost one more round trip each. A split of weight 0 (LSE ``-inf``: empty, its
 ``out_partial`` slice never written and maybe NaN) is dropped by selection, never multiplied by 0.
 A row whose splits are all ``-inf`` gets LSE ``-inf`` and a zero sum.
@@ -25,6 +25,9 @@ from cutlass import Float32, cute
 #: flashsplit.plan.MAX_SPLITS: LSEs up to this split count are held in registers (8 per lane);
 #: more splits are still right, re-read from memory.
 SPLITS_IN_REGISTERS = 256
+#: exp/log by the hardware approximations (``ex2.approx``/``lg2.approx``: ~2^-22 relative
+#: error, far below the fp32 partials' rounding) instead of the accurate library sequences.
+FAST_MATH = True
 
 
 class RowMerge:
@@ -58,7 +61,7 @@ class RowMerge:
         """``acc += exp(lse_s - lse) * O_s`` over a loaded chunk; a split of weight 0 (empty, or
         past the last split) is dropped by selection: its O may be garbage or NaN."""
         for u in cutlass.range_constexpr(self.chunk):
-            w = cute.math.exp(lse_c[u] - lse, fastmath=False)
+            w = cute.math.exp(lse_c[u] - lse, fastmath=FAST_MATH)
             for j in cutlass.range_constexpr(self.cols_per_lane):
                 v = w * part[j, u]
                 if not w > 0.0:
@@ -95,14 +98,15 @@ class RowMerge:
             safe_max = Float32(0.0)
         total = Float32(0.0)
         for k in cutlass.range_constexpr(K):
-            total += cute.math.exp(lse_r[k] - safe_max, fastmath=False)
+            if 32 * k < num_splits:  # (warp-uniform: registers past the last split hold -inf)
+                total += cute.math.exp(lse_r[k] - safe_max, fastmath=FAST_MATH)
         for s in cutlass.range(lane + 32 * K, num_splits, 32, unroll=1):
-            total += cute.math.exp(mLp[s, b, h, m] - safe_max, fastmath=False)
+            total += cute.math.exp(mLp[s, b, h, m] - safe_max, fastmath=FAST_MATH)
         total = cute.arch.warp_reduction(total, lambda x, y: x + y)
         lse = -Float32.inf
         safe_lse = Float32(0.0)  # all splits empty: every weight is exp(-inf - 0) = 0
         if total > 0.0:
-            lse = safe_max + cute.math.log(total, fastmath=False)
+            lse = safe_max + cute.math.log(total, fastmath=FAST_MATH)
             safe_lse = lse
 
         # 3. This warp's weighted sum: the chunk in registers, then any further chunks.
