@@ -481,9 +481,10 @@ def test_one_cta_per_sm_rule():
 
 def test_cute_preferred_where_measured_faster():
     """auto ranks cute above Triton for dense 16-bit d = 128 problems with >= 4 packed rows per
-    KV head and >= 64 work units (B >= 8 with 8 KV heads) or >= 4096 keys per split
-    (B = 1 x 128k), where it was measured faster; not for one packed row (32/32 heads), short
-    splits (B = 1 x 16k, B = 4 x 16k: 2048), other head dims or fp8 caches."""
+    KV head and >= 64 work units (B >= 8 with 8 KV heads) or >= 512 keys per split (B = 1 x
+    16k/128k, B = 4 x 4k/16k), where it was measured faster (or tied); not for one packed row
+    (32/32 heads), shorter splits (B = 1 x 4k: 128 keys, B = 2 x 4k: 256), other head dims or fp8
+    caches."""
     backend = CuteBackend()
 
     def rank(**kw):
@@ -491,9 +492,10 @@ def test_cute_preferred_where_measured_faster():
 
     for kw in (dict(batch=16, seqlen_k=131072), dict(batch=64, seqlen_k=4096), dict(batch=64, seqlen_k=131072),
                dict(batch=1, seqlen_k=131072), dict(batch=16, seqlen_k=131072, dtype=torch.float16),
-               dict(batch=32, seqlen_k=4096, num_heads=64, num_heads_kv=8), dict(batch=8, seqlen_k=4096)):
+               dict(batch=32, seqlen_k=4096, num_heads=64, num_heads_kv=8), dict(batch=8, seqlen_k=4096),
+               dict(batch=1, seqlen_k=16384), dict(batch=4, seqlen_k=4096), dict(batch=4, seqlen_k=16384)):
         assert backend.cute_measured_faster(_problem(device_type="cuda", **kw)) and rank(**kw) > 0, kw
-    for kw in (dict(batch=1, seqlen_k=16384), dict(batch=4, seqlen_k=16384), dict(batch=7, seqlen_k=4096),
+    for kw in (dict(batch=1, seqlen_k=4096), dict(batch=2, seqlen_k=4096), dict(batch=1, seqlen_k=2048),
                dict(batch=16, seqlen_k=16384, num_heads_kv=32), dict(batch=16, seqlen_k=4096, num_heads_kv=32),
                dict(batch=64, seqlen_k=4096, head_dim=64), dict(batch=64, seqlen_k=4096, head_dim=256),
                dict(batch=64, seqlen_k=4096, kv_dtype=torch.float8_e4m3fn)):

@@ -128,11 +128,14 @@ class CuteBackend(Backend):
     #: 123.2 vs 137.9; B = 64 (512 units, 1 split) 4k 237.4 vs 238.3, 237.8 vs 238.8, 16k 938.1 vs
     #: 940.8, 939.2 vs 943.4, 128k 7477.6 vs 7520.6, 7503.1 vs 7526.3; B = 1 x 128k (32 splits of
     #: 4096 keys) 126.5 vs 126.9, 123.9 vs 124.7, 124.3 vs 125.0, 124.1 vs 124.9, 126.5 vs 127.3.
-    #: Triton led or tied below (B = 1 x 4k 10.2 vs 12.1, B = 4 x 4k 22.9 vs 23.1, B = 4 x 16k with
-    #: 2048 keys per split 66.70 vs 66.68) and with one packed row per KV head (32/32 heads,
+    #: Splits of 512-2048 keys since the tenth session's one-wave stages and fast-math merge (call
+    #: 7, two runs): B = 1 x 16k (32 splits of 512) 22.36 vs 22.71, 22.47-22.50 vs 22.66-22.72;
+    #: B = 4 x 4k (8 of 512) 21.84 vs 22.10, 21.86-21.89 vs 21.94-22.01; B = 4 x 16k (8 of 2048)
+    #: tied: 66.21 vs 66.14, 65.88-65.89 vs 65.85-65.94. Triton leads below 512 keys per split (B =
+    #: 1 x 4k, 32 splits of 128: 10.24 vs 11.48) and with one packed row per KV head (32/32 heads,
     #: B = 16 x 16k: 935.6 vs 957.7, 960.3 vs 977.8).
     fill_units = 64
-    long_split_keys = 4096
+    long_split_keys = 512
     min_packed_rows = 4
 
     def cute_measured_faster(self, problem: DecodeProblem) -> bool:
