@@ -509,7 +509,10 @@ def _one_per_sm(config) -> bool:
 
 def _one_wave(config) -> bool:
     """A configuration with ``ONE_WAVE_STAGES`` (test_one_wave_and_barrier_configs)."""
-    return config.head_dim == 128 and config.units_per_sm == 2 and config.stages == 3 and not config.staged
+    from flashsplit.cute import configs
+
+    return (config.head_dim == 128 and config.units_per_sm == 2 and config.stages == configs.ONE_WAVE_STAGES
+            and not config.staged)
 
 
 def _wave_or_barriers(config) -> bool:

@@ -28,6 +28,12 @@ def cutlass_available() -> bool:
     return importlib.util.find_spec("cutlass") is not None
 
 
+def _dense_16bit_d128(problem: DecodeProblem) -> bool:
+    """A dense (not paged) cache in q's 16-bit dtype at d = 128: where the measured dispatch rules
+    for the two-CTA tile apply."""
+    return problem.head_dim == 128 and problem.cache_dtype == problem.dtype and not problem.paged
+
+
 def _planned_split(problem: DecodeProblem, units: int, units_per_sm: int) -> tuple[int, int]:
     """(splits, keys per split) the shared plan gives ``problem``'s ``units`` work units at
     ``units_per_sm`` CTAs per SM: what the dispatch rules below judge a tile choice by."""
@@ -138,12 +144,17 @@ class CuteBackend(Backend):
     long_split_keys = 512
     min_packed_rows = 4
 
+    def merges(self, num_splits: int) -> bool:
+        """Whether a launch of ``num_splits`` splits merges them in the split kernel's tail
+        (2..``merge_max_splits``, with ``configs.MERGE_VERIFIED_ON_GPU``) instead of a combine."""
+        return 1 < num_splits <= self.merge_max_splits and configs.MERGE_VERIFIED_ON_GPU
+
     def cute_measured_faster(self, problem: DecodeProblem) -> bool:
         """A dense 16-bit cache at d = 128 with >= ``min_packed_rows`` packed rows per KV head
         whose work units fill the machine (>= ``fill_units``) or whose splits are long (>=
         ``long_split_keys`` keys as the plan splits it): where the cute kernel (two CTAs per SM)
         was measured faster than Triton's."""
-        if problem.head_dim != 128 or problem.cache_dtype != problem.dtype or problem.paged:
+        if not _dense_16bit_d128(problem):
             return False
         if problem.packed_rows < self.min_packed_rows:
             return False
@@ -190,11 +201,7 @@ class CuteBackend(Backend):
         """Whether a launch of ``num_splits`` splits takes ``configs.ONE_WAVE_STAGES``: a dense
         16-bit cache at d = 128 on the two-CTA tile, whose 2..``merge_max_splits`` splits merge
         in the kernel and whose CTAs fit one wave at two per SM (where 3 stages measured faster)."""
-        if problem.head_dim != 128 or problem.paged or problem.cache_dtype != problem.dtype:
-            return False
-        if not (1 < num_splits <= self.merge_max_splits and configs.MERGE_VERIFIED_ON_GPU):
-            return False
-        if self.one_cta_per_sm(problem):
+        if not (_dense_16bit_d128(problem) and self.merges(num_splits)) or self.one_cta_per_sm(problem):
             return False
         ctas = problem.work_units(self.block_m(problem)) * num_splits
         return ctas <= configs.split_tile(128)[2] * device_num_sms(problem.device_type)
@@ -339,7 +346,7 @@ class PreparedCuteDecode:
         self.split: _SplitLaunch | None = None
         self.combine: tuple | None = None  # (compiled combine, its static raw arguments)
         # Fixed per prepared launch (its compiled kernel).
-        self.merge = 1 < num_splits <= backend.merge_max_splits and configs.MERGE_VERIFIED_ON_GPU
+        self.merge = backend.merges(num_splits)
         self.one_wave = one_wave and self.merge  # configs.ONE_WAVE_STAGES (merging launches only)
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse) -> None:

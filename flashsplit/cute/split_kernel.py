@@ -572,17 +572,13 @@ class SplitKVDecodeKernel:
                 self.read_pages(mBlockTable, next_pages, batch_idx, first_tile + i + 1, end)
             kv_pipeline.producer_acquire(state)
             bar = kv_pipeline.producer_get_barrier(state)
-            if cutlass.const_expr(self.split_barriers):  # (K boxes first, then V's on their own barrier)
-                for j in cutlass.range_constexpr(boxes):
-                    cute.copy(tma_k, tKgK[(None, pages[j])], tKsK[(None, j, 0, state.index)], tma_bar_ptr=bar)
+            for j in cutlass.range_constexpr(boxes):
+                cute.copy(tma_k, tKgK[(None, pages[j])], tKsK[(None, j, 0, state.index)], tma_bar_ptr=bar)
+            if cutlass.const_expr(self.split_barriers):  # the V boxes wait for and land on their own stage
                 v_pipeline.producer_acquire(state)
                 bar = v_pipeline.producer_get_barrier(state)
-                for j in cutlass.range_constexpr(boxes):
-                    cute.copy(tma_v, tVgV[(None, pages[j])], tVsV[(None, 0, j, state.index)], tma_bar_ptr=bar)
-            else:
-                for j in cutlass.range_constexpr(boxes):
-                    cute.copy(tma_k, tKgK[(None, pages[j])], tKsK[(None, j, 0, state.index)], tma_bar_ptr=bar)
-                    cute.copy(tma_v, tVgV[(None, pages[j])], tVsV[(None, 0, j, state.index)], tma_bar_ptr=bar)
+            for j in cutlass.range_constexpr(boxes):
+                cute.copy(tma_v, tVgV[(None, pages[j])], tVsV[(None, 0, j, state.index)], tma_bar_ptr=bar)
             kv_pipeline.producer_commit(state)
             state.advance()
 
