@@ -134,6 +134,7 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
         assert len(s_wgmmas) == 3 * config.head_dim // 32, len(s_wgmmas)
     else:
         assert kinds == {("16", short, short)}, kinds
+    _check_swap_wgmmas(ptx, config)
     if config.fp16_operands and not config.fp8_qk:
         # fp8 -> fp16 is one cvt per pair: no detour through fp32 and bf16 (cvt.f32.f16 and
         # cvt.rn.bf16x2.f32 per pair in the bf16-operand kernel), and the q rows' scale is a
@@ -154,6 +155,20 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
         # threads).
         assert "st.shared.v4.b32" in ptx
         assert ptx.count("st.shared.b16") <= config.head_dim // 2, "staged tiles stored 2 bytes at a time"
+
+
+def _check_swap_wgmmas(ptx: str, config) -> None:
+    """Swapped operands: every wgmma is m64n8k16 (N = the 8 q rows), ``S^T = K Q^T`` (tile_n / 64
+    x D / 16 of them) reads A untransposed and ``O^T = V^T P^T`` (D / 64 x tile_n / 16) reads the V
+    stage as a transposed (MN-major) A; the 64-row kernel never issues N = 8."""
+    shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k\d+)", ptx))
+    if not config.swap_rows:
+        assert "m64n8k16" not in shapes, shapes
+        return
+    assert shapes == {"m64n8k16"}, shapes
+    transposed = re.findall(r"wgmma\.mma_async[^;]*p, 1,\s*1, (\d), (\d);", ptx)
+    n, d = config.tile_n, config.head_dim
+    assert sorted(transposed) == sorted([("0", "0")] * (n // 64 * d // 16) + [("1", "0")] * (d // 64 * n // 16)), transposed
 
 
 def _check_merge(ptx: str, config) -> None:
@@ -490,27 +505,60 @@ def test_one_cta_per_sm_rule():
 
 
 
-def test_cute_preferred_where_measured_faster():
-    """auto ranks cute above Triton for dense 16-bit d = 128 problems with >= 4 packed rows per
-    KV head and >= 64 work units (B >= 8 with 8 KV heads) or >= 512 keys per split (B = 1 x
-    16k/128k, B = 4 x 4k/16k), where it was measured faster (or tied); not for one packed row
-    (32/32 heads), shorter splits (B = 1 x 4k: 128 keys, B = 2 x 4k: 256), other head dims or fp8
-    caches."""
+def test_cute_preferred_where_measured_faster(monkeypatch):
+    """auto ranks cute above Triton for dense 16-bit d = 128 problems that take the swapped-operand
+    kernel in one wave (1-8 packed rows: B = 1 x 2k/4k, B = 2 x 4k, 32/32 heads at B = 1 x 4k), or
+    with >= 4 packed rows per KV head and >= 64 work units (B >= 8 with 8 KV heads) or >= 512 keys
+    per split, where it was measured faster (or tied); not for one packed row in several waves
+    (32/32 heads, B = 16), other head dims or fp8 caches; and without the swapped kernel, not for
+    splits under 512 keys (B = 1 x 4k: 128 keys, B = 2 x 4k: 256) or one packed row."""
     backend = CuteBackend()
+    monkeypatch.setattr(CuteBackend, "swap_ab", True)
 
     def rank(**kw):
         return backend.preference(_problem(device_type="cuda", **kw))[0]
 
+    short = (dict(batch=1, seqlen_k=4096), dict(batch=2, seqlen_k=4096), dict(batch=1, seqlen_k=2048),
+             dict(batch=1, seqlen_k=4096, num_heads_kv=32), dict(batch=4, seqlen_k=4096, num_heads_kv=32))
     for kw in (dict(batch=16, seqlen_k=131072), dict(batch=64, seqlen_k=4096), dict(batch=64, seqlen_k=131072),
                dict(batch=1, seqlen_k=131072), dict(batch=16, seqlen_k=131072, dtype=torch.float16),
                dict(batch=32, seqlen_k=4096, num_heads=64, num_heads_kv=8), dict(batch=8, seqlen_k=4096),
-               dict(batch=1, seqlen_k=16384), dict(batch=4, seqlen_k=4096), dict(batch=4, seqlen_k=16384)):
+               dict(batch=1, seqlen_k=16384), dict(batch=4, seqlen_k=4096), dict(batch=4, seqlen_k=16384)) + short:
         assert backend.cute_measured_faster(_problem(device_type="cuda", **kw)) and rank(**kw) > 0, kw
-    for kw in (dict(batch=1, seqlen_k=4096), dict(batch=2, seqlen_k=4096), dict(batch=1, seqlen_k=2048),
-               dict(batch=16, seqlen_k=16384, num_heads_kv=32), dict(batch=16, seqlen_k=4096, num_heads_kv=32),
-               dict(batch=64, seqlen_k=4096, head_dim=64), dict(batch=64, seqlen_k=4096, head_dim=256),
-               dict(batch=64, seqlen_k=4096, kv_dtype=torch.float8_e4m3fn)):
+    not_faster = (dict(batch=16, seqlen_k=16384, num_heads_kv=32), dict(batch=16, seqlen_k=4096, num_heads_kv=32),
+                  dict(batch=64, seqlen_k=4096, head_dim=64), dict(batch=64, seqlen_k=4096, head_dim=256),
+                  dict(batch=64, seqlen_k=4096, kv_dtype=torch.float8_e4m3fn))
+    for kw in not_faster:
         assert not backend.cute_measured_faster(_problem(device_type="cuda", **kw)) and rank(**kw) < 0, kw
+    monkeypatch.setattr(CuteBackend, "swap_ab", False)
+    for kw in short[:4] + not_faster:
+        assert not backend.cute_measured_faster(_problem(device_type="cuda", **kw)) and rank(**kw) < 0, kw
+
+
+def test_swap_rule():
+    """The swapped-operand kernel takes 1-8 packed rows of a 16-bit cache (dense, whole-tile or
+    sub-tile pages) in one wave of the tile's CTAs per SM; not 9+ rows, fp8, gathered pages, split
+    K/V barriers or two waves; ``split_config`` refuses what it cannot build."""
+    from flashsplit.cute import configs
+
+    backend = CuteBackend()
+    assert configs.swap_ab_applies(8, "same", None, 128, False) and configs.swap_ab_applies(1, "same", 16, 128, False)
+    assert configs.swap_ab_applies(4, "same", 128, 128, False)
+    assert not configs.swap_ab_applies(9, "same", None, 128, False)
+    assert not configs.swap_ab_applies(4, "float8_e4m3fn", None, 128, False)
+    assert not configs.swap_ab_applies(4, "same", 48, 128, False)  # gathered pages
+    assert not configs.swap_ab_applies(4, "same", None, 128, True)
+    if backend.swap_ab:
+        assert backend.swaps(4, "same", None, 128, 264, 2, "cpu")
+    assert not backend.swaps(4, "same", None, 128, 265, 2, "cpu")  # (DEFAULT_NUM_SMS = 132)
+    assert not backend.swaps(4, "same", None, 128, 133, 1, "cpu")
+    for kw in (dict(kv_dtype="float8_e4m3fn"), dict(split_barriers=True), dict(swap_rows=16),
+               dict(paged=True, page_size=48)):
+        with pytest.raises(ValueError, match="swap_rows"):
+            configs.split_config("bfloat16", 128, False, True, swap_rows=kw.pop("swap_rows", 8), **kw)
+    c = configs.split_config("bfloat16", 128, False, True, swap_rows=8)
+    assert c.rows == 8 and c.stages == configs.SWAP_AB_STAGES and c.units_per_sm == 2
+    configs.check_smem(c)
 
 
 def _one_per_sm(config) -> bool:
@@ -523,15 +571,15 @@ def _one_wave(config) -> bool:
     from flashsplit.cute import configs
 
     return (config.head_dim == 128 and config.units_per_sm == 2 and config.stages == configs.ONE_WAVE_STAGES
-            and not config.staged)
+            and not config.staged and not config.swap_rows)
 
 
 def _wave_or_barriers(config) -> bool:
-    """A one-wave configuration or one of the K/V barrier layout that ``SPLIT_KV_BARRIERS`` does
-    not select (test_one_wave_and_barrier_configs)."""
+    """A one-wave configuration, one of the K/V barrier layout that ``SPLIT_KV_BARRIERS`` does
+    not select (test_one_wave_and_barrier_configs), or a swapped-operand one (test_swap_rule)."""
     from flashsplit.cute import configs
 
-    return _one_wave(config) or config.split_barriers != configs.SPLIT_KV_BARRIERS
+    return _one_wave(config) or config.split_barriers != configs.SPLIT_KV_BARRIERS or config.swap_rows > 0
 
 
 def configs_tile(head_dim):
@@ -749,7 +797,8 @@ def test_backend_static_facts():
 
 
 @pytest.mark.parametrize("overrides, winner", [
-    (dict(), "triton"),  # dense 16-bit: Triton measured as fast or faster at every batch
+    (dict(), "cute"),  # dense 16-bit, B = 1 x 4k: the swapped-operand kernel (9.7 vs 10.3 us)
+    (dict(num_heads_kv=32, batch=16, seqlen_k=16384), "triton"),  # one packed row, two waves
     (dict(kv_dtype=torch.float8_e4m3fn), "triton"),  # fp8: cute's in-smem conversion is slower
     (dict(page_size=128), "cute"),  # paged 16-bit: cute's TMA pages run at dense speed
     (dict(page_size=16), "cute"),  # sub-tile pages: also dense speed in cute (1.00-1.01x), 1.06-1.14x in Triton

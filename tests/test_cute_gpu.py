@@ -896,3 +896,68 @@ def test_combine_many_splits(head_dim, num_splits):
     lengths = (32768, 5000, 129, 0)
     case = DecodeCase(len(lengths), 1, 32768, 2, 4, head_dim, torch.bfloat16, lengths, num_splits)
     test_decode_matches_reference(case)
+
+
+# Swapped operands for 1-8 packed rows (configs.SplitConfig.swap_rows: S^T = K Q^T, O^T = V^T P^T).
+@pytest.fixture
+def cute_swap(monkeypatch):
+    """The swapped-operand kernel wherever ``configs.swap_ab_applies`` (whatever
+    ``SWAP_AB_VERIFIED_ON_GPU`` says)."""
+    from flashsplit.cute.backend import CuteBackend
+
+    monkeypatch.setattr(CuteBackend, "swap_ab", True)
+
+
+@pytest.fixture
+def cute_other_rows(monkeypatch):
+    """The row tile ``configs.SWAP_AB_VERIFIED_ON_GPU`` does not select for 1-8 packed rows."""
+    from flashsplit.cute import configs
+    from flashsplit.cute.backend import CuteBackend
+
+    monkeypatch.setattr(CuteBackend, "swap_ab", not configs.SWAP_AB_VERIFIED_ON_GPU)
+
+
+def _swap_cases():
+    """1-8 packed rows (L_q x group): one query with groups 1/4/5/8, causal L_q 2-8 with groups
+    1-4 (bottom-right masks differ per column), every head dim, 1/3/17 splits, the shared
+    lengths (0, 1, tile +- 1, ..., NaN past them)."""
+    cases = []
+    for head_dim in (64, 128, 256):
+        for seqlen_q, group in ((1, 1), (1, 4), (1, 5), (1, 8), (2, 4), (4, 2), (8, 1), (3, 2)):
+            for num_splits in (1, 3, 17):
+                cases.append(DecodeCase(len(LENGTHS), seqlen_q, SEQLEN_K, 2, group, head_dim, torch.bfloat16,
+                                        LENGTHS, num_splits, seqlen_q > 1))
+    cases.append(DecodeCase(len(LENGTHS), 1, SEQLEN_K, 2, 4, 128, torch.float16, LENGTHS, 3))
+    cases.append(DecodeCase(len(LENGTHS), 4, SEQLEN_K, 2, 2, 128, torch.bfloat16, LENGTHS, 3, causal=False))
+    cases.append(DecodeCase(2, 1, 700, 2, 4, 128, torch.bfloat16, None, 5))
+    return cases
+
+
+@pytest.mark.parametrize("case", _swap_cases(), ids=str)
+def test_swap_decode_matches_reference(case, cute_swap):
+    test_decode_matches_reference(case)
+
+
+@pytest.mark.parametrize("case", [c for c in _swap_cases() if c.head_dim == 128 and c.num_splits > 1][:6], ids=str)
+def test_swap_one_wave_and_one_per_sm_tiles(case, cute_swap):
+    test_decode_matches_reference(case, one_wave=True)
+    test_decode_matches_reference(case, one_per_sm=True)
+
+
+@pytest.mark.parametrize("head_dim,page_size", [(128, 128), (128, 64), (128, 16), (128, 8), (64, 128), (256, 16)])
+@pytest.mark.parametrize("seqlen_q,group,causal,num_splits", [(1, 5, False, 3), (2, 4, True, 17)])
+def test_swap_paged(head_dim, page_size, seqlen_q, group, causal, num_splits, cute_paged_enabled, cute_swap):
+    """Whole-tile and sub-tile pages under the swapped-operand consumer."""
+    case, q, k, v, seqlens, k_pages, v_pages, table = _subtile_inputs(head_dim, page_size, seqlen_q, group, causal,
+                                                                      num_splits, page_size + num_splits + 2)
+    _decode_paged_and_check(case, q, k, v, seqlens, k_pages, v_pages, table, num_splits, causal,
+                            f"swapped operands, pages of {page_size}")
+
+
+def test_swap_cuda_graph_capture(cute_swap):
+    test_cuda_graph_capture()
+
+
+@pytest.mark.parametrize("case", [c for c in _cases() if c.seqlen_q * c.group <= 8], ids=str)
+def test_other_rows_decode_matches_reference(case, cute_other_rows):
+    test_decode_matches_reference(case)

@@ -56,6 +56,10 @@ class CuteBackend(Backend):
     combine_pdl = configs.COMBINE_PDL
     #: K and V tiles on mbarriers of their own (``configs.SplitConfig.split_barriers``).
     split_barriers = configs.SPLIT_KV_BARRIERS
+    #: Problems of 1..``configs.SWAP_AB_ROWS`` packed rows per KV head run the swapped-operand
+    #: kernel (``configs.SplitConfig.swap_rows``) where ``configs.swap_ab_applies`` and the launch
+    #: fits one wave (``swaps``).
+    swap_ab = configs.SWAP_AB_VERIFIED_ON_GPU
 
     def __init__(self) -> None:
         self._full_seqlens: dict[tuple, torch.Tensor] = {}
@@ -123,7 +127,8 @@ class CuteBackend(Backend):
             # H200, same runs (fifth session, calls 6-9): see one_per_sm_min_keys.
             return 5, "dense 16-bit KV in one wave of one CTA per SM: measured faster than triton (H200)"
         if self.cute_measured_faster(problem):
-            return 3, "dense 16-bit GQA KV filling the machine or in long splits: measured faster than triton (H200)"
+            return 3, ("dense 16-bit KV with 1-8 q rows per KV head in one wave (swapped operands), or GQA filling "
+                       "the machine or in long splits: measured faster than triton (H200)")
         return -10, "cute supports it but was measured slower than triton here (H200)"
 
     #: ``cute_measured_faster`` holds from this many work units (batch rows x KV heads x row
@@ -144,24 +149,41 @@ class CuteBackend(Backend):
     long_split_keys = 512
     min_packed_rows = 4
 
+    def swaps(self, packed_rows: int, kv_dtype: str, page_size: int | None, head_dim: int, ctas: int,
+              units_per_sm: int, device_type: str = "cuda") -> bool:
+        """Whether a launch of ``ctas`` CTAs (``units_per_sm`` per SM) takes the swapped-operand
+        kernel: ``swap_ab``, ``configs.swap_ab_applies``, and one wave. H200, 32/8 heads, d = 128,
+        bf16, same runs (eleventh session, call 7), us, swapped / 64 rows / Triton: one wave, B = 1
+        x 4k 9.69 / 10.80 / 10.29, 16k 21.30 / 22.03 / 22.82, B = 4 x 4k 21.31 / 21.65 / 22.18, B = 16
+        x 128k 1906.5 / 1917.5 / 1906.3 (32/32 heads: B = 1 x 4k 20.65 / 21.42 / 21.48, B = 4 x 4k
+        62.6 / 63.8 / 65.6); two waves, where each CTA streams its keys and the tensor work hides
+        behind the loads anyway: B = 64 x 4k 245.3 / 244.9 / 243.9, 16k 962.0 / 961.4 / 962.5."""
+        if not (self.swap_ab and configs.swap_ab_applies(packed_rows, kv_dtype, page_size, head_dim,
+                                                         self.split_barriers)):
+            return False
+        return ctas <= units_per_sm * device_num_sms(device_type)
+
     def merges(self, num_splits: int) -> bool:
         """Whether a launch of ``num_splits`` splits merges them in the split kernel's tail
         (2..``merge_max_splits``, with ``configs.MERGE_VERIFIED_ON_GPU``) instead of a combine."""
         return 1 < num_splits <= self.merge_max_splits and configs.MERGE_VERIFIED_ON_GPU
 
     def cute_measured_faster(self, problem: DecodeProblem) -> bool:
-        """A dense 16-bit cache at d = 128 with >= ``min_packed_rows`` packed rows per KV head
-        whose work units fill the machine (>= ``fill_units``) or whose splits are long (>=
-        ``long_split_keys`` keys as the plan splits it): where the cute kernel (two CTAs per SM)
-        was measured faster than Triton's."""
+        """A dense 16-bit cache at d = 128 that takes the swapped-operand kernel in one wave
+        (``swaps``: 1-8 packed rows, any split length), or with >= ``min_packed_rows`` packed rows
+        per KV head whose work units fill the machine (>= ``fill_units``) or whose splits are long
+        (>= ``long_split_keys`` keys as the plan splits it): where the cute kernel (two CTAs per
+        SM) was measured faster than Triton's."""
         if not _dense_16bit_d128(problem):
             return False
+        units = problem.work_units(self.block_m(problem))
+        per_sm = configs.split_tile(128)[2]
+        splits, keys = _planned_split(problem, units, per_sm)
+        if self.swaps(problem.packed_rows, "same", None, 128, units * splits, per_sm, problem.device_type):
+            return True
         if problem.packed_rows < self.min_packed_rows:
             return False
-        units = problem.work_units(self.block_m(problem))
-        if units >= self.fill_units:
-            return True
-        return _planned_split(problem, units, configs.split_tile(128)[2])[1] >= self.long_split_keys
+        return units >= self.fill_units or keys >= self.long_split_keys
 
     def units_per_sm(self, problem: DecodeProblem) -> int:
         if self.one_cta_per_sm(problem):
@@ -276,10 +298,14 @@ class CuteBackend(Backend):
         else:
             seqlen_k, max_pages = cache_len, 1
         kv_dtype = _FP8_NAMES.get(k.dtype, "same")
+        tile_units = configs.ONE_PER_SM_TILE[2] if one_per_sm else configs.split_tile(head_dim)[2]
+        swap = self.swaps(seqlen_q * (num_heads // num_heads_kv), kv_dtype, cache_len if paged else None, head_dim,
+                          batch * num_heads_kv * num_splits, tile_units, q.device.type)
         config = configs.split_config(_DTYPE_NAMES[q.dtype], head_dim, causal, write_partials, paged, kv_dtype,
                                       cache_len if paged else None, merge=out is not None, one_per_sm=one_per_sm,
                                       combine_pdl=self.combine_pdl, one_wave=one_wave,
-                                      split_barriers=self.split_barriers)
+                                      split_barriers=self.split_barriers,
+                                      swap_rows=configs.SWAP_AB_ROWS if swap else 0)
         if lse.stride() != _compact_strides(lse.shape):
             raise ValueError(f"lse: expected a contiguous tensor, got strides {lse.stride()}")
         o_strides = o.stride()[:4] if write_partials else (0, *o.stride()[:3])

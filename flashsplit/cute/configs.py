@@ -83,6 +83,18 @@ class SplitConfig:
     #: flight, and a K stage goes back to the producer after its S wgmma. False: one full/empty
     #: pair per K+V stage. Default ``SPLIT_KV_BARRIERS``.
     split_barriers: bool = False
+    #: Swapped operands for few packed rows (0: off; ``SWAP_AB_ROWS``): ``S^T = K Q^T`` with the
+    #: K tile as the wgmma A operand (M = keys) and q's rows as N = 8, then ``O^T = V^T P^T`` with
+    #: V^T as A (M = head dim) and P^T from shared memory as B. The tensor work of a tile is 8/64
+    #: of the 64-row kernel's (which pads 1-8 rows to wgmma's M = 64); the softmax runs down the
+    #: columns, its max shared across the four consumer warps through shared memory once per
+    #: tile. 16-bit TMA loads (dense or TMA pages), one K+V barrier per stage.
+    swap_rows: int = 0
+
+    @property
+    def rows(self) -> int:
+        """Packed q rows per CTA: ``swap_rows``, or wgmma's M = 64."""
+        return self.swap_rows or 64
 
     @property
     def fp8(self) -> bool:
@@ -101,7 +113,7 @@ class SplitConfig:
         shared memory base is 1 KiB aligned, so nothing else is added."""
         itemsize = 2
         tile = self.tile_n * self.head_dim
-        q = 64 * self.head_dim * (3 if self.fp8_qk else itemsize)  # fp8 Q K^T: three e4m3 terms
+        q = self.rows * self.head_dim * (3 if self.fp8_qk else itemsize)  # fp8 Q K^T: three e4m3 terms
         if self.staged:
             operand_tiles = 1 if self.fp8_qk else 2  # 16-bit V (and K) operand buffers
             kv = 2 * self.stages * tile * (1 if self.fp8 else itemsize) + operand_tiles * tile * itemsize
@@ -110,7 +122,9 @@ class SplitConfig:
         row_scales = 64 * 4 if self.fp16_operands or self.fp8_qk else 0  # fp32 per q row, after the mbarriers
         ticket = 16 if self.merge else 0  # the arrival count's broadcast slot (int32, padded)
         barriers = 16 * self.stages * (2 if self.split_barriers else 1)  # full + empty, 8 bytes each
-        return q + kv + barriers + row_scales + ticket
+        # swapped operands: P^T (1 KiB aligned) and the four warps' column maxima / sums (fp32)
+        swap = self.swap_rows * self.tile_n * itemsize + 4 * self.swap_rows * 4 if self.swap_rows else 0
+        return q + kv + barriers + row_scales + ticket + swap
 
 
 @dataclass(frozen=True)
@@ -188,7 +202,7 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
                  fp16_operands: bool | None = None, merge: bool = False, one_per_sm: bool = False,
                  skip_padding: bool | None = None, fp8_qk: bool | None = None,
                  combine_pdl: str | None = None, one_wave: bool = False,
-                 split_barriers: bool | None = None) -> SplitConfig:
+                 split_barriers: bool | None = None, swap_rows: int = 0) -> SplitConfig:
     """The compile key for a problem. ``page_size`` (paged only) picks the load mode: a multiple
     of the tile (one TMA box per tile; the page size a runtime value), a sub-tile size
     (``subtile_page``: tile_n / P TMA boxes), or anything else (``gather_pages``: one bulk copy
@@ -202,7 +216,9 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
     split CTAs signal it (``SplitConfig.launch_dependents``). ``one_wave`` (merging launches of
     dense 16-bit caches at d = 128 on the two-CTA tile): :data:`ONE_WAVE_STAGES`. ``split_barriers`` (default
     ``SPLIT_KV_BARRIERS``): K and V on their own mbarriers where the loads are 16-bit TMA tiles
-    (``SplitConfig.split_barriers``; ignored for staged loads)."""
+    (``SplitConfig.split_barriers``; ignored for staged loads). ``swap_rows`` (0 or
+    ``SWAP_AB_ROWS``): the swapped-operand consumer (``SplitConfig.swap_rows``), for 16-bit
+    caches read by whole TMA tiles or sub-tile boxes, with one K+V barrier per stage."""
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype: expected one of {KV_DTYPES}, got {kv_dtype!r}")
     eligible = kv_dtype != "same" and dtype == "bfloat16"
@@ -222,6 +238,8 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
     tile_n, stages, units = ONE_PER_SM_TILE if one_per_sm else split_tile(head_dim)
     if one_wave:
         stages = ONE_WAVE_STAGES
+    if swap_rows and not one_per_sm and head_dim == 128:
+        stages = max(stages, SWAP_AB_STAGES)
     subtile_page, gather = 0, False
     if paged and page_size is not None and not paged_supported(page_size, head_dim):
         if page_size < 1:
@@ -255,9 +273,45 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
     if split_barriers is None:
         split_barriers = SPLIT_KV_BARRIERS
     split_barriers = split_barriers and kv_dtype == "same" and not gather  # staged loads keep one pair
+    if swap_rows not in (0, SWAP_AB_ROWS):
+        raise ValueError(f"swap_rows: expected 0 or {SWAP_AB_ROWS}, got {swap_rows}")
+    if swap_rows and (kv_dtype != "same" or gather or split_barriers):
+        raise ValueError(f"swap_rows: only for 16-bit caches in TMA tiles with one K+V barrier per stage, got "
+                         f"kv_dtype {kv_dtype}, gathered pages {gather}, split_barriers {split_barriers}")
     return SplitConfig(dtype, head_dim, tile_n, stages, causal, write_partials, units, paged, kv_dtype,
                        subtile_page, gather, fp16_operands, merge, skip_padding, fp8_qk, launch_dependents,
-                       split_barriers)
+                       split_barriers, swap_rows)
+
+
+#: Packed q rows (L_q x group) of the swapped-operand kernel (``SplitConfig.swap_rows``): wgmma's
+#: smallest N, so it takes problems of 1-8 rows per KV head.
+SWAP_AB_ROWS = 8
+
+#: K+V stages of the swapped-operand kernel on the two-CTA d = 128 tile. Its small q tile (8 rows,
+#: 2 KiB) would let three 2-stage CTAs share an SM (68 KiB each), which breaks the two-per-SM
+#: waves the plan counts on; 3 stages (100 KiB) keep two, and deepen the pipeline.
+SWAP_AB_STAGES = 3
+
+#: The swapped-operand kernel for 1-8 packed rows (``CuteBackend.swap_ab``) passed ``pytest
+#: tests/test_cute_gpu.py -k "swap or other_rows"`` on an H200 (eleventh session, call 6: 123 tests:
+#: d 64/128/256, L_q 1-8 x groups 1-8 with bottom-right causal masks, 1/3/17 splits, lengths 0, 1,
+#: tile +- 1 and NaN past them, whole-tile and sub-tile pages, one-wave and one-CTA-per-SM tiles,
+#: graph replay). False: every problem runs the 64-row kernel.
+SWAP_AB_VERIFIED_ON_GPU = True
+
+
+def swap_ab_applies(packed_rows: int, kv_dtype: str, page_size: int | None, head_dim: int,
+                    split_barriers: bool) -> bool:
+    """Whether a problem of ``packed_rows`` rows per KV head (L_q x group) can take the swapped-
+    operand kernel: at most ``SWAP_AB_ROWS`` rows, a 16-bit cache, dense (``page_size`` None) or
+    in pages the TMA reads as whole tiles or sub-tile boxes, one K+V barrier per stage.
+
+    >>> swap_ab_applies(4, "same", None, 128, False), swap_ab_applies(16, "same", None, 128, False)
+    (True, False)
+    """
+    if packed_rows > SWAP_AB_ROWS or kv_dtype != "same" or split_barriers:
+        return False
+    return page_size is None or paged_supported(page_size, head_dim) or page_size in subtile_page_sizes(head_dim)
 
 
 #: Where a split CTA may signal its programmatic dependents (``SplitConfig.launch_dependents``).
@@ -473,6 +527,19 @@ def compile_check_configs() -> list[SplitConfig]:
     configs += [split_config("bfloat16", 128, False, True, True, page_size=p, split_barriers=other) for p in (128, 16)]
     configs.append(split_config("float16", 128, True, True, merge=True, one_per_sm=True, split_barriers=other))
     configs.append(split_config("bfloat16", 128, False, True, merge=True, one_wave=True, split_barriers=other))
+    # Swapped operands for 1-8 packed rows: every dtype x head dim x causal x output dense, whole-
+    # tile and sub-tile pages per head dim, merging on each tile (two CTAs, one wave, one per SM).
+    swap = SWAP_AB_ROWS
+    configs += [split_config(dtype, head_dim, causal, wp, swap_rows=swap)
+                for dtype in DTYPES for head_dim in HEAD_DIMS for causal in (False, True) for wp in (False, True)]
+    configs += [split_config(DTYPES[j % 2], head_dim, j % 2 == 0, True, True, page_size=p, swap_rows=swap)
+                for j, (head_dim, p) in enumerate((d, p) for d in HEAD_DIMS for p in (split_tile(d)[0], 16))]
+    configs += [split_config(DTYPES[j % 2], head_dim, j % 2 == 1, True, merge=True, swap_rows=swap)
+                for j, head_dim in enumerate(HEAD_DIMS)]
+    configs.append(split_config("bfloat16", 128, False, True, merge=True, one_wave=True, swap_rows=swap))
+    configs += [split_config("float16", 128, True, wp, one_per_sm=True, swap_rows=swap) for wp in (False, True)]
+    configs.append(split_config("bfloat16", 128, False, True, True, page_size=16, merge=True, one_per_sm=True,
+                                swap_rows=swap))
     return configs
 
 

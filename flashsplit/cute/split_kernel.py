@@ -106,6 +106,10 @@ class SplitKVDecodeKernel:
         self.launch_dependents = config.launch_dependents
         # K and V on mbarriers of their own (16-bit TMA loads only; configs.split_config).
         self.split_barriers = config.split_barriers
+        # Swapped operands for 1-8 packed rows (SplitConfig.swap_rows): the CTA's row tile is
+        # swap_rows q rows (wgmma's N) instead of wgmma's M = 64.
+        self.swap_rows = config.swap_rows
+        self.block_m = config.rows
 
     @staticmethod
     def can_implement(head_dim: int, tile_n: int) -> str | None:
@@ -225,23 +229,41 @@ class SplitKVDecodeKernel:
 
         k_major = LayoutEnum.ROW_MAJOR
         v_major = LayoutEnum.COL_MAJOR
-        qk_tiler = (M, N, D)
-        pv_tiler = (M, D, N)
         op = self.op_dtype
         qk_a, qk_b = op, op
-        if cutlass.const_expr(self.fp8_qk):
-            qk_a, qk_b = cutlass.Float8E4M3FN, self.kv_dtype
-        qk_mma = sm90_utils.make_trivial_tiled_mma(
-            qk_a, qk_b, k_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(), Float32, (1, 1, 1),
-            qk_tiler[:2],
-        )
-        pv_mma = sm90_utils.make_trivial_tiled_mma(
-            op, op, cute.nvgpu.OperandMajorMode.K, v_major.sm90_mma_major_mode(),
-            Float32, (1, 1, 1), pv_tiler[:2], warpgroup.OperandSource.RMEM,
-        )
-        q_layout = sm90_utils.make_smem_layout_a(k_major, qk_tiler, qk_a, self.q_terms)
-        k_layout = sm90_utils.make_smem_layout_b(k_major, qk_tiler, op, self.operand_stages)
-        v_layout = sm90_utils.make_smem_layout_b(v_major, pv_tiler, op, self.operand_stages)
+        if cutlass.const_expr(self.swap_rows > 0):
+            # S^T = K Q^T (A: the K tile, K-major; B: q's rows, K-major) and O^T = V^T P^T (A: the
+            # V tile read as (d, keys), MN-major; B: P^T in shared memory, K-major). The K and V
+            # stages are the same swizzled (keys, d) / (d, keys) tiles as below.
+            qk_tiler = (N, M, D)
+            pv_tiler = (D, M, N)
+            qk_mma = sm90_utils.make_trivial_tiled_mma(
+                op, op, k_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(), Float32, (1, 1, 1), (64, M),
+            )
+            pv_mma = sm90_utils.make_trivial_tiled_mma(
+                op, op, v_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(), Float32, (1, 1, 1), (64, M),
+            )
+            q_layout = sm90_utils.make_smem_layout_b(k_major, qk_tiler, op, 1)
+            k_layout = sm90_utils.make_smem_layout_a(k_major, qk_tiler, op, self.operand_stages)
+            v_layout = sm90_utils.make_smem_layout_a(v_major, pv_tiler, op, self.operand_stages)
+            p_layout = sm90_utils.make_smem_layout_b(k_major, pv_tiler, op, 1)
+        else:
+            qk_tiler = (M, N, D)
+            pv_tiler = (M, D, N)
+            if cutlass.const_expr(self.fp8_qk):
+                qk_a, qk_b = cutlass.Float8E4M3FN, self.kv_dtype
+            qk_mma = sm90_utils.make_trivial_tiled_mma(
+                qk_a, qk_b, k_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(), Float32, (1, 1, 1),
+                qk_tiler[:2],
+            )
+            pv_mma = sm90_utils.make_trivial_tiled_mma(
+                op, op, cute.nvgpu.OperandMajorMode.K, v_major.sm90_mma_major_mode(),
+                Float32, (1, 1, 1), pv_tiler[:2], warpgroup.OperandSource.RMEM,
+            )
+            q_layout = sm90_utils.make_smem_layout_a(k_major, qk_tiler, qk_a, self.q_terms)
+            k_layout = sm90_utils.make_smem_layout_b(k_major, qk_tiler, op, self.operand_stages)
+            v_layout = sm90_utils.make_smem_layout_b(v_major, pv_tiler, op, self.operand_stages)
+            p_layout = q_layout  # (unused: P stays in registers)
         # What the loads land: the operand stages themselves (16-bit TMA), or plain (unswizzled,
         # d contiguous: one key row = D contiguous elements) staging slots that the consumer
         # converts (fp8) or copies (gathered rows) into the operand buffers.
@@ -300,6 +322,19 @@ class SplitKVDecodeKernel:
                 if cutlass.const_expr(merge):  # the arrival count, broadcast to the consumer warps
                     ticket: cute.struct.MemRange[Int32, 4]
 
+        elif cutlass.const_expr(self.swap_rows > 0):
+
+            @cute.struct
+            class SharedStorage:
+                sQ: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(q_layout)], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(k_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(v_layout)], 1024]
+                sP: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(p_layout)], 1024]
+                kv_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+                red: cute.struct.MemRange[Float32, 4 * M]  # per consumer warp, per q row
+                if cutlass.const_expr(merge):  # the arrival count, broadcast to the consumer warps
+                    ticket: cute.struct.MemRange[Int32, 4]
+
         else:
 
             @cute.struct
@@ -343,7 +378,7 @@ class SplitKVDecodeKernel:
 
         self.kernel(
             qk_mma, pv_mma, tma_k, mK_tma, tma_v, mV_tma, mQ, mO, mLSE, mSeqlens, mBlockTable,
-            q_layout, k_layout, v_layout, seqlen_q, seqlen_k, group, row_blocks, num_splits, tiles_per_page,
+            q_layout, k_layout, v_layout, p_layout, seqlen_q, seqlen_k, group, row_blocks, num_splits, tiles_per_page,
             softmax_scale_log2, mKDescale, mVDescale, k_load_layout, v_load_layout, mOut, mOutLSE, mArrivals,
         ).launch(
             grid=[num_splits, batch, num_heads_kv * row_blocks],
@@ -375,6 +410,7 @@ class SplitKVDecodeKernel:
         q_layout: cute.ComposedLayout,
         k_layout: cute.ComposedLayout,
         v_layout: cute.ComposedLayout,
+        p_layout: cute.ComposedLayout,
         seqlen_q: Int32,
         seqlen_k: Int32,
         group: Int32,
@@ -451,7 +487,13 @@ class SplitKVDecodeKernel:
                 self.load(tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK_load, sV_load, kv_pipeline, v_pipeline,
                           batch_idx, kvh, first_tile, num_tiles, tiles_per_page)
         if warp_idx < self.producer_warp:
-            if cutlass.const_expr(self.fp8):
+            if cutlass.const_expr(self.swap_rows > 0):
+                self.mma_softmax_epilogue_swap(
+                    qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, storage.sP.get_tensor(p_layout.outer, swizzle=p_layout.inner),
+                    storage.red.get_tensor(cute.make_layout((4 * self.block_m,))), kv_pipeline, tidx, split_idx,
+                    batch_idx, kvh, row_block, seqlen_q, group, n_keys, end, num_tiles, first_tile, softmax_scale_log2,
+                )
+            elif cutlass.const_expr(self.fp8):
                 # k_descale folds into the (log2) softmax scale, v_descale into the output.
                 self.mma_softmax_epilogue(
                     qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, v_pipeline, tidx, split_idx, batch_idx, kvh,
@@ -651,13 +693,18 @@ class SplitKVDecodeKernel:
         D, M = self.head_dim, self.block_m
         chunks_per_row = D // 8
         num_rows = seqlen_q * group
-        for i in cutlass.range_constexpr(M * chunks_per_row // self.num_consumer_threads):
-            chunk = tidx + i * self.num_consumer_threads
+        chunks = M * chunks_per_row  # (swapped operands, 8 rows at d = 64: 64 chunks, half the threads)
+        T = self.num_consumer_threads
+        for i in cutlass.range_constexpr((chunks + T - 1) // T):
+            chunk = tidx + i * T
             row = chunk // chunks_per_row
             col = (chunk % chunks_per_row) * 8
             r = row_block * M + row
             frag = cute.make_rmem_tensor((8,), self.dtype)
             frag.fill(0.0)
+            if cutlass.const_expr(chunks % T != 0):
+                if chunk >= chunks:
+                    r = num_rows  # past the tile: load nothing (and store nothing below)
             if r < num_rows:
                 m = r // group
                 hq = kvh * group + r % group
@@ -698,6 +745,10 @@ class SplitKVDecodeKernel:
                     sQ[row, col + j, 0] = (frag[j].to(Float32) * scale).to(self.op_dtype)
                 if chunk % chunks_per_row == 0:
                     sRowScale[row] = inverse
+            elif cutlass.const_expr(chunks % T != 0):
+                if chunk < chunks:
+                    for j in cutlass.range_constexpr(8):
+                        sQ[row, col + j, 0] = frag[j]
             else:
                 for j in cutlass.range_constexpr(8):
                     sQ[row, col + j, 0] = frag[j]
@@ -855,6 +906,181 @@ class SplitKVDecodeKernel:
             cute.arch.griddepcontrol_launch_dependents()  # every tile done: only the stores remain
         self.epilogue(acc_o, row_max, row_sum, mO, mLSE, tidx, split_idx, batch_idx, kvh, row_block,
                       seqlen_q, group, num_tiles, v_scale)
+
+    @cute.jit
+    def mma_softmax_epilogue_swap(
+        self, qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, sP, sRed, kv_pipeline, tidx, split_idx, batch_idx, kvh,
+        row_block, seqlen_q, group, n_keys, end, num_tiles, first_tile, softmax_scale_log2,
+    ):
+        """Consumer warpgroup with swapped operands (``swap_rows`` = R q rows): per KV tile
+        ``S^T = K Q^T`` (M = keys, N = R), the softmax down each column (q row), P^T into shared
+        memory, ``O^T += V^T P^T`` (M = head dim, N = R), then the epilogue.
+
+        Accumulator element ``i`` of a thread is ``(c, r, t) = (i % 2, i // 2 % 2, i // 4)`` at
+        row ``64 t + 16 warp + lane / 4 + 8 r`` (a key of S^T, a head-dim index of O^T) and column
+        ``2 (lane % 4) + c`` (a q row): each thread holds two columns, whose softmax state
+        (running max, its own partial sum) it keeps in ``row_max``/``row_sum``.
+        """
+        D, N, R = self.head_dim, self.tile_n, self.block_m
+        self.load_q(mQ, sQ, None, tidx, batch_idx, kvh, row_block, seqlen_q, group)
+
+        qk_thr = qk_mma.get_slice(tidx)
+        pv_thr = pv_mma.get_slice(tidx)
+        tSrK = qk_mma.make_fragment_A(qk_thr.partition_A(sK))
+        tSrQ = qk_mma.make_fragment_B(qk_thr.partition_B(sQ))
+        tOrV = pv_mma.make_fragment_A(pv_thr.partition_A(sV))
+        tOrP = pv_mma.make_fragment_B(pv_thr.partition_B(sP))
+        acc_s_shape = qk_thr.partition_shape_C((N, R))
+        acc_o = pv_thr.make_fragment_C(pv_thr.partition_shape_C((D, R)))
+        acc_o.fill(0.0)
+
+        lane = tidx % 32
+        warp = tidx // 32
+        row_max = cute.make_rmem_tensor((2,), Float32)
+        row_sum = cute.make_rmem_tensor((2,), Float32)
+        key_limit = cute.make_rmem_tensor((2,), Int32)  # first key a column may not see
+        for c in cutlass.range_constexpr(2):
+            row_max[c] = -Float32.inf
+            row_sum[c] = 0.0
+            key_limit[c] = end
+            if cutlass.const_expr(self.causal):
+                m = (row_block * R + (lane % 4) * 2 + c) // group
+                key_limit[c] = cutlass.min(end, n_keys - seqlen_q + m + 1)
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        for i in cutlass.range(num_tiles, unroll=1):
+            tile_start = (first_tile + i) * N
+            kv_pipeline.consumer_wait(state)
+            if tile_start + N > end:
+                self.zero_tail_v(sV, state.index, end - tile_start, tidx)
+
+            acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                cute.gemm(qk_mma, acc_s, tSrK[None, None, kb, state.index], tSrQ[None, None, kb, 0], acc_s)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+
+            self.softmax_columns(acc_s, acc_o, row_max, row_sum, key_limit, sRed, softmax_scale_log2, tile_start,
+                                 lane, warp)
+            # P^T -> the B operand in shared memory. Every warp has passed the column-max barrier
+            # in softmax_columns, so all are done with the previous tile's P V wgmma (reading sP).
+            for j in cutlass.range_constexpr(cute.size(acc_s)):
+                key = (j // 4) * 64 + warp * 16 + lane // 4 + 8 * ((j // 2) % 2)
+                sP[(lane % 4) * 2 + j % 2, key, 0] = acc_s[j].to(self.op_dtype)
+            # Generic-proxy smem writes must be visible to wgmma (async proxy) before it reads sP.
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=self.q_barrier_id, number_of_threads=self.num_consumer_threads)
+
+            warpgroup.fence()
+            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+            for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                cute.gemm(pv_mma, acc_o, tOrV[None, None, kb, state.index], tOrP[None, None, kb, 0], acc_o)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            kv_pipeline.consumer_release(state)
+            state.advance()
+
+        if cutlass.const_expr(self.launch_dependents == "epilogue"):
+            cute.arch.griddepcontrol_launch_dependents()  # every tile done: only the stores remain
+        self.epilogue_swap(acc_o, row_max, row_sum, mO, mLSE, sRed, tidx, split_idx, batch_idx, kvh, row_block,
+                           seqlen_q, group, num_tiles)
+
+    @cute.jit
+    def column_sums_across_warps(self, x, sRed, lane, warp, reduce):
+        """``x`` (2 columns of this thread) reduced by ``reduce`` over every thread holding the
+        same columns: the lanes ``l, l ^ 4, ...`` of a warp by shuffles, then the four warps
+        through ``sRed`` (``[warp * R + column]``, fp32) and one consumer barrier."""
+        R = self.block_m
+        for c in cutlass.range_constexpr(2):
+            for o in cutlass.range_constexpr(3):
+                x[c] = reduce(x[c], cute.arch.shuffle_sync_bfly(x[c], offset=4 << o))
+            if lane < 4:
+                sRed[warp * R + lane * 2 + c] = x[c]
+        cute.arch.barrier(barrier_id=self.q_barrier_id, number_of_threads=self.num_consumer_threads)
+        for c in cutlass.range_constexpr(2):
+            col = (lane % 4) * 2 + c
+            x[c] = sRed[col]
+            for w in cutlass.range_constexpr(1, self.num_consumer_threads // 32):
+                x[c] = reduce(x[c], sRed[w * R + col])
+
+    @cute.jit
+    def softmax_columns(self, acc_s, acc_o, row_max, row_sum, key_limit, sRed, softmax_scale_log2, tile_start,
+                        lane, warp):
+        """One S^T tile (swapped operands): scale, mask keys at or past each column's limit (by
+        selection: garbage keys may be NaN), the columns' new max over all four warps, ``acc_s``
+        -> P, this thread's partial sums and ``acc_o`` rescaled."""
+        tile_max = cute.make_rmem_tensor((2,), Float32)
+        for c in cutlass.range_constexpr(2):
+            tile_max[c] = -Float32.inf
+        for j in cutlass.range_constexpr(cute.size(acc_s)):
+            c = j % 2
+            key = tile_start + (j // 4) * 64 + warp * 16 + lane // 4 + 8 * ((j // 2) % 2)
+            s = acc_s[j] * softmax_scale_log2
+            if key >= key_limit[c]:
+                s = -Float32.inf
+            acc_s[j] = s
+            tile_max[c] = cute.arch.fmax(tile_max[c], s)
+        self.column_sums_across_warps(tile_max, sRed, lane, warp, cute.arch.fmax)
+        safe_max = cute.make_rmem_tensor((2,), Float32)
+        rescale = cute.make_rmem_tensor((2,), Float32)
+        tile_sum = cute.make_rmem_tensor((2,), Float32)
+        for c in cutlass.range_constexpr(2):
+            new_max = cute.arch.fmax(row_max[c], tile_max[c])
+            # A column that has seen no key yet keeps max -inf: subtract 0 instead (no -inf - -inf).
+            safe_max[c] = new_max
+            if new_max == -Float32.inf:
+                safe_max[c] = 0.0
+            rescale[c] = cute.math.exp2(row_max[c] - safe_max[c], fastmath=True)
+            row_max[c] = new_max
+            tile_sum[c] = 0.0
+        for j in cutlass.range_constexpr(cute.size(acc_s)):
+            p = cute.math.exp2(acc_s[j] - safe_max[j % 2], fastmath=True)
+            acc_s[j] = p
+            tile_sum[j % 2] += p
+        for c in cutlass.range_constexpr(2):
+            row_sum[c] = row_sum[c] * rescale[c] + tile_sum[c]
+        for j in cutlass.range_constexpr(cute.size(acc_o)):
+            acc_o[j] = acc_o[j] * rescale[j % 2]
+
+    @cute.jit
+    def epilogue_swap(self, acc_o, row_max, row_sum, mO, mLSE, sRed, tidx, split_idx, batch_idx, kvh, row_block,
+                      seqlen_q, group, num_tiles):
+        """Swapped operands: the columns' sums over all threads, then O (= O^T's columns,
+        normalized) and the natural-log LSE of each real q row, straight from registers."""
+        R = self.block_m
+        lane = tidx % 32
+        warp = tidx // 32
+        # sRed's last readers (the last tile's column max) are past the barrier before its P V.
+        self.column_sums_across_warps(row_sum, sRed, lane, warp, lambda x, y: x + y)
+        num_rows = seqlen_q * group
+        out_split = split_idx
+        if cutlass.const_expr(not self.write_partials):
+            out_split = 0
+        for c in cutlass.range_constexpr(2):
+            total = row_sum[c]
+            lse = -Float32.inf
+            inv = Float32(0.0)
+            if total > 0.0:
+                lse = (row_max[c] + cute.math.log2(total, fastmath=False)) * LN_2
+                inv = 1.0 / total
+            packed = row_block * R + (lane % 4) * 2 + c
+            if packed < num_rows:
+                m = packed // group
+                hq = kvh * group + packed % group
+                if tidx < 4:
+                    mLSE[out_split, batch_idx, hq, m] = lse
+                # Partials of an empty split are never read: write only their LSE.
+                if cutlass.const_expr(self.write_partials):
+                    if num_tiles > 0:
+                        for j in cutlass.range_constexpr(cute.size(acc_o) // 2):
+                            d = (j // 2) * 64 + warp * 16 + lane // 4 + 8 * (j % 2)
+                            mO[out_split, batch_idx, m, hq, d] = acc_o[c + 2 * j] * inv
+                else:
+                    for j in cutlass.range_constexpr(cute.size(acc_o) // 2):
+                        d = (j // 2) * 64 + warp * 16 + lane // 4 + 8 * (j % 2)
+                        mO[out_split, batch_idx, m, hq, d] = (acc_o[c + 2 * j] * inv).to(mO.element_type)
 
     def tile_rows(self, seqlen_q, group, row_block):
         """The real (not padding) packed rows of row tile ``row_block``: 1..64."""
