@@ -113,9 +113,9 @@ class CuteBackend(Backend):
         # Measured on the H200 (docs/performance.md, 32/8 heads, d = 128): paged 16-bit caches
         # run at dense speed here, whole-tile pages (128: 1.00x dense) and sub-tile pages alike
         # (16: 1.00-1.01x), but 1.06-1.22x slower in Triton; dense 16-bit caches are faster here
-        # where one CTA per SM or the work units fill the machine (below), Triton is faster or
-        # ties at small batch (B = 1 x 4k: 10.2 vs 12.1 us); fp8 caches are 1.06-1.11x slower
-        # here than in Triton (sixth session).
+        # where the swapped-operand kernel runs in one wave, one CTA per SM or the work units
+        # fill the machine (below; B = 1 x 4k: 9.7 vs 10.2 us since the eleventh session); fp8
+        # caches are 1.06-1.11x slower here than in Triton (sixth session).
         if problem.paged and not (configs.paged_supported(problem.page_size, problem.head_dim)
                                   or configs.subtile_paged_supported(problem.page_size, problem.head_dim)):
             # H200, B = 1, 32/8 heads, d = 128 (fourth session): pages of 1 and 48 take 1.7-2.4x
@@ -142,9 +142,10 @@ class CuteBackend(Backend):
     #: Splits of 512-2048 keys since the tenth session's one-wave stages and fast-math merge (call
     #: 7, two runs): B = 1 x 16k (32 splits of 512) 22.36 vs 22.71, 22.47-22.50 vs 22.66-22.72;
     #: B = 4 x 4k (8 of 512) 21.84 vs 22.10, 21.86-21.89 vs 21.94-22.01; B = 4 x 16k (8 of 2048)
-    #: tied: 66.21 vs 66.14, 65.88-65.89 vs 65.85-65.94. Triton leads below 512 keys per split (B =
-    #: 1 x 4k, 32 splits of 128: 10.24 vs 11.48) and with one packed row per KV head (32/32 heads,
-    #: B = 16 x 16k: 935.6 vs 957.7, 960.3 vs 977.8).
+    #: tied: 66.21 vs 66.14, 65.88-65.89 vs 65.85-65.94. Without the swapped-operand kernel Triton
+    #: leads below 512 keys per split (B = 1 x 4k, 32 splits of 128: 10.24 vs 11.48), and with one
+    #: packed row per KV head in two waves (32/32 heads, B = 16 x 16k: 935.6 vs 957.7, 960.3 vs
+    #: 977.8; eleventh session 959.4 vs 979.3).
     fill_units = 64
     long_split_keys = 512
     min_packed_rows = 4
