@@ -34,6 +34,11 @@ def _dense_16bit_d128(problem: DecodeProblem) -> bool:
     return problem.head_dim == 128 and problem.cache_dtype == problem.dtype and not problem.paged
 
 
+def _fits_one_wave(ctas: int, units_per_sm: int, device_type: str) -> bool:
+    """Whether ``ctas`` CTAs run in one wave at ``units_per_sm`` per SM of the device."""
+    return ctas <= units_per_sm * device_num_sms(device_type)
+
+
 def _planned_split(problem: DecodeProblem, units: int, units_per_sm: int) -> tuple[int, int]:
     """(splits, keys per split) the shared plan gives ``problem``'s ``units`` work units at
     ``units_per_sm`` CTAs per SM: what the dispatch rules below judge a tile choice by."""
@@ -116,8 +121,7 @@ class CuteBackend(Backend):
         # where the swapped-operand kernel runs in one wave, one CTA per SM or the work units
         # fill the machine (below; B = 1 x 4k: 9.7 vs 10.2 us since the eleventh session); fp8
         # caches are 1.06-1.11x slower here than in Triton (sixth session).
-        if problem.paged and not (configs.paged_supported(problem.page_size, problem.head_dim)
-                                  or configs.subtile_paged_supported(problem.page_size, problem.head_dim)):
+        if problem.paged and not configs.tma_pages(problem.page_size, problem.head_dim):
             # H200, B = 1, 32/8 heads, d = 128 (fourth session): pages of 1 and 48 take 1.7-2.4x
             # the dense time here (one bulk copy per key row), 1.11-1.18x in Triton.
             return -5, "paged KV gathered row by row: measured 1.7-2.4x slower than triton (H200)"
@@ -162,7 +166,7 @@ class CuteBackend(Backend):
         if not (self.swap_ab and configs.swap_ab_applies(packed_rows, kv_dtype, page_size, head_dim,
                                                          self.split_barriers)):
             return False
-        return ctas <= units_per_sm * device_num_sms(device_type)
+        return _fits_one_wave(ctas, units_per_sm, device_type)
 
     def merges(self, num_splits: int) -> bool:
         """Whether a launch of ``num_splits`` splits merges them in the split kernel's tail
@@ -210,11 +214,10 @@ class CuteBackend(Backend):
         ``one_per_sm_min_split_keys``..``one_per_sm_max_keys`` (where it was measured faster)."""
         if problem.head_dim != 128 or problem.cache_dtype != problem.dtype:
             return False
-        if problem.paged and not (configs.ONE_PER_SM_PAGED_VERIFIED_ON_GPU and (
-                configs.paged_supported(problem.page_size, 128) or configs.subtile_paged_supported(problem.page_size, 128))):
+        if problem.paged and not (configs.ONE_PER_SM_PAGED_VERIFIED_ON_GPU and configs.tma_pages(problem.page_size, 128)):
             return False
         units = problem.work_units(self.block_m(problem))
-        if units > device_num_sms(problem.device_type):
+        if not _fits_one_wave(units, configs.ONE_PER_SM_TILE[2], problem.device_type):
             return False
         splits, keys = _planned_split(problem, units, configs.ONE_PER_SM_TILE[2])
         least = self.one_per_sm_min_keys if splits == 1 else self.one_per_sm_min_split_keys
@@ -227,7 +230,7 @@ class CuteBackend(Backend):
         if not (_dense_16bit_d128(problem) and self.merges(num_splits)) or self.one_cta_per_sm(problem):
             return False
         ctas = problem.work_units(self.block_m(problem)) * num_splits
-        return ctas <= configs.split_tile(128)[2] * device_num_sms(problem.device_type)
+        return _fits_one_wave(ctas, configs.split_tile(128)[2], problem.device_type)
 
     # ------------------------------------------------------------------ launches
     def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float, causal: bool):

@@ -311,7 +311,7 @@ def swap_ab_applies(packed_rows: int, kv_dtype: str, page_size: int | None, head
     """
     if packed_rows > SWAP_AB_ROWS or kv_dtype != "same" or split_barriers:
         return False
-    return page_size is None or paged_supported(page_size, head_dim) or page_size in subtile_page_sizes(head_dim)
+    return page_size is None or tma_pages(page_size, head_dim)
 
 
 #: Where a split CTA may signal its programmatic dependents (``SplitConfig.launch_dependents``).
@@ -430,6 +430,16 @@ def subtile_paged_supported(page_size: int, head_dim: int) -> bool:
     (True, False, False)
     """
     return page_size in subtile_page_sizes(head_dim)
+
+
+def tma_pages(page_size: int, head_dim: int) -> bool:
+    """Whether the TMA loads pages of ``page_size`` keys (whole tiles or sub-tile boxes), where
+    other page sizes take the gathered-row kernel.
+
+    >>> tma_pages(128, 128), tma_pages(16, 128), tma_pages(48, 128)
+    (True, True, False)
+    """
+    return paged_supported(page_size, head_dim) or subtile_paged_supported(page_size, head_dim)
 
 
 def all_split_configs(subtile: bool = True) -> list[SplitConfig]:

@@ -916,10 +916,10 @@ class SplitKVDecodeKernel:
         ``S^T = K Q^T`` (M = keys, N = R), the softmax down each column (q row), P^T into shared
         memory, ``O^T += V^T P^T`` (M = head dim, N = R), then the epilogue.
 
-        Accumulator element ``i`` of a thread is ``(c, r, t) = (i % 2, i // 2 % 2, i // 4)`` at
-        row ``64 t + 16 warp + lane / 4 + 8 r`` (a key of S^T, a head-dim index of O^T) and column
-        ``2 (lane % 4) + c`` (a q row): each thread holds two columns, whose softmax state
-        (running max, its own partial sum) it keeps in ``row_max``/``row_sum``.
+        Accumulator element ``i`` of a thread sits at row :meth:`acc_row` (a key of S^T, a
+        head-dim index of O^T) and column ``2 (lane % 4) + i % 2`` (a q row): each thread holds two
+        columns, whose softmax state (running max, its own partial sum) it keeps in
+        ``row_max``/``row_sum``.
         """
         D, N, R = self.head_dim, self.tile_n, self.block_m
         self.load_q(mQ, sQ, None, tidx, batch_idx, kvh, row_block, seqlen_q, group)
@@ -967,8 +967,7 @@ class SplitKVDecodeKernel:
             # P^T -> the B operand in shared memory. Every warp has passed the column-max barrier
             # in softmax_columns, so all are done with the previous tile's P V wgmma (reading sP).
             for j in cutlass.range_constexpr(cute.size(acc_s)):
-                key = (j // 4) * 64 + warp * 16 + lane // 4 + 8 * ((j // 2) % 2)
-                sP[(lane % 4) * 2 + j % 2, key, 0] = acc_s[j].to(self.op_dtype)
+                sP[(lane % 4) * 2 + j % 2, self.acc_row(j, warp, lane), 0] = acc_s[j].to(self.op_dtype)
             # Generic-proxy smem writes must be visible to wgmma (async proxy) before it reads sP.
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=self.q_barrier_id, number_of_threads=self.num_consumer_threads)
@@ -986,6 +985,13 @@ class SplitKVDecodeKernel:
             cute.arch.griddepcontrol_launch_dependents()  # every tile done: only the stores remain
         self.epilogue_swap(acc_o, row_max, row_sum, mO, mLSE, sRed, tidx, split_idx, batch_idx, kvh, row_block,
                            seqlen_q, group, num_tiles)
+
+    @staticmethod
+    def acc_row(i, warp, lane):
+        """Row of a thread's wgmma accumulator element ``i`` = ``(c, r, t)`` = ``(i % 2, i // 2 % 2,
+        i // 4)`` when N is 8 (swapped operands): ``64 t + 16 warp + lane / 4 + 8 r``, the ``t``-th
+        64-row M block."""
+        return (i // 4) * 64 + warp * 16 + lane // 4 + 8 * ((i // 2) % 2)
 
     @cute.jit
     def column_sums_across_warps(self, x, sRed, lane, warp, reduce):
@@ -1016,7 +1022,7 @@ class SplitKVDecodeKernel:
             tile_max[c] = -Float32.inf
         for j in cutlass.range_constexpr(cute.size(acc_s)):
             c = j % 2
-            key = tile_start + (j // 4) * 64 + warp * 16 + lane // 4 + 8 * ((j // 2) % 2)
+            key = tile_start + self.acc_row(j, warp, lane)
             s = acc_s[j] * softmax_scale_log2
             if key >= key_limit[c]:
                 s = -Float32.inf
@@ -1027,13 +1033,7 @@ class SplitKVDecodeKernel:
         rescale = cute.make_rmem_tensor((2,), Float32)
         tile_sum = cute.make_rmem_tensor((2,), Float32)
         for c in cutlass.range_constexpr(2):
-            new_max = cute.arch.fmax(row_max[c], tile_max[c])
-            # A column that has seen no key yet keeps max -inf: subtract 0 instead (no -inf - -inf).
-            safe_max[c] = new_max
-            if new_max == -Float32.inf:
-                safe_max[c] = 0.0
-            rescale[c] = cute.math.exp2(row_max[c] - safe_max[c], fastmath=True)
-            row_max[c] = new_max
+            safe_max[c], rescale[c] = self.raise_max(row_max, c, tile_max[c])
             tile_sum[c] = 0.0
         for j in cutlass.range_constexpr(cute.size(acc_s)):
             p = cute.math.exp2(acc_s[j] - safe_max[j % 2], fastmath=True)
@@ -1072,14 +1072,15 @@ class SplitKVDecodeKernel:
                 if tidx < 4:
                     mLSE[out_split, batch_idx, hq, m] = lse
                 # Partials of an empty split are never read: write only their LSE.
+                # (acc_o element c + 2 j: this column's j-th value)
                 if cutlass.const_expr(self.write_partials):
                     if num_tiles > 0:
                         for j in cutlass.range_constexpr(cute.size(acc_o) // 2):
-                            d = (j // 2) * 64 + warp * 16 + lane // 4 + 8 * (j % 2)
+                            d = self.acc_row(c + 2 * j, warp, lane)
                             mO[out_split, batch_idx, m, hq, d] = acc_o[c + 2 * j] * inv
                 else:
                     for j in cutlass.range_constexpr(cute.size(acc_o) // 2):
-                        d = (j // 2) * 64 + warp * 16 + lane // 4 + 8 * (j % 2)
+                        d = self.acc_row(c + 2 * j, warp, lane)
                         mO[out_split, batch_idx, m, hq, d] = (acc_o[c + 2 * j] * inv).to(mO.element_type)
 
     def tile_rows(self, seqlen_q, group, row_block):
@@ -1142,13 +1143,7 @@ class SplitKVDecodeKernel:
                 tile_max = cute.arch.fmax(tile_max, s)
         tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=1))
         tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
-        new_max = cute.arch.fmax(row_max[r], tile_max)
-        # A row that has seen no key yet keeps max -inf: subtract 0 instead (no -inf - -inf).
-        safe_max = new_max
-        if new_max == -Float32.inf:
-            safe_max = 0.0
-        rescale = cute.math.exp2(row_max[r] - safe_max, fastmath=True)
-        row_max[r] = new_max
+        safe_max, rescale = self.raise_max(row_max, r, tile_max)
         tile_sum = Float32(0.0)
         for v in cutlass.range_constexpr(N // 8):
             for c in cutlass.range_constexpr(2):
@@ -1160,6 +1155,19 @@ class SplitKVDecodeKernel:
         for v in cutlass.range_constexpr(D // 8):
             for c in cutlass.range_constexpr(2):
                 acc_o[c + 2 * r + 4 * v] = acc_o[c + 2 * r + 4 * v] * rescale
+
+    @cute.jit
+    def raise_max(self, row_max, i, tile_max):
+        """Online softmax: ``row_max[i] = max(row_max[i], tile_max)`` (log2 units); returns the
+        max to subtract from this tile's scores and the factor that rescales the old sum and O.
+        A row (or column) that has seen no key yet keeps max -inf and subtracts 0 (no -inf - -inf)."""
+        new_max = cute.arch.fmax(row_max[i], tile_max)
+        safe_max = new_max
+        if new_max == -Float32.inf:
+            safe_max = 0.0
+        rescale = cute.math.exp2(row_max[i] - safe_max, fastmath=True)
+        row_max[i] = new_max
+        return safe_max, rescale
 
     @staticmethod
     def p_layout(acc_layout):
