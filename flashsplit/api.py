@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -9,13 +10,15 @@ import torch
 
 from . import backends  # noqa: F401  (registers the backends)
 from . import torch_ops  # registers torch.ops.flashsplit.decode_into (torch.compile)
-from .plan import MAX_SPLITS, SplitPlan, cdiv, choose_num_splits, device_num_sms, tokens_per_split, SPLIT_GRANULE
-from .problem import DecodeProblem, check_decode_inputs, check_num_splits
+from .plan import MAX_SPLITS, SplitPlan, cdiv, choose_num_splits, tokens_per_split, SPLIT_GRANULE
+from .problem import DecodeProblem, check_decode_inputs, check_num_splits, check_static_facts
+from .target import GpuTarget, device_target, gpu_target
 from . import registry
 from .registry import Backend, select
 
 @functools.lru_cache(maxsize=4096)  # static facts in, frozen plan out: one dict lookup per decode step
-def _make_plan(problem: DecodeProblem, backend: Backend, backend_reason: str, num_splits: int, num_sms: int) -> SplitPlan:
+def _make_plan(problem: DecodeProblem, backend: Backend, rule: str, backend_reason: str, num_splits: int) -> SplitPlan:
+    num_sms = problem.num_sms
     block_m = backend.block_m(problem)
     row_blocks = cdiv(problem.packed_rows, block_m)
     work_units = problem.work_units(block_m)
@@ -26,6 +29,7 @@ def _make_plan(problem: DecodeProblem, backend: Backend, backend_reason: str, nu
         split_reason = "requested"
     return SplitPlan(
         backend=backend.name,
+        rule=rule,
         backend_reason=backend_reason,
         num_splits=num_splits,
         split_reason=split_reason,
@@ -38,6 +42,7 @@ def _make_plan(problem: DecodeProblem, backend: Backend, backend_reason: str, nu
         num_sms=num_sms,
         units_per_sm=units_per_sm,
         runs_combine=num_splits > 1,
+        gpu=problem.target.name if problem.target is not None else problem.device_type,
     )
 
 
@@ -58,18 +63,23 @@ def plan(
     num_sms: int | None = None,
     device: str | torch.device = "cuda",
     backend: str = "auto",
+    gpu: str | GpuTarget | None = None,
 ) -> SplitPlan:
     """What :func:`decode` will do for these shapes, in pure Python (no GPU needed).
 
     ``seqlen_k`` is the cache capacity (``k_cache.shape[1]``, or ``max_pages_per_row *
-    page_size`` for a paged cache, with ``page_size`` given); ``kv_dtype`` an fp8 cache's dtype;
-    ``num_sms`` defaults to the
-    device's count (132, an H200's, when there is no CUDA device). ``device="cuda"`` plans
-    for the GPU backends even on a machine without one.
+    page_size`` for a paged cache, with ``page_size`` given); ``kv_dtype`` an fp8 cache's dtype.
+    ``gpu`` plans for a named GPU (``"h200"``, ``"h100"``, ... :data:`flashsplit.target.KNOWN_GPUS`,
+    or a :class:`~flashsplit.target.GpuTarget`) from any machine; by default the current CUDA
+    device, or an H200 when there is none. ``num_sms`` overrides the GPU's SM count.
+    ``device="cpu"`` plans for the Triton interpreter. Raises what :func:`decode` raises for
+    shapes and dtypes it cannot run.
 
-    >>> p = plan(1, 32768, 32, 8, 128, num_sms=132, backend="triton")
+    >>> p = plan(1, 32768, 32, 8, 128, gpu="h200", backend="triton")
     >>> p.num_splits, p.grid
     (32, (32, 1, 8))
+    >>> plan(1, 4096, 32, 8, 128, gpu="h200").rule   # cute's swapped-operand kernel, where cutlass is installed
+    'swapped-operands'
     """
     for name, value in (("batch", batch), ("seqlen_k", seqlen_k), ("num_heads", num_heads),
                         ("num_heads_kv", num_heads_kv), ("head_dim", head_dim), ("seqlen_q", seqlen_q)):
@@ -79,16 +89,26 @@ def plan(
     if num_heads % num_heads_kv != 0:
         raise ValueError(f"num_heads: expected a multiple of num_heads_kv ({num_heads_kv}), got {num_heads}")
     check_num_splits(num_splits)
+    check_static_facts(head_dim, dtype, kv_dtype, page_size)
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
     device = torch.device(device)
+    target = None
+    if device.type == "cuda":
+        target = gpu_target(gpu) if gpu is not None else device_target(device.index)
+        if num_sms is not None:
+            if isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1:
+                raise ValueError(f"num_sms: expected a positive int, got {num_sms!r}")
+            target = dataclasses.replace(target, num_sms=num_sms)
+    elif gpu is not None:
+        raise ValueError(f"gpu: only for device='cuda', got device={str(device)!r}")
     problem = DecodeProblem(
         batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_heads=num_heads, num_heads_kv=num_heads_kv,
         head_dim=head_dim, dtype=dtype, causal=causal, has_cache_seqlens=has_cache_seqlens, device_type=device.type,
-        kv_dtype=kv_dtype, page_size=page_size,
+        kv_dtype=kv_dtype, page_size=page_size, gpu=target,
     )
-    chosen, reason = select(problem, backend)
-    return _make_plan(problem, chosen, reason, num_splits, num_sms or device_num_sms(device.type, device.index))
+    chosen, rule, reason = select(problem, backend)
+    return _make_plan(problem, chosen, rule, reason, num_splits)
 
 
 def decode(
@@ -278,7 +298,7 @@ def _prepare(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descal
         raise TypeError(f"softmax_scale: expected a finite float, got {softmax_scale!r}")
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
-    chosen, reason = select(problem, backend)
+    chosen, rule, reason = select(problem, backend)
     batch, seqlen_q, num_heads, head_dim = q.shape
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
@@ -286,7 +306,7 @@ def _prepare(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descal
         return _nothing_to_do
     if problem.seqlen_k == 0:
         return _no_keys
-    the_plan = _make_plan(problem, chosen, reason, num_splits, device_num_sms(q.device.type, q.device.index))
+    the_plan = _make_plan(problem, chosen, rule, reason, num_splits)
     return chosen.prepare(problem, the_plan.num_splits, float(softmax_scale), causal)
 
 
@@ -357,6 +377,6 @@ def combine(
             head_dim=head_dim, dtype=out.dtype, causal=False, has_cache_seqlens=False,
             device_type=out_partial.device.type,
         )
-        chosen, _ = select(problem, backend)
+        chosen = select(problem, backend)[0]
         chosen.combine(out_partial, lse_partial, out, lse)
     return out, lse

@@ -146,6 +146,9 @@ class SplitPlan:
     """
 
     backend: str
+    #: The selection rule that picked ``backend`` (:mod:`flashsplit.selection`; "requested" for a
+    #: named backend).
+    rule: str
     backend_reason: str
     num_splits: int
     split_reason: str
@@ -158,6 +161,8 @@ class SplitPlan:
     num_sms: int
     units_per_sm: int
     runs_combine: bool
+    #: The GPU planned for (``"cpu"`` for the Triton interpreter).
+    gpu: str = "cpu"
 
     def boundaries(self, seqlen: int) -> list[tuple[int, int]]:
         """Per-split ``(start, end)`` key ranges for a row holding ``seqlen`` live keys."""
@@ -166,7 +171,7 @@ class SplitPlan:
     def __str__(self) -> str:
         combine = "then a combine kernel" if self.runs_combine else "no combine (one split)"
         return (
-            f"backend {self.backend} ({self.backend_reason}); {self.num_splits} split(s) of up to "
+            f"on {self.gpu}: backend {self.backend} ({self.backend_reason}); {self.num_splits} split(s) of up to "
             f"{self.tokens_per_split} keys ({self.split_reason}); grid {self.grid}, "
             f"{self.block_m}-row tiles x {self.row_blocks}; {combine}"
         )

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .plan import MAX_SPLITS
+from .plan import DEFAULT_NUM_SMS, MAX_SPLITS
+from .target import GpuTarget, device_target
 
 #: Query dtypes (and 16-bit cache dtypes).
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
@@ -46,6 +47,22 @@ class DecodeProblem:
     kv_dtype: torch.dtype | None = None
     #: keys per page of a paged cache (``block_table`` given); 0 for a dense cache.
     page_size: int = 0
+    #: the GPU a CUDA problem runs on (or is planned for); None: the current device's
+    #: (:func:`~flashsplit.target.device_target`, an H200's without CUDA).
+    gpu: GpuTarget | None = None
+
+    @property
+    def target(self) -> GpuTarget | None:
+        """The GPU this problem runs on; None for a problem on another device type (the CPU)."""
+        if self.device_type != "cuda":
+            return None
+        return self.gpu if self.gpu is not None else device_target()
+
+    @property
+    def num_sms(self) -> int:
+        """SMs of :attr:`target` (the machine size the split heuristic fills); an H200's otherwise."""
+        target = self.target
+        return target.num_sms if target is not None else DEFAULT_NUM_SMS
 
     @property
     def cache_dtype(self) -> torch.dtype:
@@ -94,6 +111,24 @@ def _require_rank(name: str, t: torch.Tensor, rank: int, layout: str) -> None:
 def _require_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
     if t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{name}: the last dim must be contiguous (stride 1), got strides {tuple(t.stride())}")
+
+
+def head_dim_supported(head_dim: int) -> bool:
+    """Head dims ``decode`` takes: multiples of 8 in [8, MAX_HEAD_DIM]."""
+    return head_dim % 8 == 0 and 8 <= head_dim <= MAX_HEAD_DIM
+
+
+def check_static_facts(head_dim: int, dtype, kv_dtype, page_size) -> None:
+    """The checks :func:`flashsplit.plan` shares with :func:`check_decode_inputs`, on plain values
+    (``plan`` describes a problem by its shapes and dtypes, not by tensors)."""
+    if not head_dim_supported(head_dim):
+        raise ValueError(f"head_dim: expected a multiple of 8 in [8, {MAX_HEAD_DIM}], got {head_dim}")
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"dtype: expected torch.float16 or torch.bfloat16, got {dtype!r}")
+    if kv_dtype is not None and kv_dtype not in FP8_DTYPES and kv_dtype != dtype:
+        raise TypeError(f"kv_dtype: expected None (q's dtype {dtype}) or an fp8 dtype {FP8_DTYPES}, got {kv_dtype!r}")
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 0:
+        raise ValueError(f"page_size: expected a non-negative int (0: a dense cache), got {page_size!r}")
 
 
 def check_num_splits(num_splits) -> int:
@@ -156,7 +191,7 @@ def check_decode_inputs(
     num_heads_kv, head_dim_k = k_cache.shape[2:]
     if head_dim_k != head_dim:
         raise ValueError(f"k_cache/v_cache: expected head_dim {head_dim} (q's last dim), got {head_dim_k}")
-    if head_dim % 8 != 0 or not 8 <= head_dim <= MAX_HEAD_DIM:
+    if not head_dim_supported(head_dim):
         raise ValueError(f"q: expected head_dim a multiple of 8 in [8, {MAX_HEAD_DIM}], got {head_dim}")
     if num_heads_kv == 0 or num_heads % num_heads_kv != 0:
         raise ValueError(
@@ -204,6 +239,7 @@ def check_decode_inputs(
         aligned_16b=all(_is_aligned_16b(t) for t in (q, k_cache, v_cache, out) if t is not None),
         kv_dtype=k_cache.dtype,
         page_size=page_size,
+        gpu=device_target(q.device.index) if q.device.type == "cuda" else None,
     )
 
 

@@ -1,10 +1,10 @@
-"""The backend registry: every backend declares what it supports; ``"auto"`` picks the best.
+"""The backend registry: every backend declares what it supports; ``"auto"`` picks among them.
 
-A backend is an object with the :class:`Backend` interface. It is registered once, by name,
-with a priority; ``"auto"`` takes, among the backends that support a problem, the one that
-ranks it highest (:meth:`Backend.preference`, from measurements), ties by priority. Backends that need optional
-packages import them lazily, inside their methods, so ``import flashsplit`` needs neither a GPU
-nor cutlass.
+A backend is an object with the :class:`Backend` interface, registered once by name with a
+priority. ``"auto"`` asks every backend whether it supports a problem, then lets
+:mod:`flashsplit.selection` (the one place that holds auto's rules and their measurements) pick
+among those that can. Backends that need optional packages import them lazily, inside their
+methods, so ``import flashsplit`` needs neither a GPU nor cutlass.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ class Backend(abc.ABC):
     """
 
     name: str = ""
-    #: ``"auto"`` tries backends in decreasing priority.
+    #: Order of the registry's listings, and ``"auto"``'s fallback order when the backend its
+    #: rule names cannot run a problem.
     priority: int = 0
 
     @abc.abstractmethod
@@ -38,12 +39,6 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def block_m(self, problem: DecodeProblem) -> int:
         """Packed rows (query positions x q heads of one KV head) per CTA tile."""
-
-    def preference(self, problem: DecodeProblem) -> tuple[int, str]:
-        """``(rank, why)`` of this backend for ``problem`` under ``"auto"``: the supporting
-        backend of highest rank runs it (ties: higher ``priority``). Backends rank by what was
-        measured on the hardware they target; the default is ``priority``."""
-        return self.priority, "default order"
 
     def units_per_sm(self, problem: DecodeProblem) -> int:
         """How many split-kernel CTAs one SM runs at once (an input of the split heuristic)."""
@@ -150,18 +145,21 @@ def get(name: str) -> Backend:
 
 
 @functools.lru_cache(maxsize=4096)  # supports() reads only static facts; decode asks every step
-def select(problem: DecodeProblem, name: str = "auto") -> tuple[Backend, str]:
-    """The backend that runs ``problem`` and a sentence saying why it was chosen.
+def select(problem: DecodeProblem, name: str = "auto") -> tuple[Backend, str, str]:
+    """``(backend, rule, reason)``: the backend that runs ``problem``, the selection rule that
+    picked it (``"requested"`` for a named backend; :mod:`flashsplit.selection` for ``"auto"``)
+    and a sentence saying why.
 
-    ``name="auto"`` takes the highest-priority backend that supports the problem; a named
-    backend that cannot run it raises ``ValueError`` with its reason.
+    A named backend that cannot run the problem raises ``ValueError`` with its reason.
     """
+    from . import selection
+
     if name != "auto":
         backend = get(name)
         reason = backend.supports(problem)
         if reason is not None:
             raise ValueError(f"backend: {name!r} cannot run this problem: {reason} (choices: 'auto', {names()})")
-        return backend, "requested"
+        return backend, "requested", "requested"
     refusals, able = [], []
     for candidate in sorted(_REGISTRY.values(), key=lambda b: -b.priority):
         reason = candidate.supports(problem)
@@ -171,11 +169,10 @@ def select(problem: DecodeProblem, name: str = "auto") -> tuple[Backend, str]:
             refusals.append(f"{candidate.name}: {reason}")
     if not able:
         raise ValueError("backend: no backend supports this problem: " + "; ".join(refusals))
-    ranked = sorted(able, key=lambda b: (-b.preference(problem)[0], -b.priority))
-    best = ranked[0]
-    why = f"auto: {best.preference(problem)[1]}"
-    if len(ranked) > 1:
-        why += " (also able: " + ", ".join(b.name for b in ranked[1:]) + ")"
+    best, rule, why = selection.choose(problem, able)
+    others = [b.name for b in able if b is not best]
+    if others:
+        why += " (also able: " + ", ".join(others) + ")"
     if refusals:
         why += " (" + "; ".join(refusals) + ")"
-    return best, why
+    return best, rule, why

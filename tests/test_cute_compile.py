@@ -25,6 +25,7 @@ import torch
 
 from flashsplit.cute import CuteBackend, all_combine_configs, all_split_configs
 from flashsplit.cute.configs import compile_check_configs
+from flashsplit import selection
 from flashsplit.problem import DecodeProblem
 
 _HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
@@ -497,42 +498,12 @@ def test_one_cta_per_sm_rule():
                     (problem(16, 4096, page_size=48), False), (problem(4, 4096, num_heads_kv=32), True)]:
         assert backend.one_cta_per_sm(p) == deep, p
         assert backend.units_per_sm(p) == (1 if deep else configs_tile(p.head_dim)[2])
-        preferred = deep or (p.paged and p.page_size != 48) or backend.cute_measured_faster(p)
-        assert (backend.preference(p)[0] > 0) == preferred, p
-    plan = _make_plan(problem(4, 131072), backend, "", 0, 132)
+        if deep:  # auto runs cute there (paged: the paged-tma rule comes first)
+            assert selection.rule_for(p).name == ("paged-tma" if p.paged else "one-cta-per-sm"), p
+    plan = _make_plan(problem(4, 131072), backend, "", "", 0)
     assert (plan.units_per_sm, plan.num_splits) == (1, 4)
-    assert _make_plan(problem(16, 4096), backend, "", 0, 132).num_splits == 1
+    assert _make_plan(problem(16, 4096), backend, "", "", 0).num_splits == 1
 
-
-
-def test_cute_preferred_where_measured_faster(monkeypatch):
-    """auto ranks cute above Triton for dense 16-bit d = 128 problems that take the swapped-operand
-    kernel in one wave (1-8 packed rows: B = 1 x 2k/4k, B = 2 x 4k, 32/32 heads at B = 1 x 4k), or
-    with >= 4 packed rows per KV head and >= 64 work units (B >= 8 with 8 KV heads) or >= 512 keys
-    per split, where it was measured faster (or tied); not for one packed row in several waves
-    (32/32 heads, B = 16), other head dims or fp8 caches; and without the swapped kernel, not for
-    splits under 512 keys (B = 1 x 4k: 128 keys, B = 2 x 4k: 256) or one packed row."""
-    backend = CuteBackend()
-    monkeypatch.setattr(CuteBackend, "swap_ab", True)
-
-    def rank(**kw):
-        return backend.preference(_problem(device_type="cuda", **kw))[0]
-
-    short = (dict(batch=1, seqlen_k=4096), dict(batch=2, seqlen_k=4096), dict(batch=1, seqlen_k=2048),
-             dict(batch=1, seqlen_k=4096, num_heads_kv=32), dict(batch=4, seqlen_k=4096, num_heads_kv=32))
-    for kw in (dict(batch=16, seqlen_k=131072), dict(batch=64, seqlen_k=4096), dict(batch=64, seqlen_k=131072),
-               dict(batch=1, seqlen_k=131072), dict(batch=16, seqlen_k=131072, dtype=torch.float16),
-               dict(batch=32, seqlen_k=4096, num_heads=64, num_heads_kv=8), dict(batch=8, seqlen_k=4096),
-               dict(batch=1, seqlen_k=16384), dict(batch=4, seqlen_k=4096), dict(batch=4, seqlen_k=16384)) + short:
-        assert backend.cute_measured_faster(_problem(device_type="cuda", **kw)) and rank(**kw) > 0, kw
-    not_faster = (dict(batch=16, seqlen_k=16384, num_heads_kv=32), dict(batch=16, seqlen_k=4096, num_heads_kv=32),
-                  dict(batch=64, seqlen_k=4096, head_dim=64), dict(batch=64, seqlen_k=4096, head_dim=256),
-                  dict(batch=64, seqlen_k=4096, kv_dtype=torch.float8_e4m3fn))
-    for kw in not_faster:
-        assert not backend.cute_measured_faster(_problem(device_type="cuda", **kw)) and rank(**kw) < 0, kw
-    monkeypatch.setattr(CuteBackend, "swap_ab", False)
-    for kw in short[:4] + not_faster:
-        assert not backend.cute_measured_faster(_problem(device_type="cuda", **kw)) and rank(**kw) < 0, kw
 
 
 def test_swap_rule():
@@ -549,9 +520,9 @@ def test_swap_rule():
     assert not configs.swap_ab_applies(4, "same", 48, 128, False)  # gathered pages
     assert not configs.swap_ab_applies(4, "same", None, 128, True)
     if backend.swap_ab:
-        assert backend.swaps(4, "same", None, 128, 264, 2, "cpu")
-    assert not backend.swaps(4, "same", None, 128, 265, 2, "cpu")  # (DEFAULT_NUM_SMS = 132)
-    assert not backend.swaps(4, "same", None, 128, 133, 1, "cpu")
+        assert backend.swaps(4, "same", None, 128, 264, 2, 132)
+    assert not backend.swaps(4, "same", None, 128, 265, 2, 132)
+    assert not backend.swaps(4, "same", None, 128, 133, 1, 132)
     for kw in (dict(kv_dtype="float8_e4m3fn"), dict(split_barriers=True), dict(swap_rows=16),
                dict(paged=True, page_size=48)):
         with pytest.raises(ValueError, match="swap_rows"):
@@ -670,8 +641,7 @@ def test_supports_gathered_pages_once_enabled(overrides, cute_paged_enabled, cut
     monkeypatch.setattr(configs, "FP8_VERIFIED_ON_GPU", True)
     reason = CuteBackend().supports(_problem(**overrides))
     assert reason is not None and ("CUDA device" in reason or "not installed" in reason), reason
-    rank, why = CuteBackend().preference(_problem(**overrides))
-    assert rank < 0 and "slower than triton" in why
+    assert selection.rule_for(_problem(**overrides)).name == "paged-gathered"
 
 
 @pytest.mark.parametrize("overrides,needle", [
@@ -817,7 +787,7 @@ def test_auto_takes_the_backend_measured_fastest(overrides, winner, monkeypatch)
     monkeypatch.setattr(triton_backend.TritonBackend, "supports", lambda self, p: None)
     invalidate()
     try:
-        chosen, why = select(_problem(**overrides), "auto")
+        chosen, _, why = select(_problem(**overrides), "auto")
     finally:
         invalidate()
     assert chosen is get(winner), why

@@ -19,12 +19,14 @@ class ContenderStatus:
 @dataclass
 class PlannedCell:
     """One cell: its rotation count, per flashsplit contender the planned split count (an int)
-    or why the backend cannot run it (a str), and per other contender that cannot take the
-    cell's cache format (paged, fp8) why not."""
+    or why the backend cannot run it (a str), which backend each of them would run and the
+    selection rule behind it (``"cute (swapped-operands)"``), and per other contender that
+    cannot take the cell's cache format (paged, fp8) why not."""
 
     case: Case
     sets: int
     plans: dict[str, int | str] = field(default_factory=dict)
+    backends: dict[str, str] = field(default_factory=dict)
     format_skips: dict[str, str] = field(default_factory=dict)
 
 
@@ -46,7 +48,9 @@ def build_dry_run(cases: list[Case], skipped: list[SkippedCell], contenders: lis
         cell = PlannedCell(case, rotation_count(set_bytes(case), device.l2_bytes, mem_cap_bytes))
         for c in planners:
             try:
-                cell.plans[c.name] = c.plan(case, device.num_sms).num_splits
+                plan = c.plan(case, device.num_sms)
+                cell.plans[c.name] = plan.num_splits
+                cell.backends[c.name] = f"{plan.backend} ({plan.rule})"
             except Unsupported as e:
                 cell.plans[c.name] = str(e)
         for c in contenders:

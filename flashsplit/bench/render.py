@@ -104,6 +104,14 @@ def render_report(console: Console, report: Report, skipped: list[SkippedCell] =
     console.print("  rows: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) if counts else "  no rows")
 
 
+def _planned(cell, name: str) -> str:
+    """A dry-run cell of contender ``name``: its split count (with auto's backend and rule), or why not."""
+    plan = cell.plans[name]
+    if not isinstance(plan, int):
+        return f"no: {plan}"
+    return f"{plan} {cell.backends[name]}" if name == "auto" else str(plan)
+
+
 def render_dry_run(console: Console, dry: DryRun) -> None:
     dev = dry.device
     where = dev.name if dev.is_cuda else f"{dev.name}: plans use {dev.num_sms} SMs, L2 {dev.l2_bytes / 2**20:.0f} MiB"
@@ -117,12 +125,13 @@ def render_dry_run(console: Console, dry: DryRun) -> None:
                            style="" if c.reason is None else "dim")
     console.print(contenders)
     planners = [c.name for c in dry.contenders if c.family == "flashsplit" and c.reason is None]
-    cells = Table(title="cells (flashsplit columns: planned num_splits)", header_style="bold")
+    cells = Table(title="cells (flashsplit columns: planned num_splits; auto: and the backend, by its rule)",
+                  header_style="bold")
     for name in ("B", "L_k", "heads", "d", "dtype", "cache", "KV MB", "sets", *planners):
         cells.add_column(name, justify="left" if name == "cache" else "right", overflow="fold")
     for cell in dry.cells:
         case = cell.case
-        plans = [str(cell.plans[p]) if isinstance(cell.plans[p], int) else f"no: {cell.plans[p]}" for p in planners]
+        plans = [_planned(cell, p) for p in planners]
         cells.add_row(str(case.batch), format_seqlen(case.seqlen_k), case.heads, str(case.head_dim), case.dtype,
                       case.format_label, f"{case.kv_bytes / 1e6:.1f}", str(cell.sets), *plans)
     console.print(cells)

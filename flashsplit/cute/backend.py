@@ -34,15 +34,15 @@ def _dense_16bit_d128(problem: DecodeProblem) -> bool:
     return problem.head_dim == 128 and problem.cache_dtype == problem.dtype and not problem.paged
 
 
-def _fits_one_wave(ctas: int, units_per_sm: int, device_type: str) -> bool:
-    """Whether ``ctas`` CTAs run in one wave at ``units_per_sm`` per SM of the device."""
-    return ctas <= units_per_sm * device_num_sms(device_type)
+def _fits_one_wave(ctas: int, units_per_sm: int, num_sms: int) -> bool:
+    """Whether ``ctas`` CTAs run in one wave at ``units_per_sm`` per SM on ``num_sms`` SMs."""
+    return ctas <= units_per_sm * num_sms
 
 
 def _planned_split(problem: DecodeProblem, units: int, units_per_sm: int) -> tuple[int, int]:
     """(splits, keys per split) the shared plan gives ``problem``'s ``units`` work units at
     ``units_per_sm`` CTAs per SM: what the dispatch rules below judge a tile choice by."""
-    splits = choose_num_splits(units, problem.seqlen_k, device_num_sms(problem.device_type), units_per_sm)[0]
+    splits = choose_num_splits(units, problem.seqlen_k, problem.num_sms, units_per_sm)[0]
     return splits, tokens_per_split(problem.seqlen_k, splits)
 
 
@@ -102,60 +102,18 @@ class CuteBackend(Backend):
             return f"{problem.cache_dtype} caches are not implemented in the cute backend yet"
         if not cutlass_available():
             return "nvidia-cutlass-dsl is not installed"
-        if problem.device_type != "cuda":
+        if problem.target is None:
             return f"needs a CUDA device, got {problem.device_type}"
-        if not torch.cuda.is_available():
-            return "CUDA is not available"
-        major, minor = torch.cuda.get_device_capability()
-        if (major, minor) != (9, 0):
-            return f"needs compute capability 9.0 (Hopper, sm_90a), got {major}.{minor}"
+        if problem.target.capability != (9, 0):
+            major, minor = problem.target.capability
+            return f"needs compute capability 9.0 (Hopper, sm_90a), got {major}.{minor} ({problem.target.name})"
         return None
 
     def block_m(self, problem: DecodeProblem) -> int:
         return 64
 
-    def preference(self, problem: DecodeProblem) -> tuple[int, str]:
-        # Measured on the H200 (docs/performance.md, 32/8 heads, d = 128): paged 16-bit caches
-        # run at dense speed here, whole-tile pages (128: 1.00x dense) and sub-tile pages alike
-        # (16: 1.00-1.01x), but 1.06-1.22x slower in Triton; dense 16-bit caches are faster here
-        # where the swapped-operand kernel runs in one wave, one CTA per SM or the work units
-        # fill the machine (below; B = 1 x 4k: 9.7 vs 10.2 us since the eleventh session); fp8
-        # caches are 1.06-1.11x slower here than in Triton (sixth session).
-        if problem.paged and not configs.tma_pages(problem.page_size, problem.head_dim):
-            # H200, B = 1, 32/8 heads, d = 128 (fourth session): pages of 1 and 48 take 1.7-2.4x
-            # the dense time here (one bulk copy per key row), 1.11-1.18x in Triton.
-            return -5, "paged KV gathered row by row: measured 1.7-2.4x slower than triton (H200)"
-        if problem.paged and problem.cache_dtype not in FP8_DTYPES:
-            return 20, "paged 16-bit KV: the cute TMA kernel reads pages at dense speed (H200)"
-        if self.one_cta_per_sm(problem):
-            # H200, same runs (fifth session, calls 6-9): see one_per_sm_min_keys.
-            return 5, "dense 16-bit KV in one wave of one CTA per SM: measured faster than triton (H200)"
-        if self.cute_measured_faster(problem):
-            return 3, ("dense 16-bit KV with 1-8 q rows per KV head in one wave (swapped operands), or GQA filling "
-                       "the machine or in long splits: measured faster than triton (H200)")
-        return -10, "cute supports it but was measured slower than triton here (H200)"
-
-    #: ``cute_measured_faster`` holds from this many work units (batch rows x KV heads x row
-    #: blocks: 4 or fewer splits per unit), or from this many keys per split. H200, 32/8 heads,
-    #: d = 128, bf16, same runs (sixth session, calls 1-6, with ``skip_padding``), us, cute vs Triton:
-    #: B = 8 x 4k (64 units, 4 splits) 38.0 vs 38.9, 38.1 vs 39.0; B = 16 x 128k (128 units, 2
-    #: splits) 1908.6 vs 1921.1, 1857.3 vs 1876.0, 1871.4 vs 1884.5, 1912.5 vs 1925.7; B = 32 x 4k
-    #: 123.2 vs 137.9; B = 64 (512 units, 1 split) 4k 237.4 vs 238.3, 237.8 vs 238.8, 16k 938.1 vs
-    #: 940.8, 939.2 vs 943.4, 128k 7477.6 vs 7520.6, 7503.1 vs 7526.3; B = 1 x 128k (32 splits of
-    #: 4096 keys) 126.5 vs 126.9, 123.9 vs 124.7, 124.3 vs 125.0, 124.1 vs 124.9, 126.5 vs 127.3.
-    #: Splits of 512-2048 keys since the tenth session's one-wave stages and fast-math merge (call
-    #: 7, two runs): B = 1 x 16k (32 splits of 512) 22.36 vs 22.71, 22.47-22.50 vs 22.66-22.72;
-    #: B = 4 x 4k (8 of 512) 21.84 vs 22.10, 21.86-21.89 vs 21.94-22.01; B = 4 x 16k (8 of 2048)
-    #: tied: 66.21 vs 66.14, 65.88-65.89 vs 65.85-65.94. Without the swapped-operand kernel Triton
-    #: leads below 512 keys per split (B = 1 x 4k, 32 splits of 128: 10.24 vs 11.48), and with one
-    #: packed row per KV head in two waves (32/32 heads, B = 16 x 16k: 935.6 vs 957.7, 960.3 vs
-    #: 977.8; eleventh session 959.4 vs 979.3).
-    fill_units = 64
-    long_split_keys = 512
-    min_packed_rows = 4
-
     def swaps(self, packed_rows: int, kv_dtype: str, page_size: int | None, head_dim: int, ctas: int,
-              units_per_sm: int, device_type: str = "cuda") -> bool:
+              units_per_sm: int, num_sms: int) -> bool:
         """Whether a launch of ``ctas`` CTAs (``units_per_sm`` per SM) takes the swapped-operand
         kernel: ``swap_ab``, ``configs.swap_ab_applies``, and one wave. H200, 32/8 heads, d = 128,
         bf16, same runs (eleventh session, call 7), us, swapped / 64 rows / Triton: one wave, B = 1
@@ -166,29 +124,12 @@ class CuteBackend(Backend):
         if not (self.swap_ab and configs.swap_ab_applies(packed_rows, kv_dtype, page_size, head_dim,
                                                          self.split_barriers)):
             return False
-        return _fits_one_wave(ctas, units_per_sm, device_type)
+        return _fits_one_wave(ctas, units_per_sm, num_sms)
 
     def merges(self, num_splits: int) -> bool:
         """Whether a launch of ``num_splits`` splits merges them in the split kernel's tail
         (2..``merge_max_splits``, with ``configs.MERGE_VERIFIED_ON_GPU``) instead of a combine."""
         return 1 < num_splits <= self.merge_max_splits and configs.MERGE_VERIFIED_ON_GPU
-
-    def cute_measured_faster(self, problem: DecodeProblem) -> bool:
-        """A dense 16-bit cache at d = 128 that takes the swapped-operand kernel in one wave
-        (``swaps``: 1-8 packed rows, any split length), or with >= ``min_packed_rows`` packed rows
-        per KV head whose work units fill the machine (>= ``fill_units``) or whose splits are long
-        (>= ``long_split_keys`` keys as the plan splits it): where the cute kernel (two CTAs per
-        SM) was measured faster than Triton's."""
-        if not _dense_16bit_d128(problem):
-            return False
-        units = problem.work_units(self.block_m(problem))
-        per_sm = configs.split_tile(128)[2]
-        splits, keys = _planned_split(problem, units, per_sm)
-        if self.swaps(problem.packed_rows, "same", None, 128, units * splits, per_sm, problem.device_type):
-            return True
-        if problem.packed_rows < self.min_packed_rows:
-            return False
-        return units >= self.fill_units or keys >= self.long_split_keys
 
     def units_per_sm(self, problem: DecodeProblem) -> int:
         if self.one_cta_per_sm(problem):
@@ -217,7 +158,7 @@ class CuteBackend(Backend):
         if problem.paged and not (configs.ONE_PER_SM_PAGED_VERIFIED_ON_GPU and configs.tma_pages(problem.page_size, 128)):
             return False
         units = problem.work_units(self.block_m(problem))
-        if not _fits_one_wave(units, configs.ONE_PER_SM_TILE[2], problem.device_type):
+        if not _fits_one_wave(units, configs.ONE_PER_SM_TILE[2], problem.num_sms):
             return False
         splits, keys = _planned_split(problem, units, configs.ONE_PER_SM_TILE[2])
         least = self.one_per_sm_min_keys if splits == 1 else self.one_per_sm_min_split_keys
@@ -230,7 +171,7 @@ class CuteBackend(Backend):
         if not (_dense_16bit_d128(problem) and self.merges(num_splits)) or self.one_cta_per_sm(problem):
             return False
         ctas = problem.work_units(self.block_m(problem)) * num_splits
-        return _fits_one_wave(ctas, configs.split_tile(128)[2], problem.device_type)
+        return _fits_one_wave(ctas, configs.split_tile(128)[2], problem.num_sms)
 
     # ------------------------------------------------------------------ launches
     def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float, causal: bool):
@@ -304,7 +245,8 @@ class CuteBackend(Backend):
         kv_dtype = _FP8_NAMES.get(k.dtype, "same")
         tile_units = configs.ONE_PER_SM_TILE[2] if one_per_sm else configs.split_tile(head_dim)[2]
         swap = self.swaps(seqlen_q * (num_heads // num_heads_kv), kv_dtype, cache_len if paged else None, head_dim,
-                          batch * num_heads_kv * num_splits, tile_units, q.device.type)
+                          batch * num_heads_kv * num_splits, tile_units,
+                          device_num_sms(q.device.type, q.device.index))
         config = configs.split_config(_DTYPE_NAMES[q.dtype], head_dim, causal, write_partials, paged, kv_dtype,
                                       cache_len if paged else None, merge=out is not None, one_per_sm=one_per_sm,
                                       combine_pdl=self.combine_pdl, one_wave=one_wave,

@@ -124,9 +124,6 @@ class TritonBackend(Backend):
     def block_m(self, problem: DecodeProblem) -> int:
         return choose_tiles(problem.packed_rows, problem.head_dim).block_m
 
-    def preference(self, problem: DecodeProblem) -> tuple[int, str]:
-        return 0, "the fastest backend measured for this problem (H200; docs/performance.md)"
-
     def units_per_sm(self, problem: DecodeProblem) -> int:
         return PROGRAMS_PER_SM
 

@@ -1,0 +1,146 @@
+"""Which backend ``backend="auto"`` runs: the rules, their thresholds and the measurements behind them.
+
+The rules are tried in order; the first whose condition holds names the backend that was measured
+faster for such problems. If that backend cannot run the problem here (``supports()`` refused
+it: no Hopper GPU, cutlass missing, a head dim it lacks), the other able backend runs it.
+:func:`flashsplit.plan` reports the rule that fired (``SplitPlan.rule``) and why.
+
+=====================  ========  ===================================================================
+rule                   backend   when (all measured on an H200, 32/8 heads, bf16, CUDA-graph replay)
+=====================  ========  ===================================================================
+``paged-gathered``     triton    paged KV whose page size the cute TMA cannot load (neither a
+                                 multiple of its KV tile nor 8/16/32 keys): cute copies such pages
+                                 row by row, 1.7-2.4x the dense time; Triton 1.11-1.18x.
+``paged-tma``          cute      a paged 16-bit cache in TMA pages: cute reads them at dense speed
+                                 (pages of 128 1.00x, of 16 1.00-1.01x), Triton 1.06-1.22x.
+``one-cta-per-sm``     cute      a dense (or TMA-paged) 16-bit cache at d = 128 whose CTAs fit one
+                                 wave of one CTA per SM with 2k-32k keys each (the cute deep-pipeline
+                                 tile: B = 16 x 4k 64.4-64.6 vs Triton 66.3-67.4 us).
+``swapped-operands``   cute      a dense 16-bit cache at d = 128 with 1-8 packed q rows per KV head
+                                 in one wave (cute's swapped-operand kernel: B = 1 x 4k 9.69 vs
+                                 10.29 us, 16k 21.30 vs 22.82, B = 4 x 4k 21.31 vs 22.18).
+``gqa-fills-machine``  cute      a dense 16-bit cache at d = 128, >= :data:`MIN_PACKED_ROWS` packed
+                                 rows, >= :data:`FILL_UNITS` work units (B = 8 x 4k 38.0 vs 38.9 us,
+                                 B = 64 x 16k 938.1 vs 940.8).
+``long-splits``        cute      a dense 16-bit cache at d = 128, >= :data:`MIN_PACKED_ROWS` packed
+                                 rows, splits of >= :data:`LONG_SPLIT_KEYS` keys (B = 1 x 128k 124.1
+                                 vs 124.9 us; B = 1 x 16k, 512-key splits, 22.36 vs 22.71).
+``default``            triton    everything else: fp8 caches (Triton reads fp8 V in pairs: cute was
+                                 1.6x slower at B = 1 x 128k), other head dims, one q row per KV head
+                                 in several waves (32/32 heads B = 16 x 16k: 935.6 vs 957.7 us).
+=====================  ========  ===================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from .plan import choose_num_splits, tokens_per_split
+from .problem import DecodeProblem
+
+#: ``gqa-fills-machine``: from this many work units (batch rows x KV heads x row blocks of 64).
+FILL_UNITS = 64
+#: ``long-splits``: from this many keys per split, as the plan splits the problem for cute.
+LONG_SPLIT_KEYS = 512
+#: ``gqa-fills-machine`` / ``long-splits``: at least this many packed rows (L_q x q heads per KV head);
+#: with fewer, the 64-row tile is mostly padding and Triton's 16-row tile was faster.
+MIN_PACKED_ROWS = 4
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One selection rule: the first rule that ``applies`` to a problem picks ``backend``."""
+
+    name: str
+    backend: str
+    why: str
+    applies: Callable[[DecodeProblem], bool]
+
+
+def _cute():
+    from .registry import get
+
+    return get("cute")
+
+
+def _dense_16bit_d128(problem: DecodeProblem) -> bool:
+    return problem.head_dim == 128 and problem.cache_dtype == problem.dtype and not problem.paged
+
+
+def _cute_units(problem: DecodeProblem) -> tuple[int, int, int]:
+    """(work units, CTAs per SM, keys per split) as the plan splits ``problem`` on cute's two-CTA tile."""
+    from .cute import configs
+
+    units = problem.work_units(64)
+    per_sm = configs.split_tile(128)[2]
+    splits = choose_num_splits(units, problem.seqlen_k, problem.num_sms, per_sm)[0]
+    return units, per_sm, splits
+
+
+def _paged_gathered(problem: DecodeProblem) -> bool:
+    from .cute import configs
+
+    return problem.paged and problem.head_dim in configs.HEAD_DIMS and not configs.tma_pages(problem.page_size,
+                                                                                               problem.head_dim)
+
+
+def _paged_tma(problem: DecodeProblem) -> bool:
+    from .problem import FP8_DTYPES
+
+    return problem.paged and problem.cache_dtype not in FP8_DTYPES
+
+
+def _one_cta_per_sm(problem: DecodeProblem) -> bool:
+    return _cute().one_cta_per_sm(problem)
+
+
+def _swapped_operands(problem: DecodeProblem) -> bool:
+    if not _dense_16bit_d128(problem):
+        return False
+    units, per_sm, splits = _cute_units(problem)
+    return _cute().swaps(problem.packed_rows, "same", None, 128, units * splits, per_sm, problem.num_sms)
+
+
+def _gqa_fills_machine(problem: DecodeProblem) -> bool:
+    return (_dense_16bit_d128(problem) and problem.packed_rows >= MIN_PACKED_ROWS
+            and problem.work_units(64) >= FILL_UNITS)
+
+
+def _long_splits(problem: DecodeProblem) -> bool:
+    if not (_dense_16bit_d128(problem) and problem.packed_rows >= MIN_PACKED_ROWS):
+        return False
+    splits = _cute_units(problem)[2]
+    return tokens_per_split(problem.seqlen_k, splits) >= LONG_SPLIT_KEYS
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("paged-gathered", "triton", "pages cute cannot load by TMA (it would copy them row by row)",
+         _paged_gathered),
+    Rule("paged-tma", "cute", "a paged 16-bit cache in TMA pages (read at dense speed)", _paged_tma),
+    Rule("one-cta-per-sm", "cute", "one wave of one deep-pipeline CTA per SM", _one_cta_per_sm),
+    Rule("swapped-operands", "cute", "1-8 packed q rows per KV head in one wave (swapped wgmma operands)",
+         _swapped_operands),
+    Rule("gqa-fills-machine", "cute", f">= {MIN_PACKED_ROWS} packed rows and >= {FILL_UNITS} work units",
+         _gqa_fills_machine),
+    Rule("long-splits", "cute", f">= {MIN_PACKED_ROWS} packed rows and splits of >= {LONG_SPLIT_KEYS} keys",
+         _long_splits),
+    Rule("default", "triton", "measured as fast or faster for everything else", lambda problem: True),
+)
+
+
+def rule_for(problem: DecodeProblem) -> Rule:
+    """The first rule of :data:`RULES` that applies to ``problem``."""
+    return next(rule for rule in RULES if rule.applies(problem))
+
+
+def choose(problem: DecodeProblem, able: Sequence) -> tuple[object, str, str]:
+    """``(backend, rule name, reason)`` for ``problem`` among the backends in ``able`` (each with
+    a ``name``; those whose ``supports()`` accepted the problem, best priority first)."""
+    rule = rule_for(problem)
+    by_name = {b.name: b for b in able}
+    if rule.backend in by_name:
+        return by_name[rule.backend], rule.name, f"auto: {rule.name}: {rule.why}"
+    fallback = able[0]
+    return fallback, rule.name, (f"auto: {rule.name} would take {rule.backend}, which cannot run it here; "
+                                 f"{fallback.name} can")

@@ -1,0 +1,154 @@
+"""auto's selection rules (flashsplit.selection): each rule fires where its docstring says, its
+thresholds sit where it says, and plan() reports the rule, also for a named GPU from a CPU machine."""
+
+import importlib.util
+
+import pytest
+import torch
+
+import flashsplit
+from flashsplit import selection
+from flashsplit.problem import DecodeProblem
+from flashsplit.registry import select
+from flashsplit.target import KNOWN_GPUS
+
+HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
+needs_cutlass = pytest.mark.skipif(not HAS_CUTLASS, reason="nvidia-cutlass-dsl is not installed")
+FP8 = torch.float8_e4m3fn
+H200 = KNOWN_GPUS["h200"]
+
+
+def _problem(batch=1, seqlen_k=4096, num_heads=32, num_heads_kv=8, head_dim=128, seqlen_q=1, dtype=torch.bfloat16,
+             kv_dtype=None, page_size=0, gpu=H200):
+    return DecodeProblem(batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_heads=num_heads,
+                         num_heads_kv=num_heads_kv, head_dim=head_dim, dtype=dtype, causal=seqlen_q > 1,
+                         has_cache_seqlens=True, device_type="cuda", kv_dtype=kv_dtype, page_size=page_size, gpu=gpu)
+
+
+def test_docstring_table_lists_every_rule_in_order():
+    names = [rule.name for rule in selection.RULES]
+    assert names[-1] == "default" and len(set(names)) == len(names)
+    positions = [selection.__doc__.index(f"``{name}``") for name in names]
+    assert positions == sorted(positions)
+    for rule in selection.RULES:
+        assert rule.backend in flashsplit.backends()
+
+
+# (problem, rule): each rule on problems measured on the H200, Llama-3-8B heads unless named.
+GOLDEN = [
+    (_problem(page_size=48), "paged-gathered"),
+    (_problem(page_size=1, batch=16), "paged-gathered"),
+    (_problem(page_size=3, kv_dtype=FP8), "paged-gathered"),
+    (_problem(page_size=16), "paged-tma"),
+    (_problem(page_size=128, batch=64), "paged-tma"),
+    (_problem(page_size=16, kv_dtype=FP8), "default"),  # fp8 pages: Triton reads fp8 V in pairs
+    (_problem(batch=16, seqlen_k=4096), "one-cta-per-sm"),
+    (_problem(batch=16, seqlen_k=16384), "one-cta-per-sm"),
+    (_problem(batch=4, seqlen_k=131072), "one-cta-per-sm"),
+    (_problem(batch=4, seqlen_k=4096, num_heads_kv=32), "one-cta-per-sm"),  # Llama-2-7B heads
+    (_problem(batch=1, seqlen_k=4096), "swapped-operands"),
+    (_problem(batch=1, seqlen_k=16384), "swapped-operands"),
+    (_problem(batch=1, seqlen_k=131072), "swapped-operands"),
+    (_problem(batch=4, seqlen_k=4096), "swapped-operands"),
+    (_problem(batch=1, seqlen_k=4096, num_heads_kv=32), "swapped-operands"),
+    (_problem(batch=1, seqlen_k=2048), "swapped-operands"),
+    (_problem(batch=2, seqlen_k=4096), "swapped-operands"),
+    (_problem(batch=4, seqlen_k=4096, num_heads_kv=32), "one-cta-per-sm"),
+    (_problem(batch=16, seqlen_k=131072, dtype=torch.float16), "swapped-operands"),
+    (_problem(batch=32, seqlen_k=4096, num_heads=64), "swapped-operands"),  # 8 packed rows, 256 CTAs
+    (_problem(batch=64, seqlen_k=4096, num_heads=64), "gqa-fills-machine"),  # two waves
+    (_problem(batch=8, seqlen_k=4096), "swapped-operands"),
+    (_problem(batch=64, seqlen_k=4096), "gqa-fills-machine"),
+    (_problem(batch=64, seqlen_k=131072), "gqa-fills-machine"),
+    (_problem(batch=16, seqlen_k=131072), "swapped-operands"),  # 128 units x 2 splits: one wave
+    (_problem(batch=8, seqlen_k=4096, seqlen_q=4), "gqa-fills-machine"),  # 16 packed rows: no swap
+    (_problem(batch=1, seqlen_k=131072, seqlen_q=4), "long-splits"),
+    (_problem(batch=16, seqlen_k=16384, num_heads_kv=32), "default"),  # one packed row, two waves
+    (_problem(batch=64, seqlen_k=4096, head_dim=64), "default"),
+    (_problem(batch=64, seqlen_k=4096, head_dim=256), "default"),
+    (_problem(batch=64, seqlen_k=4096, kv_dtype=FP8), "default"),
+    (_problem(batch=1, seqlen_k=4096, head_dim=96), "default"),
+]
+
+
+@pytest.mark.parametrize("problem,rule", GOLDEN, ids=[f"{r}-{i}" for i, (_, r) in enumerate(GOLDEN)])
+def test_rule_that_fires(problem, rule):
+    assert selection.rule_for(problem).name == rule
+
+
+@needs_cutlass
+@pytest.mark.parametrize("problem,rule", GOLDEN, ids=[f"{r}-{i}" for i, (_, r) in enumerate(GOLDEN)])
+def test_auto_runs_the_rules_backend_on_an_h200(problem, rule):
+    backend, fired, why = select(problem, "auto")
+    expected = next(r.backend for r in selection.RULES if r.name == rule)
+    if problem.head_dim not in (64, 128, 256):
+        expected = "triton"  # cute has no such head dim: the other able backend
+    assert (backend.name, fired) == (expected, rule) and rule in why
+
+
+def test_thresholds_sit_where_documented():
+    """gqa-fills-machine from FILL_UNITS work units, long-splits from LONG_SPLIT_KEYS keys per
+    split, both from MIN_PACKED_ROWS packed rows (L_q x q heads per KV head)."""
+    fills = selection._gqa_fills_machine
+    # 8 packed rows (L_q 2 x 4 q heads) at B x 8 KV heads work units.
+    at = _problem(batch=selection.FILL_UNITS // 8, seqlen_q=2, seqlen_k=1024)
+    below = _problem(batch=selection.FILL_UNITS // 8 - 1, seqlen_q=2, seqlen_k=1024)
+    assert at.work_units(64) == selection.FILL_UNITS and fills(at) and not fills(below)
+    few_rows = _problem(batch=64, num_heads=24, num_heads_kv=8)  # 3 packed rows
+    assert few_rows.packed_rows == selection.MIN_PACKED_ROWS - 1 and not fills(few_rows)
+    long = selection._long_splits
+    # B = 1, L_q 4 (16 packed rows), 8 units: 32 splits of capacity / 32 keys.
+    assert long(_problem(seqlen_q=4, seqlen_k=32 * selection.LONG_SPLIT_KEYS))
+    assert not long(_problem(seqlen_q=4, seqlen_k=32 * (selection.LONG_SPLIT_KEYS - 128)))
+
+
+def test_rules_read_the_target_gpu_not_the_local_device():
+    """One wave depends on the SM count: B = 16 x 4k (128 work units) fits one wave of one CTA
+    per SM on an H200's 132 SMs, not on an H100 PCIe's 114."""
+    assert selection.rule_for(_problem(batch=16)).name == "one-cta-per-sm"
+    assert selection.rule_for(_problem(batch=16, gpu=KNOWN_GPUS["h100-pcie"])).name == "gqa-fills-machine"
+
+
+@needs_cutlass
+def test_fallback_when_the_rules_backend_cannot_run():
+    backend, rule, why = select(_problem(gpu=KNOWN_GPUS["a100"]), "auto")
+    assert (backend.name, rule) == ("triton", "swapped-operands")
+    assert "cannot run it here" in why and "compute capability 9.0" in why
+
+
+def test_named_backend_is_requested():
+    backend, rule, why = select(_problem(head_dim=96), "triton")
+    assert (backend.name, rule, why) == ("triton", "requested", "requested")
+
+
+@needs_cutlass
+def test_plan_for_a_named_gpu_from_any_machine():
+    p = flashsplit.plan(1, 4096, 32, 8, 128, gpu="h200")
+    assert (p.backend, p.rule, p.gpu) == ("cute", "swapped-operands", "NVIDIA H200")
+    assert "swapped-operands" in str(p) and "NVIDIA H200" in str(p)
+    a100 = flashsplit.plan(1, 4096, 32, 8, 128, gpu="A100")
+    assert a100.backend == "triton" and a100.num_sms == 108
+    assert flashsplit.plan(1, 4096, 32, 8, 128, gpu="h200", num_sms=66).num_sms == 66
+
+
+def test_plan_for_the_interpreter():
+    p = flashsplit.plan(1, 4096, 32, 8, 128, device="cpu")
+    assert p.backend == "triton" and p.gpu == "cpu"
+
+
+@pytest.mark.parametrize("kwargs,error,needle", [
+    (dict(head_dim=300), ValueError, "head_dim: expected a multiple of 8"),
+    (dict(head_dim=20), ValueError, "head_dim: expected a multiple of 8"),
+    (dict(dtype=torch.float32), TypeError, "dtype: expected torch.float16 or torch.bfloat16"),
+    (dict(kv_dtype=torch.float16), TypeError, "kv_dtype: expected None"),
+    (dict(page_size=-1), ValueError, "page_size: expected a non-negative int"),
+    (dict(gpu="tpu"), ValueError, "gpu: expected one of"),
+    (dict(gpu=7), TypeError, "gpu: expected a GPU name"),
+    (dict(gpu="h200", device="cpu"), ValueError, "gpu: only for device='cuda'"),
+    (dict(num_sms=0), ValueError, "num_sms: expected a positive int"),
+])
+def test_plan_rejects_what_decode_rejects(kwargs, error, needle):
+    args = dict(head_dim=128) | kwargs
+    head_dim = args.pop("head_dim")
+    with pytest.raises(error, match=needle):
+        flashsplit.plan(1, 4096, 32, 8, head_dim, **args)
