@@ -3,48 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 
 import torch
 
 from . import backends  # noqa: F401  (registers the backends)
-from . import torch_ops  # registers torch.ops.flashsplit.decode_into (torch.compile)
-from .plan import MAX_SPLITS, SplitPlan, cdiv, choose_num_splits, tokens_per_split, SPLIT_GRANULE
-from .problem import DecodeProblem, check_decode_inputs, check_num_splits, check_static_facts
+from . import dispatch, torch_ops
+from .call import DecodeOptions, DecodeTensors
+from .plan import MAX_SPLITS, SplitPlan
+from .problem import DecodeProblem, check_num_splits, check_static_facts
+from .registry import select
 from .target import GpuTarget, device_target, gpu_target
-from . import registry
-from .registry import Backend, select
-
-@functools.lru_cache(maxsize=4096)  # static facts in, frozen plan out: one dict lookup per decode step
-def _make_plan(problem: DecodeProblem, backend: Backend, rule: str, backend_reason: str, num_splits: int) -> SplitPlan:
-    num_sms = problem.num_sms
-    block_m = backend.block_m(problem)
-    row_blocks = cdiv(problem.packed_rows, block_m)
-    work_units = problem.work_units(block_m)
-    units_per_sm = backend.units_per_sm(problem)
-    if num_splits == 0:
-        num_splits, split_reason = choose_num_splits(work_units, problem.seqlen_k, num_sms, units_per_sm)
-    else:
-        split_reason = "requested"
-    return SplitPlan(
-        backend=backend.name,
-        rule=rule,
-        backend_reason=backend_reason,
-        num_splits=num_splits,
-        split_reason=split_reason,
-        granule=SPLIT_GRANULE,
-        tokens_per_split=tokens_per_split(problem.seqlen_k, num_splits),
-        block_m=block_m,
-        row_blocks=row_blocks,
-        work_units=work_units,
-        grid=(num_splits, problem.batch, problem.num_heads_kv * row_blocks),
-        num_sms=num_sms,
-        units_per_sm=units_per_sm,
-        runs_combine=num_splits > 1,
-        gpu=problem.target.name if problem.target is not None else problem.device_type,
-    )
-
 
 def plan(
     batch: int,
@@ -108,7 +76,7 @@ def plan(
         kv_dtype=kv_dtype, page_size=page_size, gpu=target,
     )
     chosen, rule, reason = select(problem, backend)
-    return _make_plan(problem, chosen, rule, reason, num_splits)
+    return dispatch.make_plan(problem, chosen, rule, reason, num_splits)
 
 
 def decode(
@@ -179,14 +147,14 @@ def decode(
             out = torch.empty_like(q)
         if return_lse:
             lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
+    tensors = DecodeTensors(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale)
+    options = DecodeOptions(softmax_scale, causal, num_splits, backend)
     if torch.compiler.is_compiling():
         # Dynamo cannot trace the kernel launchers (nor validate fake tensors' pointers): the
         # operator validates and launches when the compiled graph runs.
-        torch_ops.decode_into(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse,
-                              softmax_scale, causal, num_splits, backend)
+        torch_ops.decode_into(*tensors, *options)
     else:
-        _decode_into(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, softmax_scale,
-                     causal, num_splits, backend, fresh_out)
+        dispatch.decode_into(tensors, options, fresh_out)
     return (out, lse) if return_lse else out
 
 
@@ -207,118 +175,10 @@ def decode_into(
     backend: str = "auto",
 ) -> None:
     """:func:`decode` writing into given outputs: ``out`` ``[B, L_q, H_q, D]`` (q's dtype) and,
-    unless None, ``lse`` fp32 ``[B, H_q, L_q]``. Validates every argument.
-
-    The validation, backend choice and plan depend only on static facts of the arguments, so
-    they run once per call signature (:func:`_signature`) and are cached with the backend's
-    prepared launcher; a decode loop pays them on its first step only.
-    """
-    _decode_into(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, softmax_scale,
-                 causal, num_splits, backend)
-
-
-def _decode_into(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, softmax_scale,
-                 causal, num_splits, backend, fresh_out=False) -> None:
-    """:func:`decode_into` with positional arguments (the eager hot path of :func:`decode`);
-    ``fresh_out``: ``out`` is ``torch.empty_like(q)``, made by :func:`decode`."""
-    key = _signature(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale,
-                     softmax_scale, causal, num_splits, backend, fresh_out)
-    try:
-        run = _PREPARED.get(key) if key is not None else None
-    except TypeError:  # an unhashable argument (a list as softmax_scale, ...): validation explains
-        key = run = None
-    if run is None:
-        run = _prepare(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale,
-                       softmax_scale, causal, num_splits, backend)
-        if key is not None:
-            if len(_PREPARED) >= _MAX_PREPARED:
-                _PREPARED.clear()
-            _PREPARED[key] = run
-    run(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse)
-
-
-_PREPARED: dict[tuple, object] = {}
-_MAX_PREPARED = 4096
-registry.on_change(_PREPARED.clear)  # a prepared launcher embeds the backend choice
-
-
-_FRESH_OUT = "out = torch.empty_like(q)"  # the marker _signature keys a fresh output by
-
-
-def _tensor_facts(t):
-    """What validation and the kernels' specialization read of an optional tensor argument:
-    everything but its values and its address (beyond 16-byte alignment)."""
-    if t is None:
-        return None
-    if not isinstance(t, torch.Tensor):
-        raise TypeError  # validation names it
-    return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15
-
-
-def _signature(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, softmax_scale,
-               causal, num_splits, backend, fresh_out=False) -> tuple | None:
-    """A key of one decode call's static facts (:func:`_tensor_facts` of every tensor, the
-    scalars with their types), or None (then nothing is cached). It can still be unhashable (an
-    unhashable scalar argument): the lookup catches that. The four tensors every call has are
-    read inline: this runs on every eager call. A ``fresh_out`` (``torch.empty_like(q)``) is
-    keyed by a marker: its facts follow from q's (shape, dtype, device; q's strides where q is
-    dense, else contiguous ones; the allocator's alignment)."""
-    try:
-        if not (type(q) is type(k_cache) is type(v_cache) is type(out) is torch.Tensor):
-            return None  # a subclass or a wrong type: validation explains, nothing cached
-        out_facts = _FRESH_OUT if fresh_out else (out.shape, out.stride(), out.dtype, out.device, out.data_ptr() & 15)
-        return (q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15,
-                k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device, k_cache.data_ptr() & 15,
-                v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, v_cache.data_ptr() & 15,
-                out_facts,
-                # (the usual None arguments skip the call)
-                lse if lse is None else _tensor_facts(lse), _tensor_facts(cache_seqlens),
-                block_table if block_table is None else _tensor_facts(block_table),
-                k_descale if k_descale is None else _tensor_facts(k_descale),
-                v_descale if v_descale is None else _tensor_facts(v_descale),
-                type(softmax_scale), softmax_scale, type(causal), causal, type(num_splits), num_splits,
-                type(backend), backend)
-    except Exception:  # a sparse tensor, ...: validation explains
-        return None
-
-
-def _prepare(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, softmax_scale,
-             causal, num_splits, backend):
-    """Validate one call and return ``run(q, k, v, cache_seqlens, block_table, k_descale, v_descale,
-    out, lse)`` that decodes every call with the same static facts."""
-    problem = check_decode_inputs(q, k_cache, v_cache, cache_seqlens, causal, num_splits, out,
-                                  block_table, k_descale, v_descale)
-    if lse is not None and (not isinstance(lse, torch.Tensor) or lse.shape != (problem.batch, problem.num_heads,
-                                                                                problem.seqlen_q)
-                            or lse.dtype != torch.float32 or lse.device != q.device):
-        raise ValueError(f"lse: expected fp32 [{problem.batch}, {problem.num_heads}, {problem.seqlen_q}] on {q.device}")
-    if softmax_scale is not None and (
-        isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale)
-    ):
-        raise TypeError(f"softmax_scale: expected a finite float, got {softmax_scale!r}")
-    if not isinstance(backend, str):
-        raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
-    chosen, rule, reason = select(problem, backend)
-    batch, seqlen_q, num_heads, head_dim = q.shape
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(head_dim)
-    if batch == 0 or num_heads == 0:
-        return _nothing_to_do
-    if problem.seqlen_k == 0:
-        return _no_keys
-    the_plan = _make_plan(problem, chosen, rule, reason, num_splits)
-    return chosen.prepare(problem, the_plan.num_splits, float(softmax_scale), causal)
-
-
-def _nothing_to_do(*args) -> None:
-    pass
-
-
-def _no_keys(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse) -> None:
-    """A cache with no slots: every row is empty (O = 0, LSE = -inf)."""
-    out.zero_()
-    if lse is not None:
-        lse.fill_(float("-inf"))
+    unless None, ``lse`` fp32 ``[B, H_q, L_q]``. Validates every argument."""
+    dispatch.decode_into(DecodeTensors(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale,
+                                       v_descale),
+                         DecodeOptions(softmax_scale, causal, num_splits, backend))
 
 
 def combine(

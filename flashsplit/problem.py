@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .call import DecodeTensors
 from .plan import DEFAULT_NUM_SMS, MAX_SPLITS
 from .target import GpuTarget, device_target
 
@@ -139,25 +140,16 @@ def check_num_splits(num_splits) -> int:
     return num_splits
 
 
-def check_decode_inputs(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    cache_seqlens: torch.Tensor | None,
-    causal: bool,
-    num_splits: int,
-    out: torch.Tensor | None,
-    block_table: torch.Tensor | None = None,
-    k_descale: torch.Tensor | None = None,
-    v_descale: torch.Tensor | None = None,
-) -> DecodeProblem:
+def check_decode_inputs(tensors: DecodeTensors, causal: bool, num_splits: int) -> DecodeProblem:
     """Validate ``decode``'s arguments and return the problem they describe.
 
     Raises ``TypeError`` for a wrong type or dtype, ``ValueError`` for a wrong shape, layout,
     device or range; each message names the argument, what was expected and what was given.
     Values are never read (no host sync): out-of-range page ids or lengths are only caught by
-    :func:`flashsplit.check_inputs`.
+    :func:`flashsplit.check_inputs`. ``tensors.out`` may be None (nothing to check); ``tensors.lse``
+    is checked by the caller, which knows the problem.
     """
+    q, k_cache, v_cache, out, _, cache_seqlens, block_table, k_descale, v_descale = tensors
     _require_tensor("q", q)
     _require_rank("q", q, 4, "[batch, seqlen_q, num_heads, head_dim]")
     if q.dtype not in SUPPORTED_DTYPES:

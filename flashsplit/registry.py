@@ -45,40 +45,18 @@ class Backend(abc.ABC):
         return 1
 
     @abc.abstractmethod
-    def decode(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        cache_seqlens: torch.Tensor | None,
-        num_splits: int,
-        softmax_scale: float,
-        causal: bool,
-        out: torch.Tensor,
-        lse: torch.Tensor | None,
-        block_table: torch.Tensor | None = None,
-        k_descale: torch.Tensor | None = None,
-        v_descale: torch.Tensor | None = None,
-    ) -> None:
-        """Write ``out`` ``[B, L_q, H_q, D]`` (and ``lse`` fp32 ``[B, H_q, L_q]`` when given).
+    def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float):
+        """A callable ``run(tensors)`` that decodes a :class:`~flashsplit.call.DecodeTensors` of
+        ``problem``'s static facts with ``num_splits`` splits (the plan's): writes ``tensors.out``
+        ``[B, L_q, H_q, D]`` and, when given, ``tensors.lse`` fp32 ``[B, H_q, L_q]``.
 
-        Inputs are already validated and ``supports`` accepted the problem. A paged cache comes
-        with ``block_table`` int32 ``[B, max_pages]`` (then ``k_cache`` is ``[num_pages,
-        page_size, H_kv, D]``); an fp8 cache with fp32 ``k_descale``/``v_descale`` (one element,
-        or ``[B, H_kv]``). With ``num_splits == 1`` no partials are written; rows
-        that use a single split may also skip the partials and write ``out`` directly.
+        Inputs are already validated and ``supports`` accepted the problem. The dispatcher caches
+        ``run`` per call signature, so it may keep launch handles; it must not synchronize with the
+        host. A paged cache comes with ``block_table`` int32 ``[B, max_pages]`` (then ``k_cache``
+        is ``[num_pages, page_size, H_kv, D]``); an fp8 cache with fp32 ``k_descale``/``v_descale``
+        (one element, or ``[B, H_kv]``). With one split no partials are written; rows that use a
+        single split may also skip the partials and write ``out`` directly.
         """
-
-    def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float, causal: bool):
-        """A callable ``(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse)``
-        that runs :meth:`decode` for calls with ``problem``'s static facts (the api caches it per
-        call signature, so a backend may keep launch handles in it)."""
-
-        def run(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse):
-            self.decode(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out, lse,
-                        block_table=block_table, k_descale=k_descale, v_descale=v_descale)
-
-        return run
 
     @abc.abstractmethod
     def forward_partials(

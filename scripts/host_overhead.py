@@ -17,7 +17,8 @@ import torch
 
 import flashsplit
 import flashsplit.registry
-from flashsplit import api
+from flashsplit import api, dispatch
+from flashsplit.call import DecodeOptions, DecodeTensors
 from flashsplit.cute.backend import CuteBackend
 from flashsplit.plan import MAX_SPLITS
 from flashsplit.triton.backend import TritonBackend
@@ -80,9 +81,9 @@ def report(seqlen_k: int, calls: int) -> None:
         whole = per_call_us(lambda name=name: flashsplit.decode(q, k, v, cache_seqlens=lens, backend=name), calls)
         into = per_call_us(lambda name=name: api.decode_into(q, k, v, out, None, cache_seqlens=lens, backend=name),
                            calls)
-        key = api._signature(q, k, v, out, None, lens, None, None, None, None, False, 0, name)
-        run = api._PREPARED[key]
-        launch = per_call_us(lambda run=run: run(q, k, v, lens, None, None, None, out, None), calls)
+        tensors = DecodeTensors(q, k, v, out, None, lens)
+        run = dispatch._PREPARED[dispatch.signature(tensors, DecodeOptions(backend=name))]
+        launch = per_call_us(lambda run=run: run(tensors), calls)
         print(f"  {label:13s} decode() {whole:8.1f}   decode_into() {into:8.1f}   prepared launcher alone {launch:8.1f}")
     TritonBackend.merge_max_splits = default_merge
     CuteBackend.merge_max_splits = default_cute_merge

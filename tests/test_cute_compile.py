@@ -480,7 +480,7 @@ def test_one_cta_per_sm_rule():
     or several of 16k-32k: B = 16 x 4k/16k and B = 4 x 128k (4 splits) for Llama-3-8B heads, B = 4
     x 4k for Llama-2-7B heads; not B = 1 x 16k/128k, B = 4 x 16k, B = 16 x 128k, B = 64, d = 64,
     fp8, gathered pages."""
-    from flashsplit.api import _make_plan
+    from flashsplit.dispatch import make_plan as _make_plan
 
     backend = CuteBackend()
 

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 import flashsplit
-from flashsplit import api, registry
+from flashsplit.call import DecodeOptions, DecodeTensors
+from flashsplit.problem import DecodeProblem
+from flashsplit import api, dispatch, registry
 from flashsplit.reference import attention_ref
 from flashsplit.workspace import Workspace
 
@@ -20,15 +22,13 @@ def _inputs(generator, batch=2, seqlen_k=300, heads=(8, 2), dim=32, dtype=torch.
     return q, k, v
 
 
-def _signature(q, k, v, out, lens, **scalars):
-    s = dict(softmax_scale=None, causal=False, num_splits=0, backend="auto") | scalars
-    return api._signature(q, k, v, out, None, lens, None, None, None, s["softmax_scale"], s["causal"],
-                          s["num_splits"], s["backend"])
+def _signature(q, k, v, out, lens, fresh_out=False, lse=None, **options):
+    return dispatch.signature(DecodeTensors(q, k, v, out, lse, lens), DecodeOptions(**options), fresh_out)
 
 
 def test_repeated_signature_reuses_the_prepared_launcher_and_stays_exact(generator):
     lens = torch.tensor([300, 129], dtype=torch.int32, device=DEVICE)
-    api._PREPARED.clear()
+    dispatch._PREPARED.clear()
     for step in range(3):  # new values each step, same static facts
         q, k, v = _inputs(generator)
         lens[1] = 100 + 50 * step
@@ -36,9 +36,9 @@ def test_repeated_signature_reuses_the_prepared_launcher_and_stays_exact(generat
         flashsplit.decode(q, k, v, cache_seqlens=lens, num_splits=3, out=out, backend="triton")
         ref, _ = attention_ref(q, k, v, lens)
         torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
-    assert len(api._PREPARED) == 1
+    assert len(dispatch._PREPARED) == 1
     registry.invalidate()  # what register() and the cute flag fixtures do: choices may differ now
-    assert not api._PREPARED
+    assert not dispatch._PREPARED
 
 
 def test_cached_signature_still_rejects_bad_inputs(generator):
@@ -80,17 +80,15 @@ def test_fresh_output_key_follows_from_q_and_never_serves_a_misaligned_out(gener
     its facts, so a misaligned one never reuses a launcher prepared for a fresh output."""
     q, k, v = _inputs(generator)
     lens = torch.tensor([300, 7], dtype=torch.int32, device=DEVICE)
-    fresh = api._signature(q, k, v, torch.empty_like(q), None, lens, None, None, None, None, False, 0, "auto", True)
-    assert fresh == api._signature(q.clone(), k, v, torch.empty_like(q), None, lens, None, None, None, None, False, 0,
-                                   "auto", True)
+    fresh = _signature(q, k, v, torch.empty_like(q), lens, fresh_out=True)
+    assert fresh == _signature(q.clone(), k, v, torch.empty_like(q), lens, fresh_out=True)
     assert fresh != _signature(q, k, v, torch.empty_like(q), lens)
     misaligned = torch.empty(q.numel() + 1, dtype=q.dtype, device=DEVICE)[1:].view(q.shape)
     assert _signature(q, k, v, misaligned, lens) not in (fresh, _signature(q, k, v, torch.empty_like(q), lens))
     # q's strides are in the key, so a non-dense q (whose empty_like is contiguous) keys apart
     q_strided = torch.randn(2, 1, 16, 32, generator=generator).to(DEVICE, q.dtype)[:, :, ::2]
     assert torch.empty_like(q_strided).stride() != q_strided.stride()
-    assert api._signature(q_strided, k, v, torch.empty_like(q_strided), None, lens, None, None, None, None, False,
-                          0, "auto", True) != fresh
+    assert _signature(q_strided, k, v, torch.empty_like(q_strided), lens, fresh_out=True) != fresh
     out = flashsplit.decode(q_strided, k, v, cache_seqlens=lens, backend="triton")
     ref, _ = attention_ref(q_strided, k, v, lens)
     torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
@@ -137,7 +135,7 @@ def test_triton_relaunch_replays_with_new_tensors(num_splits):
         ref, ref_lse = attention_ref(q, k, v, lens)
         torch.testing.assert_close(out.double(), ref, atol=1e-2, rtol=1e-2)
         torch.testing.assert_close(lse.double(), ref_lse.double(), atol=1e-3, rtol=1e-3)
-    run = api._PREPARED[api._signature(q, k, v, out, lse, lens, None, None, None, None, False, num_splits, "triton")]
+    run = dispatch._PREPARED[_signature(q, k, v, out, lens, lse=lse, num_splits=num_splits, backend="triton")]
     if fast_relaunch_available():
         assert isinstance(run.split, Relaunch)
 
@@ -149,9 +147,9 @@ def test_misaligned_out_clears_the_16_byte_flag_and_still_decodes(generator):
 
     q, k, v = _inputs(generator)
     out = torch.empty(q.numel() + 1, dtype=q.dtype, device=DEVICE)[1:].view(q.shape)  # 2 bytes off
-    problem = check_decode_inputs(q, k, v, None, False, 0, out, None, None, None)
+    problem = check_decode_inputs(DecodeTensors(q, k, v, out), False, 0)
     assert not problem.aligned_16b
-    assert check_decode_inputs(q, k, v, None, False, 0, torch.empty_like(q), None, None, None).aligned_16b
+    assert check_decode_inputs(DecodeTensors(q, k, v, torch.empty_like(q)), False, 0).aligned_16b
     flashsplit.decode(q, k, v, out=out)
     ref, _ = attention_ref(q, k, v)
     torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
@@ -178,7 +176,7 @@ def test_prepared_triton_replay_passes_addresses_in_kernel_order(merge, generato
     real_arrivals = backend._arrivals_for
     _record_workspace(backend._workspace, bases, monkeypatch)
     monkeypatch.setattr(backend, "_arrivals_for", lambda q: counters.append(real_arrivals(q)) or counters[-1])
-    prepared(q, k, v, lens, None, None, None, out, lse)
+    prepared(DecodeTensors(q, k, v, out, lse, lens))
     op = bases[0].data_ptr()
     lp = op + 3 * 2 * 1 * 8 * 32 * 4  # splits x batch x L_q x heads x head_dim fp32
     assert bases[0].numel() >= 3 * 2 * 8 * 33
@@ -337,9 +335,11 @@ def test_prepared_cute_launches_with_workspace_addresses(num_splits, with_lse, m
     _record_workspace(backend._workspace, bases, monkeypatch)
     real_counters = backend._arrivals.get
     monkeypatch.setattr(backend._arrivals, "get", lambda *a: counters.append(real_counters(*a)) or counters[-1])
-    prepared = backend.prepare(None, num_splits, 0.2, False)
+    problem = DecodeProblem(batch=2, seqlen_q=1, seqlen_k=k.shape[1], num_heads=8, num_heads_kv=2, head_dim=32,
+                            dtype=q.dtype, causal=False, has_cache_seqlens=True, device_type=q.device.type)
+    prepared = backend.prepare(problem, num_splits, 0.2)
     for _ in range(2):  # the second call reuses the static arguments
-        prepared(q, k, v, lens, None, None, None, out, lse)
+        prepared(DecodeTensors(q, k, v, out, lse, lens))
     rows = 2 * 1 * 8
     partial_rows = num_splits * rows if num_splits > 1 else 0
     merged = merge and num_splits > 1
@@ -393,9 +393,9 @@ def test_prepared_cute_takes_the_planned_tile(batch, seqlen_k, deep, monkeypatch
 
     monkeypatch.setattr(cute_backend.CuteBackend, "_split_launch", split_launch)
     monkeypatch.setattr(cute_backend, "_run", lambda kernel, raw, library_args: None)
-    prepared = backend.prepare(problem, 1, 0.1, False)
+    prepared = backend.prepare(problem, 1, 0.1)
     assert prepared.one_per_sm == deep
     q = torch.zeros(1, 1, 4, 32, dtype=torch.float16)
     k = torch.zeros(1, 64, 1, 32, dtype=torch.float16)
-    prepared(q, k, k, torch.tensor([64], dtype=torch.int32), None, None, None, torch.empty_like(q), None)
+    prepared(DecodeTensors(q, k, k, torch.empty_like(q), None, torch.tensor([64], dtype=torch.int32)))
     assert seen == [deep]

@@ -14,6 +14,7 @@ import torch
 from conftest import DEVICE
 
 import flashsplit
+from flashsplit.call import DecodeTensors
 from flashsplit.testing import (
     POISON,
     DecodeCase,
@@ -193,7 +194,7 @@ def test_last_split_merge_matches_the_combine_kernel(group, head_dim, lengths, g
     monkeypatch.setattr(backend, "_arrivals_for", lambda q: arrivals)
     monkeypatch.setattr(TritonBackend, "merge_max_splits", 256)
     out = torch.full_like(q, POISON)
-    PreparedDecode(backend, 5, head_dim ** -0.5, True)(q, k, v, seqlens, None, None, None, out, None)
+    PreparedDecode(backend, 5, head_dim ** -0.5, True)(DecodeTensors(q, k, v, out, None, seqlens))
     check_against_reference(out, None, q, k, v, seqlens, True, head_dim ** -0.5)
     assert int(arrivals.abs().sum()) == 0
 

@@ -14,6 +14,7 @@ import importlib.util
 import torch
 
 from ..plan import choose_num_splits, device_num_sms, tokens_per_split
+from ..call import DecodeTensors
 from ..problem import FP8_DTYPES, DecodeProblem
 from ..registry import Backend
 from ..workspace import ARRIVALS, Workspace, stream_key
@@ -174,11 +175,10 @@ class CuteBackend(Backend):
         return _fits_one_wave(ctas, configs.split_tile(128)[2], problem.num_sms)
 
     # ------------------------------------------------------------------ launches
-    def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float, causal: bool):
-        # (tests prepare without a problem)
-        one_per_sm = problem is not None and self.one_cta_per_sm(problem)
-        one_wave = problem is not None and self.one_wave_merge(problem, num_splits)
-        return PreparedCuteDecode(self, num_splits, softmax_scale, causal, one_per_sm, one_wave)
+    def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float):
+        one_per_sm = self.one_cta_per_sm(problem)
+        one_wave = self.one_wave_merge(problem, num_splits)
+        return PreparedCuteDecode(self, num_splits, softmax_scale, problem.causal, one_per_sm, one_wave)
 
     def decode(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out, lse,
                block_table=None, k_descale=None, v_descale=None, one_per_sm: bool = False,
@@ -187,7 +187,7 @@ class CuteBackend(Backend):
         on the one-CTA-per-SM tile with ``one_per_sm``, with ``configs.ONE_WAVE_STAGES`` with ``one_wave``
         (a merging launch: 2..merge_max_splits splits)."""
         PreparedCuteDecode(self, num_splits, softmax_scale, causal, one_per_sm, one_wave)(
-            q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse)
+            DecodeTensors(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale))
 
     def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
                          block_table=None, k_descale=None, v_descale=None):
@@ -321,7 +321,8 @@ class PreparedCuteDecode:
         self.merge = backend.merges(num_splits)
         self.one_wave = one_wave and self.merge  # configs.ONE_WAVE_STAGES (merging launches only)
 
-    def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse) -> None:
+    def __call__(self, tensors: DecodeTensors) -> None:
+        q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale = tensors
         batch, seqlen_q, num_heads, head_dim = q.shape
         splits = self.num_splits
         rows = batch * seqlen_q * num_heads

@@ -14,6 +14,7 @@ import torch
 import triton
 
 from ..plan import DEFAULT_NUM_SMS, SPLIT_GRANULE, cdiv, device_num_sms, splits_used, tokens_per_split
+from ..call import DecodeTensors
 from ..problem import FP8_DTYPES, DecodeProblem
 from ..registry import Backend
 from ..workspace import ARRIVALS, Workspace, stream_key
@@ -222,15 +223,9 @@ class TritonBackend(Backend):
 
     # -- Backend interface ---------------------------------------------------------------------
 
-    def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float, causal: bool):
+    def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float):
         num_splits = _splits_launched(num_splits, problem.has_cache_seqlens, problem.seqlen_k)
-        return PreparedDecode(self, num_splits, softmax_scale, causal)
-
-    def decode(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out, lse,
-               block_table=None, k_descale=None, v_descale=None) -> None:
-        num_splits = _splits_launched(num_splits, cache_seqlens is not None, _capacity(k_cache, block_table))
-        PreparedDecode(self, num_splits, softmax_scale, causal)(
-            q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse)
+        return PreparedDecode(self, num_splits, softmax_scale, problem.causal)
 
     def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
                          block_table=None, k_descale=None, v_descale=None):
@@ -264,7 +259,8 @@ class PreparedDecode:
         # the first replay (the call signature fixes q's shape).
         self._partials_numel = self._lse_offset = 0
 
-    def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse) -> None:
+    def __call__(self, tensors: DecodeTensors) -> None:
+        q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale = tensors
         num_splits = self.num_splits
         if num_splits == 1:
             if self.split is not None:

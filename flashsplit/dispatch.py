@@ -1,0 +1,141 @@
+"""The eager decode path: validate once per call signature, plan, pick a backend, launch.
+
+:func:`decode_into` is what :func:`flashsplit.decode` runs outside torch.compile (and what the
+``flashsplit::decode_into`` operator runs inside it). Validation, backend choice and the plan read
+only static facts of the arguments (shapes, strides, dtypes, devices, 16-byte alignment, the
+options), so they run once per call signature and are cached with the backend's prepared
+launcher: a decode loop pays them on its first step only.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from . import registry
+from .call import DecodeOptions, DecodeTensors
+from .plan import SPLIT_GRANULE, SplitPlan, cdiv, choose_num_splits, tokens_per_split
+from .problem import DecodeProblem, check_decode_inputs
+from .registry import Backend, select
+
+
+@functools.lru_cache(maxsize=4096)  # static facts in, frozen plan out: one dict lookup per decode step
+def make_plan(problem: DecodeProblem, backend: Backend, rule: str, backend_reason: str, num_splits: int) -> SplitPlan:
+    """The :class:`SplitPlan` of ``problem`` on ``backend`` (``num_splits`` 0: the heuristic's)."""
+    num_sms = problem.num_sms
+    block_m = backend.block_m(problem)
+    row_blocks = cdiv(problem.packed_rows, block_m)
+    work_units = problem.work_units(block_m)
+    units_per_sm = backend.units_per_sm(problem)
+    if num_splits == 0:
+        num_splits, split_reason = choose_num_splits(work_units, problem.seqlen_k, num_sms, units_per_sm)
+    else:
+        split_reason = "requested"
+    return SplitPlan(
+        backend=backend.name,
+        rule=rule,
+        backend_reason=backend_reason,
+        num_splits=num_splits,
+        split_reason=split_reason,
+        granule=SPLIT_GRANULE,
+        tokens_per_split=tokens_per_split(problem.seqlen_k, num_splits),
+        block_m=block_m,
+        row_blocks=row_blocks,
+        work_units=work_units,
+        grid=(num_splits, problem.batch, problem.num_heads_kv * row_blocks),
+        num_sms=num_sms,
+        units_per_sm=units_per_sm,
+        runs_combine=num_splits > 1,
+        gpu=problem.target.name if problem.target is not None else problem.device_type,
+    )
+
+
+def decode_into(tensors: DecodeTensors, options: DecodeOptions, fresh_out: bool = False) -> None:
+    """Decode ``tensors`` (outputs included) with ``options``; validates every argument.
+
+    ``fresh_out``: ``tensors.out`` is ``torch.empty_like(q)``, made by :func:`flashsplit.decode`
+    (its facts then follow from q's, so the signature need not read them).
+    """
+    key = signature(tensors, options, fresh_out)
+    try:
+        run = _PREPARED.get(key) if key is not None else None
+    except TypeError:  # an unhashable argument (a list as softmax_scale, ...): validation explains
+        key = run = None
+    if run is None:
+        run = prepare(tensors, options)
+        if key is not None:
+            if len(_PREPARED) >= _MAX_PREPARED:
+                _PREPARED.clear()
+            _PREPARED[key] = run
+    run(tensors)
+
+
+_PREPARED: dict[tuple, object] = {}
+_MAX_PREPARED = 4096
+registry.on_change(_PREPARED.clear)  # a prepared launcher embeds the backend choice
+
+
+_FRESH_OUT = "out = torch.empty_like(q)"  # the marker a fresh output is keyed by
+
+
+def _facts(t):
+    """What validation and the kernels' specialization read of a tensor argument: everything but
+    its values and its address (beyond 16-byte alignment)."""
+    if t is None:
+        return None
+    if type(t) is not torch.Tensor:
+        raise TypeError  # a subclass or a wrong type: validation explains, nothing cached
+    return t.shape, t.stride(), t.dtype, t.device, t.layout, t.data_ptr() & 15
+
+
+def signature(tensors: DecodeTensors, options: DecodeOptions, fresh_out: bool = False) -> tuple | None:
+    """A key of one call's static facts (:func:`_facts` of every tensor, the options with their
+    types, so ``True`` and ``1`` differ), or None (then nothing is cached). It can still be
+    unhashable (an unhashable option): the lookup catches that."""
+    try:
+        facts = tuple(map(_facts, tensors))
+        if fresh_out:
+            facts = facts[:3] + (_FRESH_OUT,) + facts[4:]
+        return facts, options, tuple(map(type, options))
+    except Exception:  # a wrong type, a sparse tensor's stride(), ...: validation explains
+        return None
+
+
+def prepare(tensors: DecodeTensors, options: DecodeOptions):
+    """Validate one call and return ``run(tensors)`` that decodes every call with the same static
+    facts."""
+    softmax_scale, causal, num_splits, backend = options
+    problem = check_decode_inputs(tensors, causal, num_splits)
+    q, lse = tensors.q, tensors.lse
+    if lse is not None and (not isinstance(lse, torch.Tensor) or lse.shape != (problem.batch, problem.num_heads,
+                                                                                problem.seqlen_q)
+                            or lse.dtype != torch.float32 or lse.device != q.device):
+        raise ValueError(f"lse: expected fp32 [{problem.batch}, {problem.num_heads}, {problem.seqlen_q}] on {q.device}")
+    if softmax_scale is not None and (
+        isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale)
+    ):
+        raise TypeError(f"softmax_scale: expected a finite float, got {softmax_scale!r}")
+    if not isinstance(backend, str):
+        raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
+    chosen, rule, reason = select(problem, backend)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(problem.head_dim)
+    if problem.batch == 0 or problem.num_heads == 0:
+        return _nothing_to_do
+    if problem.seqlen_k == 0:
+        return _no_keys
+    the_plan = make_plan(problem, chosen, rule, reason, num_splits)
+    return chosen.prepare(problem, the_plan.num_splits, float(softmax_scale))
+
+
+def _nothing_to_do(tensors: DecodeTensors) -> None:
+    pass
+
+
+def _no_keys(tensors: DecodeTensors) -> None:
+    """A cache with no slots: every row is empty (O = 0, LSE = -inf)."""
+    tensors.out.zero_()
+    if tensors.lse is not None:
+        tensors.lse.fill_(float("-inf"))
