@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# One H200 call: the whole test suite (six pytest processes in parallel, to overlap kernel
-# compilation on the host's cores; each under its own timeout), the SASS of one cute kernel,
-# then the benchmark with the given options (none: no benchmark).
-# Usage on the device machine, from the repo root:
-#   source .gpu/cutedsl/install.sh && bash scripts/h200_check.sh [bench options...]
-# Budget: tests ~250 s (PYTEST_TIMEOUT, default 300), SASS ~10 s, bench until 575 s have passed.
+# Check a Hopper GPU machine end to end in under 10 minutes: the whole test suite (six pytest
+# processes in parallel, to overlap kernel compilation on the host's cores; each under its own
+# timeout), the SASS of one cute kernel, then the benchmark with the given options (none: no
+# benchmark).
+# Prerequisites: an sm_90 GPU (H100/H200), a CUDA build of torch, flashsplit installed with its
+# test extras (pip install -e ".[dev]"), pytest-xdist (for -n) and cuobjdump (CUDA toolkit).
+# Usage, from the repo root:
+#   bash scripts/h200_check.sh [bench options...]
+# Logs and bench.json go to $OUT (default /tmp/out). Time: tests ~250 s (PYTEST_TIMEOUT, default
+# 300 s per process), SASS ~10 s, the bench until 575 s from the start.
 set -o pipefail
 export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

@@ -1,8 +1,9 @@
 """How fast can any kernel read N bytes, timed the way the bench times decode?
 
-The B = 1 targets of the benchmark issue (4k keys <= 7 us, 16k <= 17, 128k <= 120) sit close to
-what merely reading the KV cache costs once launch latency and the ramp of a short kernel count.
-This script measures that floor on the current GPU with no attention math at all:
+Decode at batch 1 runs close to what merely reading the KV cache costs once launch latency and
+the ramp of a short kernel count (H200, 32/8 heads: 1.71x / 1.28x / 1.05x of the pure read at 4k
+/ 16k / 128k keys, docs/benchmarks.md). This script measures that floor on the current GPU with
+no attention math at all:
 
 - ``empty``: a graph of back-to-back empty kernels: the per-kernel cost of a graph node;
 - ``read``: a streaming kernel that reads every byte of an N-byte buffer once (each program

@@ -1,6 +1,6 @@
 """Inference cache formats through the Triton backend: paged KV, fp8 KV, any GQA ratio.
 
-Runs on the CPU through the Triton interpreter (fp16 q, REFERENCE.md section 5) and on a GPU
+Runs on the CPU through the Triton interpreter (fp16 q: its bf16 ``tl.dot`` is wrong) and on a GPU
 in bf16 too. Paged caches are shuffled, share a page between rows, hold NaN in every slot no
 row uses, and have garbage page ids past each row's last page.
 """

@@ -1,8 +1,8 @@
 """The Triton backend against the reference, on whatever machine runs the tests.
 
 Without CUDA this runs the kernels through the Triton interpreter in fp16 (the interpreter's
-bf16 ``tl.dot`` is wrong, REFERENCE.md section 5; bf16 is covered on the GPU). The matrix is a
-covering design over the issue's axes rather than their full product (864 cells x lengths
+bf16 ``tl.dot`` is wrong, triton-lang/triton#11584; bf16 is covered on the GPU). The matrix is a
+covering design over the decode axes rather than their full product (864 cells x lengths
 would take hours in the interpreter): every (L_q, group, D, num_splits) combination once, with
 batch, causal, KV heads and row lengths rotating through their values.
 """
@@ -146,7 +146,7 @@ def test_other_head_dims(head_dim, generator):
 
 
 def test_tile_stages_follow_the_h200_sweep():
-    """2 pipeline stages only for a single-split launch with many programs (docs/performance.md)."""
+    """2 pipeline stages only for a single-split launch with many programs (docs/benchmarks.md)."""
     from flashsplit.triton.backend import choose_tiles
 
     assert choose_tiles(4, 128, num_splits=1, programs=512).num_stages == 2  # B = 64, 8 KV heads

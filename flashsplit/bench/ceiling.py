@@ -6,7 +6,7 @@ Two probes, each over a buffer far larger than the L2 (>= 4 GB), measured once p
   over a few tile shapes: the read bandwidth a decode kernel, which only reads, can hope for;
 - ``torch`` ``copy_``: read + write bytes per second.
 
-The ceiling is the larger of the two. On the H200 (REFERENCE.md section 5) a bf16 sum read
+The ceiling is the larger of the two. On an H200 (2026-11-29) a bf16 sum read
 4.19 TB/s and a copy 4.27 TB/s, while cuDNN decode read KV at up to 4.69 TB/s, so rows may
 exceed 100% of this ceiling; it is a reference point, not a bound.
 """

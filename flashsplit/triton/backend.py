@@ -35,8 +35,9 @@ class TritonTiles:
     num_stages: int
 
 
-#: Programs per SM the plan counts for the split kernel (measured on the H200, REFERENCE.md
-#: section 2: 2 beat FA3's 1); :func:`choose_tiles` keeps 3 stages while a launch fits one such wave.
+#: Programs per SM the plan counts for the split kernel: 2 beat FA3's 1 on the H200 (32/8 heads:
+#: B = 1 x 128k 30 splits 10% faster than FA3's 15; B = 16 x 16k 2 splits 6% faster than its 1);
+#: :func:`choose_tiles` keeps 3 stages while a launch fits one such wave.
 PROGRAMS_PER_SM = 2
 
 
@@ -55,7 +56,7 @@ def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs:
     program per SM. H200, 32/8 heads, one split: B = 64 x 4k (512 programs) 239-245 us with 2
     stages vs 278-284 with 3; up to one wave of two per SM 3 stages hide more latency: B = 32 x
     4k (256 programs) 123.8 vs 137.5, 16k 480.9 vs 532.0, B = 16 x 4k 76 vs 109, B = 1 x 128k
-    2271 vs 2958 (docs/performance.md). An fp8 cache takes 128-key tiles
+    2271 vs 2958 (docs/benchmarks.md). An fp8 cache takes 128-key tiles
     once a split holds 2048 keys or more (the same bytes in flight as 64 16-bit keys; H200,
     B = 1, 128k: 108.7 us vs 117.3 with 64; B = 16, 128k: 1389 vs 1557; 512-key splits of
     B = 1, 16k stay faster with 64: 20.4 vs 22.4), dense or paged: with V read in pairs
@@ -93,13 +94,13 @@ class TritonBackend(Backend):
     #: Up to this many splits, the split kernel's last program per row tile merges the partials
     #: (one launch per decode step, no combine kernel); more take a combine kernel, launched early
     #: as a programmatic dependent, whose many programs read the partials at once. H200, graph
-    #: replay, merged vs combine kernel (docs/performance.md): 2 splits 66.9 vs 69.1 us (B = 16,
+    #: replay, merged vs combine kernel (docs/benchmarks.md): 2 splits 66.9 vs 69.1 us (B = 16,
     #: 4k) and 245.7 vs 247.6 (16k); 7-8 splits 24.4 vs 23.5 (B = 4, 4k), 68.8 vs 67.8 (16k);
     #: 29-32 splits 16.4 vs 10.6 (B = 1, 4k), 133.1 vs 128.2 (128k). 0: never merge.
     merge_max_splits = 4
     #: fp8 caches: tiles wholly inside a split's visible keys load and score without masks (a
-    #: second, unmasked loop body). H200, 32/8 heads, e4m3, one run, off -> on (seventh session,
-    #: call 4): B = 1 x 128k 94.1 -> 87.3 us, 16k 19.7 -> 17.5; B = 16 x 16k 181.2 -> 162.0, 128k
+    #: second, unmasked loop body). H200, 32/8 heads, e4m3, one run, off -> on: B = 1 x 128k
+    #: 94.1 -> 87.3 us, 16k 19.7 -> 17.5; B = 16 x 16k 181.2 -> 162.0, 128k
     #: 1375.5 -> 1247.8; B = 64 x 16k 801.3 -> 656.4. Not for 16-bit caches: there the second body
     #: cost registers and occupancy (B = 64 x 4k, one split: 244 -> 301 us) and gained nothing.
     full_tiles_fp8 = True
@@ -349,7 +350,7 @@ def combine_warps(block_s: int, block_d: int) -> int:
     """Warps per combine program: one while a lane can hold its share of every split's partial
     (``block_s x block_d`` values, at most 64 per lane), else 4 (2 for head dims under 128).
 
-    H200, graph replay, 32/8 heads, d = 128, one run of each twice (eighth session): 8 splits
+    H200, graph replay, 32/8 heads, d = 128, two runs of each in one process: 8 splits
     B = 4 x 4k 22.75 / 22.74 us with 4 warps, 21.94 / 21.88 with one; 16k 66.70 / 66.62 vs
     65.85 / 65.86. At 32 splits (B = 1) one warp would hold 128 values a lane: 4k 10.26 / 10.63
     with 4 warps vs 10.61 / 10.67 (16k 22.65 / 22.75 vs 22.16 / 22.14), so B = 1 keeps 4.
