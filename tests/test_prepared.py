@@ -173,9 +173,9 @@ def test_prepared_triton_replay_passes_addresses_in_kernel_order(merge, generato
     calls = []
     prepared.split, prepared.combine = _FakeRelaunch("split", calls), _FakeRelaunch("combine", calls)
     bases, counters = [], []
-    real_arrivals = backend._arrivals_for
-    _record_workspace(backend._workspace, bases, monkeypatch)
-    monkeypatch.setattr(backend, "_arrivals_for", lambda q: counters.append(real_arrivals(q)) or counters[-1])
+    real_arrivals = backend.arrivals_for
+    _record_workspace(backend.workspace, bases, monkeypatch)
+    monkeypatch.setattr(backend, "arrivals_for", lambda q: counters.append(real_arrivals(q)) or counters[-1])
     prepared(DecodeTensors(q, k, v, out, lse, lens))
     op = bases[0].data_ptr()
     lp = op + 3 * 2 * 1 * 8 * 32 * 4  # splits x batch x L_q x heads x head_dim fp32

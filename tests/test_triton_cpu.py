@@ -191,7 +191,7 @@ def test_last_split_merge_matches_the_combine_kernel(group, head_dim, lengths, g
     # The counters: one launch with a known buffer, which must end all zeros.
     backend = get("triton")
     arrivals = torch.zeros(3 * 2 * 10, dtype=torch.int32, device=DEVICE)
-    monkeypatch.setattr(backend, "_arrivals_for", lambda q: arrivals)
+    monkeypatch.setattr(backend, "arrivals_for", lambda q: arrivals)
     monkeypatch.setattr(TritonBackend, "merge_max_splits", 256)
     out = torch.full_like(q, POISON)
     PreparedDecode(backend, 5, head_dim ** -0.5, True)(DecodeTensors(q, k, v, out, None, seqlens))

@@ -111,8 +111,10 @@ class TritonBackend(Backend):
     combine_num_warps = 0
 
     def __init__(self) -> None:
-        self._workspace = Workspace()
-        self._arrivals = ARRIVALS
+        #: The per-stream partials buffer and the in-kernel merge's arrival counters: what the
+        #: prepared launchers (:class:`PreparedDecode`) take memory from.
+        self.workspace = Workspace()
+        self.arrivals = ARRIVALS
 
     def supports(self, problem: DecodeProblem) -> str | None:
         if problem.device_type == "cuda":
@@ -131,10 +133,10 @@ class TritonBackend(Backend):
 
     # -- launches -------------------------------------------------------------------------------
 
-    def _launch_split(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
+    def launch_split(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
                       out_partial, lse_partial, out, lse, final_for_single_split_rows: bool,
                       block_table=None, k_descale=None, v_descale=None, arrivals=None) -> Relaunch | None:
-        """The split kernel; with ``arrivals`` (:meth:`_arrivals_for`) its last program per row
+        """The split kernel; with ``arrivals`` (:meth:`arrivals_for`) its last program per row
         merges the partials into ``out``/``lse`` (no combine kernel follows)."""
         batch, seqlen_q, num_heads, head_dim = q.shape
         num_heads_kv = k_cache.shape[2]
@@ -184,7 +186,7 @@ class TritonBackend(Backend):
         return launch(split_kv_kernel, grid, tensors, tail,
                       dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages))
 
-    def _launch_combine(self, out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows: bool,
+    def launch_combine(self, out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows: bool,
                         seqlen_k: int = 0, after_split: bool = False) -> Relaunch | None:
         """``seqlen_k`` (the cache capacity) clamps ``cache_seqlens`` when rows are skipped.
         ``after_split``: launched right behind the split kernel, as its programmatic dependent."""
@@ -207,16 +209,16 @@ class TritonBackend(Backend):
         num_warps = self.combine_num_warps or combine_warps(block_s, block_d)
         return launch(combine_kernel, grid, tensors, tail, dict(num_warps=num_warps, launch_pdl=pdl))
 
-    def _arrivals_for(self, q: torch.Tensor) -> torch.Tensor:
+    def arrivals_for(self, q: torch.Tensor) -> torch.Tensor:
         """Zeroed int32 counters, one per split-kernel row tile (``ArrivalCounters.for_queries``)."""
-        return self._arrivals.for_queries(q)
+        return self.arrivals.for_queries(q)
 
-    def _alloc_partials(self, q: torch.Tensor, num_splits: int, scratch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def alloc_partials(self, q: torch.Tensor, num_splits: int, scratch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """``out_partial`` ``[S, B, L_q, H, D]`` and ``lse_partial`` ``[S, B, H, L_q]``, fp32, both
         contiguous views of one buffer: with ``scratch``, the stream's reusable workspace."""
         batch, seqlen_q, num_heads, head_dim = q.shape
         rows, numel = _partials_size(q, num_splits)
-        buffer = self._workspace.get(q.device, numel) if scratch else torch.empty(numel, dtype=torch.float32,
+        buffer = self.workspace.get(q.device, numel) if scratch else torch.empty(numel, dtype=torch.float32,
                                                                                    device=q.device)
         out_partial = buffer[: rows * head_dim].view(num_splits, batch, seqlen_q, num_heads, head_dim)
         lse_partial = buffer[rows * head_dim: numel].view(num_splits, batch, num_heads, seqlen_q)
@@ -230,14 +232,14 @@ class TritonBackend(Backend):
 
     def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
                          block_table=None, k_descale=None, v_descale=None):
-        out_partial, lse_partial = self._alloc_partials(q, num_splits, scratch=False)
-        self._launch_split(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
+        out_partial, lse_partial = self.alloc_partials(q, num_splits, scratch=False)
+        self.launch_split(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
                            out_partial, lse_partial, None, None, final_for_single_split_rows=False,
                            block_table=block_table, k_descale=k_descale, v_descale=v_descale)
         return out_partial, lse_partial
 
     def combine(self, out_partial, lse_partial, out, lse) -> None:
-        self._launch_combine(out_partial, lse_partial, None, out, lse, skip_single_split_rows=False)
+        self.launch_combine(out_partial, lse_partial, None, out, lse, skip_single_split_rows=False)
 
 
 class PreparedDecode:
@@ -269,7 +271,7 @@ class PreparedDecode:
                             _address(block_table), _address(k_descale), _address(v_descale), None, None,
                             out.data_ptr(), _address(lse), None))
             else:
-                self.split = self.backend._launch_split(
+                self.split = self.backend.launch_split(
                     q, k_cache, v_cache, cache_seqlens, 1, self.softmax_scale, self.causal, None, None, out, lse,
                     final_for_single_split_rows=True, block_table=block_table, k_descale=k_descale,
                     v_descale=v_descale)
@@ -278,35 +280,35 @@ class PreparedDecode:
         shortcut = cache_seqlens is not None
         merge = self.merge
         if self.split is not None and (merge or self.combine is not None):
-            # The workspace holds out_partial then lse_partial (the layout _alloc_partials views).
+            # The workspace holds out_partial then lse_partial (the layout alloc_partials views).
             # The stream is read once for it and both launches (a Relaunch launches on the current
             # device's stream, as Triton does: q's device but by misuse).
             if not self._partials_numel:
                 self._size_partials(q)
             if q.is_cuda:
                 key = stream_key(q.get_device())
-                buffer = self.backend._workspace.stream_buffer(key, self._partials_numel)
+                buffer = self.backend.workspace.stream_buffer(key, self._partials_numel)
                 stream = key[1] if key[0] == self.split.device else None
             else:  # the interpreter never gets here (no Relaunch) but tests with fakes do
-                buffer, stream = self.backend._workspace.buffer(q.device, self._partials_numel), None
+                buffer, stream = self.backend.workspace.buffer(q.device, self._partials_numel), None
             op = buffer.data_ptr()
             lp = op + self._lse_offset
             seqlens, out_ptr, lse_ptr = _address(cache_seqlens), out.data_ptr(), _address(lse)
-            arrivals = self.backend._arrivals_for(q) if merge else None
+            arrivals = self.backend.arrivals_for(q) if merge else None
             self.split((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), seqlens, _address(block_table),
                         _address(k_descale), _address(v_descale), op, lp, out_ptr, lse_ptr, _address(arrivals)),
                        stream)
             if not merge:
                 self.combine((op, lp, seqlens, out_ptr, lse_ptr), stream)
             return
-        out_partial, lse_partial = self.backend._alloc_partials(q, num_splits)
-        arrivals = self.backend._arrivals_for(q) if merge else None
-        self.split = self.backend._launch_split(
+        out_partial, lse_partial = self.backend.alloc_partials(q, num_splits)
+        arrivals = self.backend.arrivals_for(q) if merge else None
+        self.split = self.backend.launch_split(
             q, k_cache, v_cache, cache_seqlens, num_splits, self.softmax_scale, self.causal, out_partial,
             lse_partial, out, lse, final_for_single_split_rows=shortcut, block_table=block_table,
             k_descale=k_descale, v_descale=v_descale, arrivals=arrivals)
         if not merge:
-            self.combine = self.backend._launch_combine(
+            self.combine = self.backend.launch_combine(
                 out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows=shortcut,
                 seqlen_k=_capacity(k_cache, block_table), after_split=True)
 
