@@ -10,7 +10,7 @@ from . import backends  # noqa: F401  (registers the backends)
 from . import dispatch, torch_ops
 from .call import DecodeOptions, DecodeTensors
 from .plan import MAX_SPLITS, SplitPlan
-from .problem import DecodeProblem, check_num_splits, check_static_facts
+from .problem import DecodeProblem, check_num_splits, check_sinks, check_softcap, check_static_facts, check_window
 from .registry import select
 from .target import GpuTarget, device_target, gpu_target
 
@@ -32,6 +32,10 @@ def plan(
     device: str | torch.device = "cuda",
     backend: str = "auto",
     gpu: str | GpuTarget | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    has_sinks: bool = False,
+    batch_invariant: bool = False,
 ) -> SplitPlan:
     """What :func:`decode` will do for these shapes, in pure Python (no GPU needed).
 
@@ -40,8 +44,10 @@ def plan(
     ``gpu`` plans for a named GPU (``"h200"``, ``"h100"``, ... :data:`flashsplit.target.KNOWN_GPUS`,
     or a :class:`~flashsplit.target.GpuTarget`) from any machine; by default the current CUDA
     device, or an H200 when there is none. ``num_sms`` overrides the GPU's SM count.
-    ``device="cpu"`` plans for the Triton interpreter. Raises what :func:`decode` raises for
-    shapes and dtypes it cannot run.
+    ``device="cpu"`` plans for the Triton interpreter. ``window_size``, ``softcap``,
+    ``has_sinks`` (``sinks`` given) and ``batch_invariant`` as in :func:`decode`: a left window
+    bound shrinks the span the splits cover (``SplitPlan.span``). Raises what :func:`decode`
+    raises for shapes and dtypes it cannot run.
 
     >>> p = plan(1, 32768, 32, 8, 128, gpu="h200", backend="triton")
     >>> p.num_splits, p.grid
@@ -70,10 +76,16 @@ def plan(
             target = dataclasses.replace(target, num_sms=num_sms)
     elif gpu is not None:
         raise ValueError(f"gpu: only for device='cuda', got device={str(device)!r}")
+    window_left, window_right = check_window(_pair(window_size), causal)
+    if not isinstance(has_sinks, bool) or not isinstance(batch_invariant, bool):
+        raise TypeError(f"has_sinks, batch_invariant: expected bools, got {has_sinks!r}, {batch_invariant!r}")
+    if batch_invariant and num_splits:
+        raise ValueError(f"num_splits: batch_invariant=True fixes the split length; expected 0, got {num_splits}")
     problem = DecodeProblem(
         batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_heads=num_heads, num_heads_kv=num_heads_kv,
         head_dim=head_dim, dtype=dtype, causal=causal, has_cache_seqlens=has_cache_seqlens, device_type=device.type,
-        kv_dtype=kv_dtype, page_size=page_size, gpu=target,
+        kv_dtype=kv_dtype, page_size=page_size, gpu=target, window_left=window_left, window_right=window_right,
+        softcap=check_softcap(softcap), has_sinks=has_sinks, batch_invariant=batch_invariant,
     )
     chosen, rule, reason = select(problem, backend)
     return dispatch.make_plan(problem, chosen, rule, reason, num_splits)
@@ -94,6 +106,10 @@ def decode(
     page_table: torch.Tensor | None = None,
     k_descale: torch.Tensor | None = None,
     v_descale: torch.Tensor | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+    batch_invariant: bool = False,
     backend: str = "auto",
 ):
     """Split-KV decode attention over a KV cache (FlashAttention ``flash_attn_with_kvcache`` style).
@@ -122,6 +138,21 @@ def decode(
         k_descale, v_descale: fp32 dequantization scales for an fp8 (``float8_e4m3fn`` /
             ``float8_e5m2``) cache with a 16-bit ``q``: one element, or ``[B, H_kv]``. The
             attention is that of the cache times its scale; the output is in q's dtype.
+        window_size: ``(left, right)`` sliding window, -1 = unbounded (FlashAttention's): query
+            ``i`` of a row of ``S`` keys sits at position ``p = S - L_q + i`` and sees keys
+            ``p - left .. p + right``; ``causal`` makes ``right`` 0. The splits cover only the keys
+            some query can see: a 4k window over a 128k cache is split like a 4k cache.
+        softcap: when > 0, scores become ``softcap * tanh(score * softmax_scale / softcap)``
+            before the mask (Gemma 2).
+        sinks: fp32/bf16/fp16 ``[H_q]``, one learned logit per q head that joins each softmax's
+            denominator only (gpt-oss): ``out = sum_j exp(s_j - lse) v_j`` with ``lse`` (also the
+            returned one) counting ``exp(sink)`` once. A query that sees no key gets O = 0 and
+            LSE = its sink.
+        batch_invariant: each row's output and LSE are bitwise the same whatever the batch it is
+            decoded in (other rows, their lengths, its position): every row is cut into splits
+            of a fixed length (:data:`flashsplit.plan.BATCH_INVARIANT_SPLIT` keys) and merged in a
+            fixed order, on kernel configurations that do not depend on the batch. Per backend;
+            ``num_splits`` must then be 0.
         backend: ``"auto"`` (the best backend that supports the problem), ``"triton"`` or ``"cute"``.
 
     Returns:
@@ -147,8 +178,8 @@ def decode(
             out = torch.empty_like(q)
         if return_lse:
             lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
-    tensors = DecodeTensors(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale)
-    options = DecodeOptions(softmax_scale, causal, num_splits, backend)
+    tensors = DecodeTensors(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, sinks)
+    options = DecodeOptions(softmax_scale, causal, num_splits, backend, _pair(window_size), softcap, batch_invariant)
     if torch.compiler.is_compiling():
         # Dynamo cannot trace the kernel launchers (nor validate fake tensors' pointers): the
         # operator validates and launches when the compiled graph runs.
@@ -172,13 +203,23 @@ def decode_into(
     softmax_scale: float | None = None,
     causal: bool = False,
     num_splits: int = 0,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+    batch_invariant: bool = False,
     backend: str = "auto",
 ) -> None:
     """:func:`decode` writing into given outputs: ``out`` ``[B, L_q, H_q, D]`` (q's dtype) and,
     unless None, ``lse`` fp32 ``[B, H_q, L_q]``. Validates every argument."""
     dispatch.decode_into(DecodeTensors(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale,
-                                       v_descale),
-                         DecodeOptions(softmax_scale, causal, num_splits, backend))
+                                       v_descale, sinks),
+                         DecodeOptions(softmax_scale, causal, num_splits, backend, _pair(window_size), softcap,
+                                       batch_invariant))
+
+
+def _pair(window_size):
+    """A list ``window_size`` as a tuple (the options are hashed); anything else as given (validated)."""
+    return tuple(window_size) if isinstance(window_size, list) else window_size
 
 
 def combine(
@@ -187,6 +228,7 @@ def combine(
     *,
     out: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    sinks: torch.Tensor | None = None,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge split partials into the attention output.
@@ -196,6 +238,8 @@ def combine(
         lse_partial: fp32 ``[S, B, H_q, L_q]``, natural log; ``-inf`` marks an empty split,
             whose ``out_partial`` slice is never read.
         out: optional ``[B, L_q, H_q, D]`` output; else one of ``out_dtype`` (default fp32).
+        sinks: fp32/bf16/fp16 ``[H_q]``: each q head's learned logit joins its softmax once (as
+            :func:`decode`'s ``sinks``; partials never hold them).
         backend: which backend's combine kernel runs.
 
     Returns:
@@ -230,13 +274,18 @@ def combine(
                          f"got {list(out.shape)} on {out.device}")
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
+    if sinks is not None:
+        check_sinks(sinks, num_heads, out_partial.device)
     lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=out_partial.device)
     if out.numel() > 0:
         problem = DecodeProblem(
             batch=batch, seqlen_q=seqlen_q, seqlen_k=0, num_heads=num_heads, num_heads_kv=num_heads,
             head_dim=head_dim, dtype=out.dtype, causal=False, has_cache_seqlens=False,
-            device_type=out_partial.device.type,
+            device_type=out_partial.device.type, has_sinks=sinks is not None,
         )
         chosen = select(problem, backend)[0]
-        chosen.combine(out_partial, lse_partial, out, lse)
+        if sinks is None:
+            chosen.combine(out_partial, lse_partial, out, lse)
+        else:
+            chosen.combine(out_partial, lse_partial, out, lse, sinks=sinks)
     return out, lse

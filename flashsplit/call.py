@@ -26,6 +26,7 @@ class DecodeTensors(NamedTuple):
     block_table: torch.Tensor | None = None  #: int32 ``[B, max_pages_per_row]``
     k_descale: torch.Tensor | None = None  #: fp32, one element or ``[B, H_kv]`` (fp8 caches)
     v_descale: torch.Tensor | None = None  #: like ``k_descale``
+    sinks: torch.Tensor | None = None  #: fp32 or bf16 ``[H_q]``: a learned logit per q head
 
 
 class DecodeOptions(NamedTuple):
@@ -35,6 +36,9 @@ class DecodeOptions(NamedTuple):
     causal: bool = False
     num_splits: int = 0
     backend: str = "auto"
+    window_size: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    batch_invariant: bool = False
 
 
 #: Tensors the call writes (the operator's schema marks them mutated).
@@ -42,7 +46,8 @@ WRITTEN = ("out", "lse")
 #: Tensors every call has (the others may be None).
 REQUIRED = ("q", "k_cache", "v_cache", "out")
 #: Schema types of the options (torch.library), in field order.
-OPTION_TYPES = {"softmax_scale": "float?", "causal": "bool", "num_splits": "int", "backend": "str"}
+OPTION_TYPES = {"softmax_scale": "float?", "causal": "bool", "num_splits": "int", "backend": "str",
+                "window_size": "int[]", "softcap": "float", "batch_invariant": "bool"}
 
 
 def operator_schema() -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .call import DecodeTensors
+from .call import DecodeOptions, DecodeTensors
 from .plan import cdiv
 from .problem import check_decode_inputs
 
@@ -40,7 +40,7 @@ def check_inputs(
     block_table = page_table if block_table is None else block_table
     problem = check_decode_inputs(
         DecodeTensors(q, k_cache, v_cache, out, None, cache_seqlens, block_table, k_descale, v_descale),
-        causal, num_splits)
+        DecodeOptions(causal=causal, num_splits=num_splits))
     capacity = problem.seqlen_k
     lengths = [capacity] * problem.batch if cache_seqlens is None else cache_seqlens.tolist()
     for b, n in enumerate(lengths):

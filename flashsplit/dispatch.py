@@ -29,8 +29,12 @@ def make_plan(problem: DecodeProblem, backend: Backend, rule: str, backend_reaso
     row_blocks = cdiv(problem.packed_rows, block_m)
     work_units = problem.work_units(block_m)
     units_per_sm = backend.units_per_sm(problem)
-    if num_splits == 0:
-        num_splits, split_reason = choose_num_splits(work_units, problem.seqlen_k, num_sms, units_per_sm)
+    span, fixed = problem.span, problem.fixed_split
+    if fixed:
+        num_splits = max(1, cdiv(span, fixed))
+        split_reason = f"batch-invariant: every row in splits of {fixed} keys"
+    elif num_splits == 0:
+        num_splits, split_reason = choose_num_splits(work_units, span, num_sms, units_per_sm)
     else:
         split_reason = "requested"
     return SplitPlan(
@@ -40,7 +44,7 @@ def make_plan(problem: DecodeProblem, backend: Backend, rule: str, backend_reaso
         num_splits=num_splits,
         split_reason=split_reason,
         granule=SPLIT_GRANULE,
-        tokens_per_split=tokens_per_split(problem.seqlen_k, num_splits),
+        tokens_per_split=tokens_per_split(span, num_splits, fixed=fixed),
         block_m=block_m,
         row_blocks=row_blocks,
         work_units=work_units,
@@ -49,6 +53,10 @@ def make_plan(problem: DecodeProblem, backend: Backend, rule: str, backend_reaso
         units_per_sm=units_per_sm,
         runs_combine=num_splits > 1,
         gpu=problem.target.name if problem.target is not None else problem.device_type,
+        span=span,
+        seqlen_q=problem.seqlen_q,
+        window_left=problem.window_left,
+        fixed_split=fixed,
     )
 
 
@@ -106,8 +114,8 @@ def signature(tensors: DecodeTensors, options: DecodeOptions, fresh_out: bool = 
 def prepare(tensors: DecodeTensors, options: DecodeOptions):
     """Validate one call and return ``run(tensors)`` that decodes every call with the same static
     facts."""
-    softmax_scale, causal, num_splits, backend = options
-    problem = check_decode_inputs(tensors, causal, num_splits)
+    softmax_scale, backend = options.softmax_scale, options.backend
+    problem = check_decode_inputs(tensors, options)
     q, lse = tensors.q, tensors.lse
     if lse is not None and (not isinstance(lse, torch.Tensor) or lse.shape != (problem.batch, problem.num_heads,
                                                                                 problem.seqlen_q)
@@ -126,7 +134,7 @@ def prepare(tensors: DecodeTensors, options: DecodeOptions):
         return _nothing_to_do
     if problem.seqlen_k == 0:
         return _no_keys
-    the_plan = make_plan(problem, chosen, rule, reason, num_splits)
+    the_plan = make_plan(problem, chosen, rule, reason, options.num_splits)
     return chosen.prepare(problem, the_plan.num_splits, float(softmax_scale))
 
 

@@ -11,8 +11,13 @@ Split boundaries (for one batch row of live length ``n`` keys, ``S`` splits, gra
     split s covers keys  [s * tokens_per_split(n), min((s + 1) * tokens_per_split(n), n))
     splits_used(n)      = ceil(n / tokens_per_split(n))   # 0 when n == 0
 
-Splits are contiguous from key 0, so an empty split only ever follows the row's last key:
-no split is empty while the row has keys left. Worked example, ``G = 128``, ``S = 4``,
+Splits are contiguous from the row's first key, so an empty split only ever follows the row's
+last key: no split is empty while the row has keys left. The first key is 0, or with a left
+window bound (``window_left = w``) the first key any of the ``L_q`` queries can see, rounded down
+to the granule: ``first = floor(max(n - L_q - w, 0) / G) * G``, and the splits divide the
+``n - first`` keys from there (a 4k window over a 128k cache is split like a 4k cache). A
+batch-invariant decode fixes ``tokens_per_split`` at :data:`BATCH_INVARIANT_SPLIT` keys instead, so a
+row's splits depend on its own length only. Worked example, ``G = 128``, ``S = 4``,
 ``n = 1000``: ceil(1000 / 128) = 8 granules, 2 per split, 256 tokens per split; the splits
 cover [0, 256), [256, 512), [512, 768), [768, 1000). With ``n = 300``: 3 granules, 1 per
 split; [0, 128), [128, 256), [256, 300) and split 3 is empty (LSE = -inf).
@@ -32,6 +37,12 @@ from dataclasses import dataclass
 SPLIT_GRANULE = 128
 #: The most splits ``decode`` accepts (and the combine kernels are built for).
 MAX_SPLITS = 256
+#: Keys per split of a batch-invariant decode (``decode(..., batch_invariant=True)``): every row is
+#: cut into splits of this many keys whatever the batch, so its result is the same bit for bit.
+#: 512 keys keep B = 1 x 16k at the heuristic's split count (32 splits of 512 keys, 32/8 heads).
+BATCH_INVARIANT_SPLIT = 512
+#: The most splits a batch-invariant decode launches (``BATCH_INVARIANT_SPLIT`` x this keys: 2M).
+MAX_INVARIANT_SPLITS = 4096
 #: SM count used when planning for a device that has none (the CPU interpreter, dry runs): an H200's.
 DEFAULT_NUM_SMS = 132
 #: FA3's rule: with this fraction of the machine already busy without splitting, do not split.
@@ -59,28 +70,64 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def tokens_per_split(seqlen: int, num_splits: int, granule: int = SPLIT_GRANULE) -> int:
-    """Keys per split for a row of ``seqlen`` live keys (a multiple of ``granule``; 0 if empty)."""
+def tokens_per_split(seqlen: int, num_splits: int, granule: int = SPLIT_GRANULE, fixed: int = 0) -> int:
+    """Keys per split for a row whose splits cover ``seqlen`` keys (a multiple of ``granule``; 0
+    if empty), or ``fixed`` when that is set (a batch-invariant decode)."""
+    if fixed:
+        return fixed
     return cdiv(cdiv(seqlen, granule), num_splits) * granule
 
 
-def split_bounds(seqlen: int, num_splits: int, granule: int = SPLIT_GRANULE) -> list[tuple[int, int]]:
-    """``[(start, end), ...]`` for each of the ``num_splits`` splits of a row (end <= start: empty).
+def first_key(seqlen: int, seqlen_q: int = 1, window_left: int = -1, granule: int = SPLIT_GRANULE) -> int:
+    """The first key of a row's splits: 0, or with ``window_left >= 0`` the first key query 0 can
+    see, rounded down to ``granule``.
+
+    >>> first_key(10000, 1, 4096)
+    5888
+    """
+    if window_left < 0:
+        return 0
+    return max(seqlen - seqlen_q - window_left, 0) // granule * granule
+
+
+def split_bounds(seqlen: int, num_splits: int, granule: int = SPLIT_GRANULE, *, seqlen_q: int = 1,
+                 window_left: int = -1, fixed: int = 0) -> list[tuple[int, int]]:
+    """``[(start, end), ...]`` for each of the ``num_splits`` splits of a row of ``seqlen`` keys
+    (end <= start: empty); ``seqlen_q`` / ``window_left`` place the row's first key
+    (:func:`first_key`), ``fixed`` > 0 fixes the split length (batch-invariant decode).
 
     >>> split_bounds(1000, 4)
     [(0, 256), (256, 512), (512, 768), (768, 1000)]
     >>> split_bounds(300, 4)
     [(0, 128), (128, 256), (256, 300), (384, 300)]
+    >>> split_bounds(1000, 2, window_left=300)
+    [(640, 896), (896, 1000)]
     """
-    tps = tokens_per_split(seqlen, num_splits, granule)
-    return [(s * tps, min((s + 1) * tps, seqlen)) for s in range(num_splits)]
+    first = first_key(seqlen, seqlen_q, window_left, granule)
+    tps = tokens_per_split(seqlen - first, num_splits, granule, fixed)
+    return [(first + s * tps, min(first + (s + 1) * tps, seqlen)) for s in range(num_splits)]
 
 
-def splits_used(seqlen: int, num_splits: int, granule: int = SPLIT_GRANULE) -> int:
+def splits_used(seqlen: int, num_splits: int, granule: int = SPLIT_GRANULE, *, seqlen_q: int = 1,
+                window_left: int = -1, fixed: int = 0) -> int:
     """How many of the splits hold at least one key of a row of ``seqlen`` keys."""
-    if seqlen <= 0:
+    span = seqlen - first_key(seqlen, seqlen_q, window_left, granule)
+    if span <= 0:
         return 0
-    return cdiv(seqlen, tokens_per_split(seqlen, num_splits, granule))
+    return cdiv(span, tokens_per_split(span, num_splits, granule, fixed))
+
+
+def planned_span(capacity: int, seqlen_q: int = 1, window_left: int = -1, granule: int = SPLIT_GRANULE) -> int:
+    """The most keys a row's splits can cover (static: what the split count is chosen for): the
+    capacity, or with a left window bound the keys the ``L_q`` queries can reach plus the
+    granule alignment of the first key, ``min(capacity, window_left + L_q + granule - 1)``.
+
+    >>> planned_span(131072, 1, 4096)
+    4224
+    """
+    if window_left < 0:
+        return capacity
+    return min(capacity, window_left + seqlen_q + granule - 1)
 
 
 def wave_efficiency(work_units: int, num_splits: int, slots: int) -> float:
@@ -141,8 +188,9 @@ class SplitPlan:
     """What :func:`flashsplit.decode` will do for a problem; pure data, built without a GPU.
 
     ``grid`` is the split kernel's launch grid ``(num_splits, batch, num_heads_kv * row_blocks)``;
-    ``tokens_per_split`` is the split length at full capacity (rows shorter than ``seqlen_k``
-    use fewer, shorter splits, see :func:`split_bounds`).
+    ``span`` the most keys a row's splits cover (the capacity, or what a left window bound lets
+    the queries reach: :func:`planned_span`); ``tokens_per_split`` the split length at that span
+    (rows with fewer keys use fewer, shorter splits, see :func:`split_bounds`).
     """
 
     backend: str
@@ -163,15 +211,22 @@ class SplitPlan:
     runs_combine: bool
     #: The GPU planned for (``"cpu"`` for the Triton interpreter).
     gpu: str = "cpu"
+    span: int = 0
+    seqlen_q: int = 1
+    window_left: int = -1
+    #: Keys per split of a batch-invariant decode (0: the heuristic divides each row's span).
+    fixed_split: int = 0
 
     def boundaries(self, seqlen: int) -> list[tuple[int, int]]:
         """Per-split ``(start, end)`` key ranges for a row holding ``seqlen`` live keys."""
-        return split_bounds(seqlen, self.num_splits, self.granule)
+        return split_bounds(seqlen, self.num_splits, self.granule, seqlen_q=self.seqlen_q,
+                            window_left=self.window_left, fixed=self.fixed_split)
 
     def __str__(self) -> str:
         combine = "then a combine kernel" if self.runs_combine else "no combine (one split)"
+        window = f" (a window of {self.window_left} keys: splits cover {self.span})" if self.window_left >= 0 else ""
         return (
             f"on {self.gpu}: backend {self.backend} ({self.backend_reason}); {self.num_splits} split(s) of up to "
-            f"{self.tokens_per_split} keys ({self.split_reason}); grid {self.grid}, "
+            f"{self.tokens_per_split} keys{window} ({self.split_reason}); grid {self.grid}, "
             f"{self.block_m}-row tiles x {self.row_blocks}; {combine}"
         )

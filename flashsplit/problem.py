@@ -7,12 +7,14 @@ No check reads tensor values, so nothing here synchronizes with the device.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-from .call import DecodeTensors
-from .plan import DEFAULT_NUM_SMS, MAX_SPLITS
+from .call import DecodeOptions, DecodeTensors
+from .plan import BATCH_INVARIANT_SPLIT, DEFAULT_NUM_SMS, MAX_SPLITS, planned_span
 from .target import GpuTarget, device_target
 
 #: Query dtypes (and 16-bit cache dtypes).
@@ -20,6 +22,17 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 #: fp8 cache dtypes, read with a 16-bit query and fp32 dequantization scales.
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 MAX_HEAD_DIM = 256
+
+
+class Variant(NamedTuple):
+    """Which keys each query sees and how its scores are formed, beyond plain attention (static
+    facts the kernels specialize on; see :class:`DecodeProblem`'s fields of the same names)."""
+
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
+    has_sinks: bool = False
+    fixed_split: int = 0
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,42 @@ class DecodeProblem:
     #: the GPU a CUDA problem runs on (or is planned for); None: the current device's
     #: (:func:`~flashsplit.target.device_target`, an H200's without CUDA).
     gpu: GpuTarget | None = None
+    #: Keys before (``window_left``) and after (``window_right``) each query's position that it
+    #: sees; -1: unbounded. ``causal`` sets ``window_right`` 0 (check_decode_inputs normalizes it).
+    window_left: int = -1
+    window_right: int = -1
+    #: Scores become ``softcap * tanh(score / softcap)``; 0: off.
+    softcap: float = 0.0
+    #: A learned per-q-head logit joins each softmax's denominator (``sinks`` given).
+    has_sinks: bool = False
+    #: Splits of a fixed length (:data:`flashsplit.plan.BATCH_INVARIANT_SPLIT`) and fixed kernel
+    #: configurations: a row's result does not depend on the batch it is decoded in.
+    batch_invariant: bool = False
+
+    @property
+    def left_bound(self) -> bool:
+        """A left window bound applies (queries do not see the whole prefix)."""
+        return self.window_left >= 0
+
+    @property
+    def right_bound(self) -> bool:
+        """A right bound (causal, or a window) hides keys from some query: only when L_q > 1
+        and the bound ends before the last key for query 0."""
+        return 0 <= self.window_right < self.seqlen_q - 1
+
+    @property
+    def span(self) -> int:
+        """The most keys a row's splits cover (:func:`flashsplit.plan.planned_span`)."""
+        return planned_span(self.seqlen_k, self.seqlen_q, self.window_left)
+
+    @property
+    def fixed_split(self) -> int:
+        """Keys per split when batch-invariant (0: the heuristic's)."""
+        return BATCH_INVARIANT_SPLIT if self.batch_invariant else 0
+
+    @property
+    def variant(self) -> Variant:
+        return Variant(self.window_left, self.window_right, self.softcap, self.has_sinks, self.fixed_split)
 
     @property
     def target(self) -> GpuTarget | None:
@@ -140,7 +189,7 @@ def check_num_splits(num_splits) -> int:
     return num_splits
 
 
-def check_decode_inputs(tensors: DecodeTensors, causal: bool, num_splits: int) -> DecodeProblem:
+def check_decode_inputs(tensors: DecodeTensors, options: DecodeOptions = DecodeOptions()) -> DecodeProblem:
     """Validate ``decode``'s arguments and return the problem they describe.
 
     Raises ``TypeError`` for a wrong type or dtype, ``ValueError`` for a wrong shape, layout,
@@ -149,7 +198,8 @@ def check_decode_inputs(tensors: DecodeTensors, causal: bool, num_splits: int) -
     :func:`flashsplit.check_inputs`. ``tensors.out`` may be None (nothing to check); ``tensors.lse``
     is checked by the caller, which knows the problem.
     """
-    q, k_cache, v_cache, out, _, cache_seqlens, block_table, k_descale, v_descale = tensors
+    q, k_cache, v_cache, out, _, cache_seqlens, block_table, k_descale, v_descale, sinks = tensors
+    causal, num_splits = options.causal, options.num_splits
     _require_tensor("q", q)
     _require_rank("q", q, 4, "[batch, seqlen_q, num_heads, head_dim]")
     if q.dtype not in SUPPORTED_DTYPES:
@@ -216,6 +266,15 @@ def check_decode_inputs(tensors: DecodeTensors, causal: bool, num_splits: int) -
         if out.device != q.device:
             raise ValueError(f"out: expected q's device {q.device}, got {out.device}")
         _require_last_dim_contiguous("out", out)
+    window_left, window_right = check_window(options.window_size, causal)
+    softcap = check_softcap(options.softcap)
+    if sinks is not None:
+        check_sinks(sinks, num_heads, q.device)
+    if not isinstance(options.batch_invariant, bool):
+        raise TypeError(f"batch_invariant: expected a bool, got {type(options.batch_invariant).__name__}")
+    if options.batch_invariant and num_splits != 0:
+        raise ValueError(f"num_splits: batch_invariant=True fixes the split length ({BATCH_INVARIANT_SPLIT} keys); "
+                         f"expected 0, got {num_splits}")
     return DecodeProblem(
         batch=batch,
         seqlen_q=seqlen_q,
@@ -232,7 +291,51 @@ def check_decode_inputs(tensors: DecodeTensors, causal: bool, num_splits: int) -
         kv_dtype=k_cache.dtype,
         page_size=page_size,
         gpu=device_target(q.device.index) if q.device.type == "cuda" else None,
+        window_left=window_left,
+        window_right=window_right,
+        softcap=softcap,
+        has_sinks=sinks is not None,
+        batch_invariant=options.batch_invariant,
     )
+
+
+def check_sinks(sinks, num_heads: int, device) -> None:
+    """``sinks``: one fp32/bf16/fp16 logit per q head, contiguous, on ``device``."""
+    _require_tensor("sinks", sinks)
+    if sinks.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"sinks: expected dtype float32, bfloat16 or float16, got {sinks.dtype}")
+    if sinks.shape != (num_heads,):
+        raise ValueError(f"sinks: expected shape [{num_heads}] (one logit per q head), got {_shape(sinks)}")
+    if sinks.device != device:
+        raise ValueError(f"sinks: expected q's device {device}, got {sinks.device}")
+    if num_heads > 1 and sinks.stride(0) != 1:
+        raise ValueError(f"sinks: expected a contiguous tensor, got strides {tuple(sinks.stride())} (use "
+                         f".contiguous())")
+
+
+def check_window(window_size, causal: bool) -> tuple[int, int]:
+    """``(left, right)`` of a ``window_size`` argument: two ints >= -1 (-1: unbounded); ``causal``
+    sets ``right`` to 0, and a positive ``right`` contradicts it."""
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or not all(
+            isinstance(w, int) and not isinstance(w, bool) for w in window_size):
+        raise TypeError(f"window_size: expected a (left, right) pair of ints, got {window_size!r}")
+    left, right = window_size
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size: expected each bound >= -1 (-1: unbounded), got {tuple(window_size)}")
+    if causal:
+        if right > 0:
+            raise ValueError(f"window_size: right = {right} > 0 contradicts causal=True (a query sees no later key); "
+                             f"pass right = 0 or -1")
+        right = 0
+    return left, right
+
+
+def check_softcap(softcap) -> float:
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"softcap: expected a float, got {type(softcap).__name__}")
+    if not (softcap >= 0 and math.isfinite(softcap)):
+        raise ValueError(f"softcap: expected a finite value >= 0 (0: off), got {softcap}")
+    return float(softcap)
 
 
 def _check_block_table(block_table, k_cache: torch.Tensor, batch: int, device) -> tuple[int, int]:

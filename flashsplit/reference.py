@@ -15,19 +15,29 @@ from .plan import SPLIT_GRANULE, split_bounds
 
 
 def _visible_mask(
-    batch: int, seqlen_q: int, seqlen_k: int, cache_seqlens: torch.Tensor | None, causal: bool, device
+    batch: int, seqlen_q: int, seqlen_k: int, cache_seqlens: torch.Tensor | None, causal: bool, device,
+    window_size: tuple[int, int] = (-1, -1),
 ) -> torch.Tensor:
-    """Bool ``[B, L_q, L_k]``: may query position m of row b see key j."""
-    keys = torch.arange(seqlen_k, device=device)
+    """Bool ``[B, L_q, L_k]``: may query position m of row b see key j.
+
+    Query m of a row of n keys is token ``p = n - L_q + m``; it sees keys ``j < n`` with
+    ``p - left <= j <= p + right`` (``window_size = (left, right)``, -1 unbounded; causal: right 0).
+    """
+    keys = torch.arange(seqlen_k, device=device)[None, None, :]
     if cache_seqlens is None:
         lengths = torch.full((batch,), seqlen_k, device=device, dtype=torch.long)
     else:
         lengths = cache_seqlens.to(device=device, dtype=torch.long)
-    limit = lengths[:, None].expand(batch, seqlen_q)  # keys < limit are visible
+    pos = (lengths[:, None] - seqlen_q + torch.arange(seqlen_q, device=device))[:, :, None]  # [B, L_q, 1]
+    left, right = window_size
     if causal:
-        # Query m (of L_q) is the (n - L_q + m)-th token: it sees keys [0, n - L_q + m].
-        limit = torch.minimum(limit, lengths[:, None] - seqlen_q + 1 + torch.arange(seqlen_q, device=device))
-    return keys[None, None, :] < limit[:, :, None]
+        right = 0
+    visible = keys < lengths[:, None, None]
+    if right >= 0:
+        visible = visible & (keys <= pos + right)
+    if left >= 0:
+        visible = visible & (keys >= pos - left)
+    return visible
 
 
 def attention_ref(
@@ -39,15 +49,20 @@ def attention_ref(
     softmax_scale: float | None = None,
     upcast: bool = True,
     key_range: tuple[torch.Tensor, torch.Tensor] | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decode attention, computed directly.
+    """Decode attention, computed directly from the definitions.
 
     q ``[B, L_q, H_q, D]``, k/v ``[B, L_k, H_kv, D]``; returns ``out`` ``[B, L_q, H_q, D]`` and
     ``lse`` fp32 ``[B, H_q, L_q]``. With ``upcast`` the math runs in float64 and ``out`` is
     float64; without it, in the inputs' dtype (what "PyTorch in the same precision" means for
     error budgets). ``key_range`` (``start``, ``end`` int tensors ``[B]``) further restricts
     each row to keys ``[start, end)``. Masked keys are excluded by selection, so NaN in unused
-    cache slots never reaches the result.
+    cache slots never reaches the result. ``window_size`` as in :func:`_visible_mask`;
+    ``softcap`` > 0: scores ``softcap * tanh(q.k * scale / softcap)``; ``sinks`` ``[H_q]``: each q
+    head's logit joins its softmax denominator (and the LSE), never the output.
     """
     batch, seqlen_q, num_heads, head_dim = q.shape
     seqlen_k, num_heads_kv = k.shape[1], k.shape[2]
@@ -57,7 +72,7 @@ def attention_ref(
     # GQA without copying K/V per q head: q heads as [H_kv, group] (q head = kv head * group + g).
     qc = q.to(compute).reshape(batch, seqlen_q, num_heads_kv, group, head_dim)
     kc, vc = k.to(compute), v.to(compute)
-    visible = _visible_mask(batch, seqlen_q, seqlen_k, cache_seqlens, causal, q.device)
+    visible = _visible_mask(batch, seqlen_q, seqlen_k, cache_seqlens, causal, q.device, window_size)
     if key_range is not None:
         keys = torch.arange(seqlen_k, device=q.device)
         start, end = (t.to(q.device, torch.long) for t in key_range)
@@ -65,8 +80,13 @@ def attention_ref(
     hidden = ~visible[:, None, None, :, :]  # [B, 1, 1, L_q, L_k]
     # Scores in the compute dtype (as a low-precision kernel would get them), softmax in >= fp32.
     scores = (torch.einsum("bmkgd,bjkd->bkgmj", qc, kc) * scale).to(torch.float64 if upcast else torch.float32)
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
     scores = scores.masked_fill(hidden, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # [B, H_kv, group, L_q]
+    if sinks is not None:
+        sink = sinks.to(scores.dtype).reshape(1, num_heads_kv, group, 1).expand_as(lse)
+        lse = torch.logaddexp(lse, sink)
     probs = torch.exp(scores - torch.where(torch.isneginf(lse), 0.0, lse)[..., None]).masked_fill(hidden, 0.0)
     # Keys no query may see are zeroed by selection, so NaN in unused slots never reaches out.
     vc = torch.where(visible.any(dim=1)[:, :, None, None], vc, torch.zeros((), dtype=vc.dtype, device=vc.device))
@@ -84,32 +104,42 @@ def split_partials_ref(
     causal: bool = False,
     softmax_scale: float | None = None,
     granule: int = SPLIT_GRANULE,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    fixed_split: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-split partials with the plan's boundaries, in float64 math.
+    """Per-split partials with the plan's boundaries (window and fixed split length included),
+    in float64 math; sinks never enter partials (the combine adds them).
 
     Returns ``out_partial`` fp32 ``[S, B, L_q, H_q, D]`` and ``lse_partial`` fp32
     ``[S, B, H_q, L_q]``; a split with no visible key has LSE ``-inf`` and O = 0.
     """
-    batch, seqlen_k = q.shape[0], k.shape[1]
+    batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
     lengths = [seqlen_k] * batch if cache_seqlens is None else [int(n) for n in cache_seqlens.cpu()]
-    bounds = [split_bounds(n, num_splits, granule) for n in lengths]
+    bounds = [split_bounds(n, num_splits, granule, seqlen_q=seqlen_q, window_left=window_size[0], fixed=fixed_split)
+              for n in lengths]
     outs, lses = [], []
     for s in range(num_splits):
         start = torch.tensor([bounds[b][s][0] for b in range(batch)])
         end = torch.tensor([bounds[b][s][1] for b in range(batch)])
-        out, lse = attention_ref(q, k, v, cache_seqlens, causal, softmax_scale, key_range=(start, end))
+        out, lse = attention_ref(q, k, v, cache_seqlens, causal, softmax_scale, key_range=(start, end),
+                                 window_size=window_size, softcap=softcap)
         outs.append(out.float())
         lses.append(lse)
     return torch.stack(outs), torch.stack(lses)
 
 
-def combine_ref(out_partial: torch.Tensor, lse_partial: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merge partials (``[S, B, L_q, H_q, D]``, ``[S, B, H_q, L_q]``) in float64.
+def combine_ref(out_partial: torch.Tensor, lse_partial: torch.Tensor,
+                sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge partials (``[S, B, L_q, H_q, D]``, ``[S, B, H_q, L_q]``) in float64; ``sinks``
+    ``[H_q]`` join each row's denominator once.
 
     Returns ``out`` float64 ``[B, L_q, H_q, D]`` and ``lse`` fp32 ``[B, H_q, L_q]``.
     """
     lse_p = lse_partial.double()
     lse = torch.logsumexp(lse_p, dim=0)  # -inf when every split is empty
+    if sinks is not None:
+        lse = torch.logaddexp(lse, sinks.double().to(lse.device)[None, :, None])
     weights = torch.exp(lse_p - torch.where(torch.isneginf(lse), 0.0, lse))  # [S, B, H, L_q]
     weights = weights.permute(0, 1, 3, 2)[..., None]  # [S, B, L_q, H, 1]
     o_p = torch.where(weights > 0, out_partial.double(), 0.0)  # never let an empty split's O in

@@ -74,7 +74,7 @@ def _cute_units(problem: DecodeProblem) -> tuple[int, int, int]:
 
     units = problem.work_units(64)
     per_sm = configs.split_tile(128)[2]
-    splits = choose_num_splits(units, problem.seqlen_k, problem.num_sms, per_sm)[0]
+    splits = choose_num_splits(units, problem.span, problem.num_sms, per_sm)[0]
     return units, per_sm, splits
 
 
@@ -111,7 +111,7 @@ def _long_splits(problem: DecodeProblem) -> bool:
     if not (_dense_16bit_d128(problem) and problem.packed_rows >= MIN_PACKED_ROWS):
         return False
     splits = _cute_units(problem)[2]
-    return tokens_per_split(problem.seqlen_k, splits) >= LONG_SPLIT_KEYS
+    return tokens_per_split(problem.span, splits) >= LONG_SPLIT_KEYS
 
 
 RULES: tuple[Rule, ...] = (

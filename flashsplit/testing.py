@@ -119,12 +119,14 @@ def check_lse(lse: torch.Tensor, ref_lse: torch.Tensor, atol: float = 1e-3, rtol
 
 
 def check_against_reference(out, lse, q, k, v, cache_seqlens=None, causal=False, softmax_scale=None,
-                            what: str = "out") -> float:
+                            what: str = "out", **variant) -> float:
     """Judge ``out`` (and ``lse`` unless None) against :func:`attention_ref` by the error rule;
     returns out's error. ``k``/``v`` may be a dequantized (fp32) cache: PyTorch's low-precision
-    yardstick then runs on it cast to q's dtype."""
-    ref, ref_lse = attention_ref(q, k, v, cache_seqlens, causal, softmax_scale)
-    ref_lowp, _ = attention_ref(q, k.to(q.dtype), v.to(q.dtype), cache_seqlens, causal, softmax_scale, upcast=False)
+    yardstick then runs on it cast to q's dtype. ``variant``: ``window_size``, ``softcap``,
+    ``sinks`` as :func:`attention_ref` takes them."""
+    ref, ref_lse = attention_ref(q, k, v, cache_seqlens, causal, softmax_scale, **variant)
+    ref_lowp, _ = attention_ref(q, k.to(q.dtype), v.to(q.dtype), cache_seqlens, causal, softmax_scale, upcast=False,
+                                **variant)
     err = check_output(out, ref.to(out.device), ref_lowp.to(out.device), q.dtype, what)
     if lse is not None:
         check_lse(lse, ref_lse)

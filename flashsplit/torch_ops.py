@@ -22,7 +22,10 @@ _TENSORS = len(DecodeTensors._fields)
 
 def _decode_into(*args) -> None:
     """Write ``decode(...)`` into ``out`` (and ``lse`` when given); validates like ``decode``."""
-    dispatch.decode_into(DecodeTensors(*args[:_TENSORS]), DecodeOptions(*args[_TENSORS:]))
+    options = DecodeOptions(*args[_TENSORS:])
+    # The dispatcher hands lists over as int[] arguments: the options keep tuples (hashable).
+    options = options._replace(window_size=tuple(options.window_size))
+    dispatch.decode_into(DecodeTensors(*args[:_TENSORS]), options)
 
 
 def _decode_into_fake(*args) -> None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import flashsplit
-from flashsplit.call import DecodeTensors
+from flashsplit.call import DecodeOptions, DecodeTensors
 from flashsplit.problem import check_decode_inputs
 from flashsplit.reference import attention_ref, split_partials_ref
 from flashsplit.registry import get, names
@@ -67,7 +67,7 @@ def _decoder(backend):
 
 
 def _skip_unless_supported(backend, q, k, v, seqlens, causal=False):
-    _skip_unless(backend, check_decode_inputs(DecodeTensors(q, k, v, None, None, seqlens), causal, 0))
+    _skip_unless(backend, check_decode_inputs(DecodeTensors(q, k, v, None, None, seqlens), DecodeOptions(causal=causal)))
 
 
 def _skip_unless(backend, problem):
@@ -187,8 +187,7 @@ def test_paged_and_fp8_matrix(backend, page_size, fp8, generator, cute_paged_ena
         v, v_descale = quantize_fp8(v, fp8, per_head=page_size % 2 == 0)
         scales = dict(k_descale=k_descale, v_descale=v_descale)
     k_pages, v_pages, table, k, v = to_paged(k, v, list(lengths), page_size, generator)
-    problem = check_decode_inputs(DecodeTensors(q, k_pages, v_pages, None, None, seqlens, table, *scales.values()),
-                                  False, 0)
+    problem = check_decode_inputs(DecodeTensors(q, k_pages, v_pages, None, None, seqlens, table, *scales.values()))
     _skip_unless(backend, problem)
     out, lse = flashsplit.decode(q, k_pages, v_pages, block_table=table, cache_seqlens=seqlens, return_lse=True,
                                  backend=backend, **scales)

@@ -147,9 +147,9 @@ def test_misaligned_out_clears_the_16_byte_flag_and_still_decodes(generator):
 
     q, k, v = _inputs(generator)
     out = torch.empty(q.numel() + 1, dtype=q.dtype, device=DEVICE)[1:].view(q.shape)  # 2 bytes off
-    problem = check_decode_inputs(DecodeTensors(q, k, v, out), False, 0)
+    problem = check_decode_inputs(DecodeTensors(q, k, v, out))
     assert not problem.aligned_16b
-    assert check_decode_inputs(DecodeTensors(q, k, v, torch.empty_like(q)), False, 0).aligned_16b
+    assert check_decode_inputs(DecodeTensors(q, k, v, torch.empty_like(q))).aligned_16b
     flashsplit.decode(q, k, v, out=out)
     ref, _ = attention_ref(q, k, v)
     torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
@@ -182,12 +182,13 @@ def test_prepared_triton_replay_passes_addresses_in_kernel_order(merge, generato
     assert bases[0].numel() >= 3 * 2 * 8 * 33
     addresses = (q.data_ptr(), k.data_ptr(), v.data_ptr(), lens.data_ptr(), None, None, None, op, lp,
                  out.data_ptr(), lse.data_ptr())
+    # (the arrival counters, then the sinks: None without them)
     if merge:
-        assert calls == [("split", (*addresses, counters[0].data_ptr()))]
+        assert calls == [("split", (*addresses, counters[0].data_ptr(), None))]
         assert counters[0].numel() >= 2 * 2 and int(counters[0].abs().sum()) == 0  # [B, H_kv x row blocks]
     else:
-        assert calls == [("split", (*addresses, None)), ("combine", (op, lp, lens.data_ptr(), out.data_ptr(),
-                                                                      lse.data_ptr()))]
+        assert calls == [("split", (*addresses, None, None)), ("combine", (op, lp, lens.data_ptr(), out.data_ptr(),
+                                                                            lse.data_ptr(), None))]
         assert counters == []
 
 

@@ -32,4 +32,5 @@ def test_custom_op_validates_at_run_time():
     k = torch.randn(2, 64, 3, 64, device=DEVICE).half()  # 8 heads are not a multiple of 3
     out = torch.empty_like(q)
     with pytest.raises(ValueError, match="multiple of num_heads_kv"):
-        torch.ops.flashsplit.decode_into(q, k, k, out, None, None, None, None, None, None, False, 0, "auto")
+        torch.ops.flashsplit.decode_into(q, k, k, out, None, None, None, None, None, None,
+                                         None, False, 0, "auto", [-1, -1], 0.0, False)

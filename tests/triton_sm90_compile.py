@@ -57,41 +57,48 @@ def split_variants():
     (partials; rows that fit one split finish directly when cache_seqlens is given), and
     forward_partials (partials only: no OUT, no LSE)."""
     for has_seqlens, causal, write_lse in itertools.product([False, True], repeat=3):
-        common = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=has_seqlens, CAUSAL=causal)
+        common = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=has_seqlens, RIGHT_BOUND=causal)
         yield dict(common, HAS_PARTIALS=False, FINAL_FOR_SINGLE_SPLIT_ROWS=False, WRITE_LSE=write_lse, HAS_OUT=True)
         for merge in (False, True):  # a combine kernel follows, or the last split merges
             yield dict(common, HAS_PARTIALS=True, FINAL_FOR_SINGLE_SPLIT_ROWS=has_seqlens, WRITE_LSE=write_lse,
                        HAS_OUT=True, MERGE_IN_LAST_SPLIT=merge)
         yield dict(common, HAS_PARTIALS=True, FINAL_FOR_SINGLE_SPLIT_ROWS=False, WRITE_LSE=False, HAS_OUT=False)
     for paged, kv in itertools.product([False, True], ["same", "fp8e4nv", "fp8e5"]):
-        yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,
+        yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, RIGHT_BOUND=False,
                    FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=paged, KV=kv)
     for paged in (False, True):  # fp8, long splits: 128-key tiles (pages of 16 and 1 when paged)
         for page in ((16, 1) if paged else (0,)):
-            yield dict(BLOCK_M=16, BLOCK_N=128, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,
+            yield dict(BLOCK_M=16, BLOCK_N=128, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, RIGHT_BOUND=False,
                        FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, KV="fp8e4nv", PAGED=paged,
                        **({"PAGE": page} if paged else {}))
-    yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,  # fp8,
+    yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, RIGHT_BOUND=False,  # fp8,
                FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, KV="fp8e4nv",  # merged in the
                MERGE_IN_LAST_SPLIT=True)  # last split
     for kv in ("fp8e4nv", "fp8e5"):  # fp8 pairs converted by integer ops (GPUs before sm_89), causal rows
-        yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=True,
+        yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, RIGHT_BOUND=True,
                    FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, KV=kv, PAIRS_PTX=False)
     for dim in (64, 96, 256):  # fp8 at other head dims (96: column masks on the pairs)
         tiles = choose_tiles(4, dim, fp8_cache=True)
         yield dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d, HAS_SEQLENS=True,
-                   HAS_PARTIALS=True, CAUSAL=False, FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True,
+                   HAS_PARTIALS=True, RIGHT_BOUND=False, FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True,
                    KV="fp8e4nv", EVEN_D=tiles.block_d == dim)
     for page_size in (1, 48, 128):  # page sizes are constexprs (16 above)
-        yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,
+        yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, RIGHT_BOUND=False,
                    FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=True, PAGE=page_size)
     for paged in (False, True):  # 32-key tiles: splits of one granule
-        yield dict(BLOCK_M=16, BLOCK_N=32, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, CAUSAL=False,
+        yield dict(BLOCK_M=16, BLOCK_N=32, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, RIGHT_BOUND=False,
                    FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=paged)
+    for window, paged, kv in itertools.product([False, True], [False, True], ["same", "fp8e4nv"]):
+        # sliding windows (a left bound: masked first tiles, unmasked middle for fp8), softcap,
+        # sinks (the final store, the merge and the combine add them) and fixed splits
+        yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, RIGHT_BOUND=window,
+                   FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=paged, KV=kv,
+                   LEFT_BOUND=window, SOFTCAP=not window, HAS_SINKS=True, MERGE_IN_LAST_SPLIT=paged,
+                   FIXED_SPLIT=0 if paged else 512 * window)
     for rows, dim in itertools.product([1, 4, 20, 64], [64, 96, 128, 256]):
         tiles = choose_tiles(rows, dim)
         yield dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d, HAS_SEQLENS=True,
-                   HAS_PARTIALS=True, CAUSAL=True, FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True,
+                   HAS_PARTIALS=True, RIGHT_BOUND=True, FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True,
                    EVEN_D=tiles.block_d == dim)
 
 
@@ -108,6 +115,9 @@ def main() -> int:
             flags["CHUNK_TILES"], flags["CHUNK_PAGES"] = _page_chunk(page_size, flags["BLOCK_N"])
             flags["HAS_DESCALE"] = kv != dtype
             flags.setdefault("MERGE_IN_LAST_SPLIT", False)
+            for name in ("LEFT_BOUND", "SOFTCAP", "HAS_SINKS"):
+                flags.setdefault(name, False)
+            flags.setdefault("FIXED_SPLIT", 0)
             flags.setdefault("EVEN_D", True)  # head dims of a power of two (the variants above: 128)
             flags["FULL_TILES"] = flags["HAS_DESCALE"] and TritonBackend.full_tiles_fp8  # as the launcher sets it
             # fp8 V read as int16 pairs, converted by PTX cvt on sm_90 (the launcher's choice there);
@@ -128,10 +138,11 @@ def main() -> int:
                         "OUT_PARTIAL": "*fp32" if flags["HAS_PARTIALS"] else None,
                         "LSE_PARTIAL": "*fp32" if flags["HAS_PARTIALS"] else None,
                         "LSE": "*fp32" if flags["WRITE_LSE"] else None,
-                        "ARRIVALS": "*i32" if flags["MERGE_IN_LAST_SPLIT"] else None}
+                        "ARRIVALS": "*i32" if flags["MERGE_IN_LAST_SPLIT"] else None,
+                        "SINKS": "*fp32" if flags.get("HAS_SINKS") else None}
             started = time.perf_counter()
             ptx = compile_variant(split_kv_kernel, pointers, {**flags, "GRANULE": 128, "RUNTIME_BOUND_WHILE": False},
-                                  floats=("qk_scale_log2",))
+                                  floats=("qk_scale_log2", "softcap_log2"))
             assert "mma" in ptx, "the split kernel's dots should use tensor cores"
             if flags["MERGE_IN_LAST_SPLIT"]:
                 # The last split's merge: a gpu-scope acq_rel count, partials read through L2.
@@ -151,19 +162,28 @@ def main() -> int:
         for skip, write_lse, block_d, chunk in itertools.product([False, True], [False, True], [64, 128, 256],
                                                                  [32, 8]):
             pointers = {"OUT_PARTIAL": "*fp32", "LSE_PARTIAL": "*fp32", "OUT": f"*{dtype}",
-                        "SEQLENS": "*i32" if skip else None, "LSE": "*fp32" if write_lse else None}
+                        "SEQLENS": "*i32" if skip else None, "LSE": "*fp32" if write_lse else None, "SINKS": None}
             # BLOCK_S 32: one chunk (CHUNK_S 32) or a loop over chunks (8); decode waits on the split (PDL).
+            plain = dict(LEFT_BOUND=False, FIXED_SPLIT=0, HAS_SINKS=False)
             compile_variant(combine_kernel, pointers, dict(BLOCK_D=block_d, BLOCK_S=32, CHUNK_S=chunk, GRANULE=128,
                                                            SKIP_SINGLE_SPLIT_ROWS=skip, WRITE_LSE=write_lse,
-                                                           WAIT_FOR_PRIOR_GRID=skip),
+                                                           WAIT_FOR_PRIOR_GRID=skip, **plain),
                             num_warps=combine_warps(32, block_d))
             count += 1
             if chunk == 32:  # up to 16 splits: BLOCK_S 16, one warp where a lane holds it all
                 compile_variant(combine_kernel, pointers, dict(BLOCK_D=block_d, BLOCK_S=16, CHUNK_S=16, GRANULE=128,
                                                                SKIP_SINGLE_SPLIT_ROWS=skip, WRITE_LSE=write_lse,
-                                                               WAIT_FOR_PRIOR_GRID=skip),
+                                                               WAIT_FOR_PRIOR_GRID=skip, **plain),
                                 num_warps=combine_warps(16, block_d))
                 count += 1
+        for window, fixed in ((True, 0), (False, 512), (True, 512)):  # windows, fixed splits, sinks
+            pointers = {"OUT_PARTIAL": "*fp32", "LSE_PARTIAL": "*fp32", "OUT": f"*{dtype}", "SEQLENS": "*i32",
+                        "LSE": "*fp32", "SINKS": "*fp32"}
+            compile_variant(combine_kernel, pointers, dict(BLOCK_D=128, BLOCK_S=64, CHUNK_S=16, GRANULE=128,
+                                                           SKIP_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True,
+                                                           WAIT_FOR_PRIOR_GRID=True, LEFT_BOUND=window,
+                                                           FIXED_SPLIT=fixed, HAS_SINKS=True), num_warps=4)
+            count += 1
     print(f"compiled {count} Triton kernel variants for sm_90")
     return 0
 

@@ -74,6 +74,10 @@ class CuteBackend(Backend):
 
     # ------------------------------------------------------------------ capability
     def supports(self, problem: DecodeProblem) -> str | None:
+        if problem.left_bound or (problem.right_bound and not problem.causal):
+            return "sliding windows are not in the cute kernel yet (the triton backend runs them)"
+        if problem.softcap or problem.has_sinks or problem.batch_invariant:
+            return "softcap, sinks and batch-invariant decode are not in the cute kernel yet (triton runs them)"
         if problem.head_dim not in configs.HEAD_DIMS:
             return f"head_dim {problem.head_dim} is not one of {configs.HEAD_DIMS}"
         if problem.dtype not in _DTYPE_NAMES:
@@ -322,7 +326,7 @@ class PreparedCuteDecode:
         self.one_wave = one_wave and self.merge  # configs.ONE_WAVE_STAGES (merging launches only)
 
     def __call__(self, tensors: DecodeTensors) -> None:
-        q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale = tensors
+        q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale = tensors[:9]
         batch, seqlen_q, num_heads, head_dim = q.shape
         splits = self.num_splits
         rows = batch * seqlen_q * num_heads

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from ..plan import DEFAULT_NUM_SMS, SPLIT_GRANULE, cdiv, device_num_sms, splits_used, tokens_per_split
+from ..plan import DEFAULT_NUM_SMS, SPLIT_GRANULE, cdiv, device_num_sms, planned_span, splits_used, tokens_per_split
 from ..call import DecodeTensors
-from ..problem import FP8_DTYPES, DecodeProblem
+from ..problem import FP8_DTYPES, DecodeProblem, Variant
 from ..registry import Backend
 from ..workspace import ARRIVALS, Workspace, stream_key
 from . import interpreter_active
@@ -134,10 +134,12 @@ class TritonBackend(Backend):
     # -- launches -------------------------------------------------------------------------------
 
     def launch_split(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
-                      out_partial, lse_partial, out, lse, final_for_single_split_rows: bool,
-                      block_table=None, k_descale=None, v_descale=None, arrivals=None) -> Relaunch | None:
+                     out_partial, lse_partial, out, lse, final_for_single_split_rows: bool,
+                     block_table=None, k_descale=None, v_descale=None, arrivals=None, sinks=None,
+                     variant: Variant = Variant()) -> Relaunch | None:
         """The split kernel; with ``arrivals`` (:meth:`arrivals_for`) its last program per row
-        merges the partials into ``out``/``lse`` (no combine kernel follows)."""
+        merges the partials into ``out``/``lse`` (no combine kernel follows). ``variant``: the
+        window, softcap, sinks and fixed split length (``sinks`` ``[H_q]`` when it has sinks)."""
         batch, seqlen_q, num_heads, head_dim = q.shape
         num_heads_kv = k_cache.shape[2]
         seqlen_k = _capacity(k_cache, block_table)
@@ -145,14 +147,16 @@ class TritonBackend(Backend):
         group = num_heads // num_heads_kv
         block_m = choose_tiles(seqlen_q * group, head_dim).block_m
         row_blocks = cdiv(seqlen_q * group, block_m)
+        span = planned_span(seqlen_k, seqlen_q, variant.window_left)
         tiles = choose_tiles(seqlen_q * group, head_dim, num_splits, num_splits * batch * num_heads_kv * row_blocks,
-                             tokens_per_split(seqlen_k, num_splits), k_descale is not None,
+                             tokens_per_split(span, num_splits, fixed=variant.fixed_split), k_descale is not None,
                              device_num_sms(q.device.type, q.device.index))
         grid = (num_splits, batch, num_heads_kv * row_blocks)
         v_pairs = self.fp8_v_pairs and v_cache.dtype in FP8_DTYPES and _v_pairs(v_cache)
         v_arg = v_cache.view(torch.int16) if v_pairs else v_cache  # the same address: replays pass v_cache's
         tensors = (q, k_cache, v_arg, cache_seqlens, block_table, k_descale, v_descale,
-                   out_partial, lse_partial, out, lse, arrivals)
+                   out_partial, lse_partial, out, lse, arrivals, sinks if variant.has_sinks else None)
+        window_right = 0 if causal else variant.window_right
         tail = (
             *q.stride()[:3], *k_cache.stride()[:3], *v_arg.stride()[:3],
             *_strides(out_partial, 4), *_strides(lse_partial, 3),
@@ -161,14 +165,14 @@ class TritonBackend(Backend):
             # group and head_dim are runtime values (masks, index math): fewer compiled variants. The
             # page size is a constexpr (one variant per page size): no integer division per key.
             seqlen_q, seqlen_k, num_splits, row_blocks, group, head_dim, page_size, k_cache.shape[0],
-            softmax_scale * LOG2E,
+            softmax_scale * LOG2E, variant.window_left, window_right, variant.softcap * LOG2E,
             # constexprs, in the kernel's order (a Relaunch passes every argument positionally)
             tiles.block_m, tiles.block_n, tiles.block_d, SPLIT_GRANULE,
             cache_seqlens is not None,  # HAS_SEQLENS
             out_partial is not None,  # HAS_PARTIALS
             block_table is not None,  # PAGED
             k_descale is not None,  # HAS_DESCALE
-            causal and seqlen_q > 1,  # CAUSAL
+            0 <= window_right < seqlen_q - 1,  # RIGHT_BOUND: some query cannot see every key
             final_for_single_split_rows,
             lse is not None,  # WRITE_LSE
             interpreter_active(),  # RUNTIME_BOUND_WHILE
@@ -182,31 +186,43 @@ class TritonBackend(Backend):
             v_pairs,  # V_PAIRS
             v_cache.dtype == torch.float8_e5m2,  # V_E5M2
             v_pairs and _pairs_ptx(v_cache),  # PAIRS_PTX
+            variant.window_left >= 0,  # LEFT_BOUND
+            variant.softcap > 0,  # SOFTCAP
+            variant.has_sinks,  # HAS_SINKS
+            variant.fixed_split,  # FIXED_SPLIT
         )
         return launch(split_kv_kernel, grid, tensors, tail,
                       dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages))
 
     def launch_combine(self, out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows: bool,
-                        seqlen_k: int = 0, after_split: bool = False) -> Relaunch | None:
+                       seqlen_k: int = 0, after_split: bool = False, sinks=None,
+                       variant: Variant = Variant()) -> Relaunch | None:
         """``seqlen_k`` (the cache capacity) clamps ``cache_seqlens`` when rows are skipped.
-        ``after_split``: launched right behind the split kernel, as its programmatic dependent."""
+        ``after_split``: launched right behind the split kernel, as its programmatic dependent.
+        ``variant``: where skipped rows' splits start (its window) and their length (fixed
+        splits); with sinks, ``sinks`` ``[H_q]`` joins each row's softmax here."""
         num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
         block_d = max(16, triton.next_power_of_2(head_dim))
         block_s = max(16, triton.next_power_of_2(num_splits))
         pdl = after_split and _pdl(out)
         grid = (batch * seqlen_q * num_heads, 1, 1)
-        tensors = (out_partial, lse_partial, cache_seqlens, out, lse)
+        tensors = (out_partial, lse_partial, cache_seqlens, out, lse, sinks if variant.has_sinks else None)
+        # CHUNK_S: all splits in one chunk (one memory round trip) up to 64 fp32 registers a thread;
+        # fixed splits (batch-invariant) walk chunks of 16 on 4 warps, whatever the split count.
+        invariant = variant.fixed_split > 0
+        chunk_s = 16 if invariant else min(block_s, max(8, 8192 // block_d))
         tail = (
             *out_partial.stride()[:4], *lse_partial.stride()[:3],
             *out.stride()[:3], *_strides(lse, 2),
-            seqlen_q, seqlen_k, num_heads, num_splits,
-            head_dim, block_d, block_s,
-            # CHUNK_S: all splits in one chunk (one memory round trip) up to 64 fp32 registers a thread
-            min(block_s, max(8, 8192 // block_d)),
+            seqlen_q, seqlen_k, num_heads, num_splits, variant.window_left,
+            head_dim, block_d, block_s, chunk_s,
             SPLIT_GRANULE, skip_single_split_rows, lse is not None,
             pdl,  # WAIT_FOR_PRIOR_GRID
+            variant.window_left >= 0,  # LEFT_BOUND
+            variant.fixed_split,  # FIXED_SPLIT
+            variant.has_sinks,  # HAS_SINKS
         )
-        num_warps = self.combine_num_warps or combine_warps(block_s, block_d)
+        num_warps = 4 if invariant else self.combine_num_warps or combine_warps(block_s, block_d)
         return launch(combine_kernel, grid, tensors, tail, dict(num_warps=num_warps, launch_pdl=pdl))
 
     def arrivals_for(self, q: torch.Tensor) -> torch.Tensor:
@@ -227,19 +243,21 @@ class TritonBackend(Backend):
     # -- Backend interface ---------------------------------------------------------------------
 
     def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float):
-        num_splits = _splits_launched(num_splits, problem.has_cache_seqlens, problem.seqlen_k)
-        return PreparedDecode(self, num_splits, softmax_scale, problem.causal)
+        num_splits = _splits_launched(num_splits, problem)
+        return PreparedDecode(self, num_splits, softmax_scale, problem.causal, problem.variant)
 
     def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
-                         block_table=None, k_descale=None, v_descale=None):
+                         block_table=None, k_descale=None, v_descale=None, variant: Variant = Variant()):
         out_partial, lse_partial = self.alloc_partials(q, num_splits, scratch=False)
         self.launch_split(q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
-                           out_partial, lse_partial, None, None, final_for_single_split_rows=False,
-                           block_table=block_table, k_descale=k_descale, v_descale=v_descale)
+                          out_partial, lse_partial, None, None, final_for_single_split_rows=False,
+                          block_table=block_table, k_descale=k_descale, v_descale=v_descale,
+                          variant=variant._replace(has_sinks=False))  # sinks join in the combine
         return out_partial, lse_partial
 
-    def combine(self, out_partial, lse_partial, out, lse) -> None:
-        self.launch_combine(out_partial, lse_partial, None, out, lse, skip_single_split_rows=False)
+    def combine(self, out_partial, lse_partial, out, lse, sinks=None) -> None:
+        self.launch_combine(out_partial, lse_partial, None, out, lse, skip_single_split_rows=False, sinks=sinks,
+                            variant=Variant(has_sinks=sinks is not None))
 
 
 class PreparedDecode:
@@ -250,12 +268,16 @@ class PreparedDecode:
     the stream's workspace (a fresh allocation while a CUDA graph is being captured).
     """
 
-    def __init__(self, backend: TritonBackend, num_splits: int, softmax_scale: float, causal: bool):
+    def __init__(self, backend: TritonBackend, num_splits: int, softmax_scale: float, causal: bool,
+                 variant: Variant = Variant()):
         self.backend = backend
         self.num_splits = num_splits  # as launched (see _splits_launched)
         self.softmax_scale = softmax_scale
         self.causal = causal
-        self.merge = num_splits <= backend.merge_max_splits  # fixed per prepared launch (its compiled kernel)
+        self.variant = variant
+        # Fixed per prepared launch (its compiled kernel). Fixed splits (batch-invariant) always take
+        # the combine kernel: one reduction order, whatever the split count.
+        self.merge = num_splits <= backend.merge_max_splits and not variant.fixed_split
         self.split: Relaunch | None = None
         self.combine: Relaunch | None = None
         # The partials' workspace size (fp32 elements) and lse_partial's byte offset in it, set on
@@ -263,18 +285,18 @@ class PreparedDecode:
         self._partials_numel = self._lse_offset = 0
 
     def __call__(self, tensors: DecodeTensors) -> None:
-        q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale = tensors
-        num_splits = self.num_splits
+        q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, sinks = tensors
+        num_splits, variant = self.num_splits, self.variant
         if num_splits == 1:
             if self.split is not None:
                 self.split((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _address(cache_seqlens),
                             _address(block_table), _address(k_descale), _address(v_descale), None, None,
-                            out.data_ptr(), _address(lse), None))
+                            out.data_ptr(), _address(lse), None, _address(sinks)))
             else:
                 self.split = self.backend.launch_split(
                     q, k_cache, v_cache, cache_seqlens, 1, self.softmax_scale, self.causal, None, None, out, lse,
                     final_for_single_split_rows=True, block_table=block_table, k_descale=k_descale,
-                    v_descale=v_descale)
+                    v_descale=v_descale, sinks=sinks, variant=variant)
             return
         # Rows whose live keys fit in one split skip the partials, and the merge skips them.
         shortcut = cache_seqlens is not None
@@ -293,24 +315,25 @@ class PreparedDecode:
                 buffer, stream = self.backend.workspace.buffer(q.device, self._partials_numel), None
             op = buffer.data_ptr()
             lp = op + self._lse_offset
-            seqlens, out_ptr, lse_ptr = _address(cache_seqlens), out.data_ptr(), _address(lse)
+            seqlens, out_ptr, lse_ptr, sinks_ptr = _address(cache_seqlens), out.data_ptr(), _address(lse), \
+                _address(sinks)
             arrivals = self.backend.arrivals_for(q) if merge else None
             self.split((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), seqlens, _address(block_table),
-                        _address(k_descale), _address(v_descale), op, lp, out_ptr, lse_ptr, _address(arrivals)),
-                       stream)
+                        _address(k_descale), _address(v_descale), op, lp, out_ptr, lse_ptr, _address(arrivals),
+                        sinks_ptr), stream)
             if not merge:
-                self.combine((op, lp, seqlens, out_ptr, lse_ptr), stream)
+                self.combine((op, lp, seqlens, out_ptr, lse_ptr, sinks_ptr), stream)
             return
         out_partial, lse_partial = self.backend.alloc_partials(q, num_splits)
         arrivals = self.backend.arrivals_for(q) if merge else None
         self.split = self.backend.launch_split(
             q, k_cache, v_cache, cache_seqlens, num_splits, self.softmax_scale, self.causal, out_partial,
             lse_partial, out, lse, final_for_single_split_rows=shortcut, block_table=block_table,
-            k_descale=k_descale, v_descale=v_descale, arrivals=arrivals)
+            k_descale=k_descale, v_descale=v_descale, arrivals=arrivals, sinks=sinks, variant=variant)
         if not merge:
             self.combine = self.backend.launch_combine(
                 out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows=shortcut,
-                seqlen_k=_capacity(k_cache, block_table), after_split=True)
+                seqlen_k=_capacity(k_cache, block_table), after_split=True, sinks=sinks, variant=variant)
 
     def _size_partials(self, q: torch.Tensor) -> None:
         rows, self._partials_numel = _partials_size(q, self.num_splits)
@@ -365,10 +388,12 @@ def combine_warps(block_s: int, block_d: int) -> int:
     return 4 if block_d >= 128 else 2
 
 
-def _splits_launched(num_splits: int, has_cache_seqlens: bool, capacity: int) -> int:
+def _splits_launched(num_splits: int, problem: DecodeProblem) -> int:
     """1 when every row is full (no ``cache_seqlens``) and fits in one split: the same result,
     without partials or a combine; else ``num_splits``."""
-    if not has_cache_seqlens and splits_used(capacity, num_splits) <= 1:
+    if not problem.has_cache_seqlens and splits_used(problem.seqlen_k, num_splits, seqlen_q=problem.seqlen_q,
+                                                     window_left=problem.window_left,
+                                                     fixed=problem.fixed_split) <= 1:
         return 1
     return num_splits
 

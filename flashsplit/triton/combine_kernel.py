@@ -10,17 +10,17 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from .split_rule import load_seqlen, row_splits_used
+from .split_rule import add_sink, load_seqlen, row_first_key, row_splits_used
 
 
 @triton.jit
 def combine_kernel(
-    OUT_PARTIAL, LSE_PARTIAL, SEQLENS, OUT, LSE,
+    OUT_PARTIAL, LSE_PARTIAL, SEQLENS, OUT, LSE, SINKS,
     stride_ops, stride_opb, stride_opm, stride_oph,
     stride_lps, stride_lpb, stride_lph,
     stride_ob, stride_om, stride_oh,
     stride_lb, stride_lh,
-    seqlen_q, seqlen_k, num_heads, num_splits,
+    seqlen_q, seqlen_k, num_heads, num_splits, window_left,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
@@ -29,18 +29,28 @@ def combine_kernel(
     SKIP_SINGLE_SPLIT_ROWS: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     WAIT_FOR_PRIOR_GRID: tl.constexpr = False,
+    LEFT_BOUND: tl.constexpr = False,
+    FIXED_SPLIT: tl.constexpr = 0,
+    HAS_SINKS: tl.constexpr = False,
 ):
     """Writes ``OUT[b, m, h, :]`` (OUT's dtype) and ``LSE[b, h, m]`` (fp32, natural log).
 
-    A row where every split is empty gets O = 0 and LSE = -inf. With SKIP_SINGLE_SPLIT_ROWS,
-    batch rows whose keys fit in one split were finished by the split kernel and are skipped.
+    A row where every split is empty gets O = 0 and LSE = -inf (or, HAS_SINKS, LSE = ``SINKS[h]``:
+    the sink joins every softmax once, here). With SKIP_SINGLE_SPLIT_ROWS, batch rows whose keys
+    fit in one split were finished by the split kernel and are skipped (the split rule's
+    LEFT_BOUND / FIXED_SPLIT say where a row's splits start and how long they are). A split
+    count that is not one chunk (CHUNK_S < BLOCK_S) is walked in chunks of CHUNK_S in a fixed
+    order, so a row's result does not depend on how many splits the launch had (batch-invariant
+    decode uses that: only its own splits hold keys, the others add exact zeros).
     """
     pid = tl.program_id(0)
     h = pid % num_heads
     m = (pid // num_heads) % seqlen_q
     b = (pid // (num_heads * seqlen_q)).to(tl.int64)
     if SKIP_SINGLE_SPLIT_ROWS:
-        if row_splits_used(load_seqlen(SEQLENS, b, seqlen_k), num_splits, GRANULE) <= 1:
+        seqlen = load_seqlen(SEQLENS, b, seqlen_k)
+        span = seqlen - row_first_key(seqlen, seqlen_q, window_left, GRANULE, LEFT_BOUND)
+        if row_splits_used(span, num_splits, GRANULE, FIXED_SPLIT) <= 1:
             return
     if WAIT_FOR_PRIOR_GRID:
         # Launched as a programmatic dependent of the split kernel: wait until its partials are
@@ -66,7 +76,15 @@ def combine_kernel(
         )
     lse_max = tl.max(lse_s, axis=0)
     shift = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    total = tl.sum(tl.exp(lse_s - shift), axis=0)
+    if FIXED_SPLIT > 0:  # the sum in chunks too: the same order of additions for any BLOCK_S
+        total = tl.zeros([], tl.float32)
+        for s0 in range(0, BLOCK_S, CHUNK_S):
+            offs_c = s0 + tl.arange(0, CHUNK_S)
+            lse_c = tl.load(lse_base + offs_c.to(tl.int64) * stride_lps, mask=offs_c < num_splits,
+                            other=float("-inf"))
+            total += tl.sum(tl.exp(lse_c - shift), axis=0)
+    else:
+        total = tl.sum(tl.exp(lse_s - shift), axis=0)
     has_keys = total > 0.0
     lse = tl.where(has_keys, shift + tl.log(tl.where(has_keys, total, 1.0)), float("-inf"))
 
@@ -88,6 +106,9 @@ def combine_kernel(
                 other=0.0,
             )
             acc += tl.sum(weight[:, None] * o, axis=0)
+    if HAS_SINKS:
+        lse, factor = add_sink(lse, tl.load(SINKS + h).to(tl.float32))
+        acc = acc * factor
     tl.store(OUT + b * stride_ob + m * stride_om + h * stride_oh + offs_d, acc.to(OUT.dtype.element_ty), mask=mask_d)
     if WRITE_LSE:
         tl.store(LSE + b * stride_lb + h * stride_lh + m, lse)

@@ -11,9 +11,10 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from .split_rule import load_seqlen, row_split_range, row_splits_used
+from .split_rule import add_sink, load_seqlen, row_first_key, row_split_range, row_splits_used
 
 LOG2E = 1.4426950408889634
+LOG2E_F = tl.constexpr(LOG2E)
 LN2 = tl.constexpr(0.6931471805599453)
 
 
@@ -78,16 +79,21 @@ def fp8_pairs_to_fp16(v16, E5M2: tl.constexpr, PTX: tl.constexpr):
 
 @triton.jit
 def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
-                n0, end, last_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, head_dim,
-                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PAGED: tl.constexpr,
+                n0, end, last_visible, first_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, softcap_log2, head_dim,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, RIGHT_BOUND: tl.constexpr, LEFT_BOUND: tl.constexpr,
+                SOFTCAP: tl.constexpr, PAGED: tl.constexpr,
                 PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr, FULL: tl.constexpr, EVEN_D: tl.constexpr,
                 V_PAIRS: tl.constexpr, V_E5M2: tl.constexpr, PAIRS_PTX: tl.constexpr):
     """Online-softmax update of (max, sum, acc) with keys [n0, n0 + BLOCK_N) of a split ending at end.
 
+    Row ``r`` sees keys ``first_visible[r] <= n <= last_visible[r]`` (RIGHT_BOUND / LEFT_BOUND: a
+    causal or windowed bound applies; else the split's ``end`` alone bounds the keys). SOFTCAP:
+    scores ``s`` (log2 units) become ``softcap_log2 * tanh(s / softcap_log2)`` before the mask.
+
     FULL: every key of the tile is below ``end`` and visible to every row (the caller's
-    ``full_limit``), so the loads and scores need no key mask; with EVEN_D (BLOCK_D == head_dim)
-    no column mask either. Masks cost a predicate select per 16-byte copy and per score, which
-    an fp8 tile (twice the keys per byte) cannot hide behind its loads.
+    ``full_lo``/``full_limit``), so the loads and scores need no key mask; with EVEN_D (BLOCK_D ==
+    head_dim) no column mask either. Masks cost a predicate select per 16-byte copy and per score,
+    which an fp8 tile (twice the keys per byte) cannot hide behind its loads.
 
     fp8 caches are converted to q's dtype in registers (exact for e4m3/e5m2 into fp16), q being
     fp16 then (:func:`q_for_fp16_dots`, with ``qk_scale_log2`` a ``[BLOCK_M, 1]`` row scale);
@@ -103,6 +109,8 @@ def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, s
                                  stride_vn, PAGED, PAGE_SIZE, CHUNK_PAGES)
     k_ptrs = k_base + k_tok[None, :] + offs_d[:, None]
     mask_n = offs_n < end
+    if LEFT_BOUND:  # keys before the first one any query sees (first_visible's least) are never read
+        mask_n = mask_n & (offs_n >= tl.min(first_visible, axis=0))
     mask_d = offs_d < head_dim
     if V_PAIRS:
         offs_v = tl.arange(0, BLOCK_D // 2)  # pairs of columns (2j, 2j + 1); head_dim is even
@@ -122,10 +130,14 @@ def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, s
         kt = tl.load(k_ptrs, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
         v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_v[None, :], other=0.0)
     s = tl.dot(q, kt.to(q.dtype)) * qk_scale_log2
+    if SOFTCAP:  # softcap * tanh(x / softcap), tanh(y) = 1 - 2 / (e^2y + 1): exact limits at +-inf
+        s = softcap_log2 * (1.0 - 2.0 / (tl.exp2(s * (2.0 * LOG2E_F / softcap_log2)) + 1.0))
     if not FULL:
         visible = mask_n[None, :]
-        if CAUSAL:
+        if RIGHT_BOUND:
             visible = visible & (offs_n[None, :] <= last_visible[:, None])
+        if LEFT_BOUND:
+            visible = visible & (offs_n[None, :] >= first_visible[:, None])
         s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     # A row that has seen no visible key yet keeps max -inf; shift by 0 so no -inf - -inf.
@@ -145,54 +157,76 @@ def attend_tile(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, s
 
 @triton.jit
 def attend_range(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
-                 lo, hi, end, full_limit, last_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, head_dim,
-                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PAGED: tl.constexpr,
+                 lo, hi, end, full_lo, full_limit, last_visible, first_visible, m_i, l_i, acc, acc_odd, qk_scale_log2,
+                 softcap_log2, head_dim,
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, RIGHT_BOUND: tl.constexpr, LEFT_BOUND: tl.constexpr,
+                 SOFTCAP: tl.constexpr, PAGED: tl.constexpr,
                  PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr, RUNTIME_BOUND_WHILE: tl.constexpr,
                  FULL_TILES: tl.constexpr, EVEN_D: tl.constexpr, V_PAIRS: tl.constexpr, V_E5M2: tl.constexpr,
                  PAIRS_PTX: tl.constexpr):
     """:func:`attend_tile` over the tiles starting in ``[lo, hi)`` (keys past ``end`` masked).
 
-    ``hi`` is ``end`` or ``lo`` plus whole tiles. With FULL_TILES, the tiles whose keys all lie
-    below ``full_limit`` (``end``, or for causal rows the first key some row cannot see) run
-    unmasked in one pipelined loop, the rest (at most one tile, or the causal diagonal) masked;
-    without, every tile is masked (one loop body: fewer registers).
+    ``hi`` is ``end`` or ``lo`` plus whole tiles. With FULL_TILES, the tiles whose keys all lie in
+    ``[full_lo, full_limit)`` (visible to every row of the tile: ``full_lo`` is ``lo`` unless a
+    left window bound hides keys from some row, ``full_limit`` is ``end`` or, for causal rows, the
+    first key some row cannot see) run unmasked in one pipelined loop, the rest (the window's
+    first tiles, the last tile, the causal diagonal) masked; without, every tile is masked (one
+    loop body: fewer registers).
     """
+    full_start = lo
     full_hi = lo
     if FULL_TILES:
-        full_hi = tl.minimum(hi, lo + tl.maximum(full_limit - lo, 0) // BLOCK_N * BLOCK_N)
+        if LEFT_BOUND:
+            full_start = tl.minimum(hi, lo + tl.cdiv(tl.maximum(full_lo - lo, 0), BLOCK_N) * BLOCK_N)
+            full_hi = tl.maximum(full_start, tl.minimum(hi, full_start + tl.maximum(full_limit - full_start, 0)
+                                                        // BLOCK_N * BLOCK_N))
+        else:
+            full_hi = tl.minimum(hi, lo + tl.maximum(full_limit - lo, 0) // BLOCK_N * BLOCK_N)
     if RUNTIME_BOUND_WHILE:
         # The CPU interpreter cannot take a loaded length as a range() bound (triton 3.6).
         n0 = lo
         while n0 < hi:
-            if n0 < full_hi:
+            if n0 >= full_start and n0 < full_hi:
                 m_i, l_i, acc, acc_odd = attend_tile(
-                    q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, n0, end,
-                    last_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED,
-                    PAGE_SIZE, CHUNK_PAGES, True, EVEN_D, V_PAIRS, V_E5M2, PAIRS_PTX)
+                    q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, n0,
+                    end, last_visible, first_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, softcap_log2, head_dim,
+                    BLOCK_N, BLOCK_D, RIGHT_BOUND, LEFT_BOUND, SOFTCAP, PAGED, PAGE_SIZE, CHUNK_PAGES, True, EVEN_D,
+                    V_PAIRS, V_E5M2, PAIRS_PTX)
             else:
                 m_i, l_i, acc, acc_odd = attend_tile(
-                    q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, n0, end,
-                    last_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED,
-                    PAGE_SIZE, CHUNK_PAGES, False, EVEN_D, V_PAIRS, V_E5M2, PAIRS_PTX)
+                    q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, n0,
+                    end, last_visible, first_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, softcap_log2, head_dim,
+                    BLOCK_N, BLOCK_D, RIGHT_BOUND, LEFT_BOUND, SOFTCAP, PAGED, PAGE_SIZE, CHUNK_PAGES, False, EVEN_D,
+                    V_PAIRS, V_E5M2, PAIRS_PTX)
             n0 += BLOCK_N
     elif FULL_TILES:
-        for n0 in range(lo, full_hi, BLOCK_N):
+        if LEFT_BOUND:  # the window's first tiles, which some rows cannot fully see
+            for n0 in tl.range(lo, full_start, BLOCK_N, num_stages=1):
+                m_i, l_i, acc, acc_odd = attend_tile(
+                    q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, n0,
+                    end, last_visible, first_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, softcap_log2, head_dim,
+                    BLOCK_N, BLOCK_D, RIGHT_BOUND, LEFT_BOUND, SOFTCAP, PAGED, PAGE_SIZE, CHUNK_PAGES, False, EVEN_D,
+                    V_PAIRS, V_E5M2, PAIRS_PTX)
+        for n0 in range(full_start, full_hi, BLOCK_N):
             m_i, l_i, acc, acc_odd = attend_tile(
-                q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, n0, end,
-                last_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED,
-                PAGE_SIZE, CHUNK_PAGES, True, EVEN_D, V_PAIRS, V_E5M2, PAIRS_PTX)
+                q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, n0,
+                end, last_visible, first_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, softcap_log2, head_dim,
+                BLOCK_N, BLOCK_D, RIGHT_BOUND, LEFT_BOUND, SOFTCAP, PAGED, PAGE_SIZE, CHUNK_PAGES, True, EVEN_D,
+                V_PAIRS, V_E5M2, PAIRS_PTX)
         # The tail: not software-pipelined (usually one tile; its loads wait either way).
         for n0 in tl.range(full_hi, hi, BLOCK_N, num_stages=1):
             m_i, l_i, acc, acc_odd = attend_tile(
-                q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, n0, end,
-                last_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED,
-                PAGE_SIZE, CHUNK_PAGES, False, EVEN_D, V_PAIRS, V_E5M2, PAIRS_PTX)
+                q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, n0,
+                end, last_visible, first_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, softcap_log2, head_dim,
+                BLOCK_N, BLOCK_D, RIGHT_BOUND, LEFT_BOUND, SOFTCAP, PAGED, PAGE_SIZE, CHUNK_PAGES, False, EVEN_D,
+                V_PAIRS, V_E5M2, PAIRS_PTX)
     else:
         for n0 in range(lo, hi, BLOCK_N):
             m_i, l_i, acc, acc_odd = attend_tile(
-                q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, n0, end,
-                last_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED,
-                PAGE_SIZE, CHUNK_PAGES, False, EVEN_D, V_PAIRS, V_E5M2, PAIRS_PTX)
+                q, k_base, v_base, page_ids, first_page, num_pages, stride_kb, stride_kn, stride_vb, stride_vn, n0,
+                end, last_visible, first_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, softcap_log2, head_dim,
+                BLOCK_N, BLOCK_D, RIGHT_BOUND, LEFT_BOUND, SOFTCAP, PAGED, PAGE_SIZE, CHUNK_PAGES, False, EVEN_D,
+                V_PAIRS, V_E5M2, PAIRS_PTX)
     return m_i, l_i, acc, acc_odd
 
 
@@ -214,9 +248,14 @@ def q_for_fp16_dots(q, qk_scale_log2):
 
 
 @triton.jit
-def store_final(OUT, LSE, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
-                stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE: tl.constexpr):
-    """Write a finished tile: ``OUT[b, m, hq, :]`` in OUT's dtype and ``LSE[b, hq, m]``."""
+def store_final(OUT, LSE, SINKS, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
+                stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE: tl.constexpr,
+                HAS_SINKS: tl.constexpr):
+    """Write a finished tile: ``OUT[b, m, hq, :]`` in OUT's dtype and ``LSE[b, hq, m]``; with
+    HAS_SINKS, after adding each q head's sink ``SINKS[hq]`` to the softmax (:func:`add_sink`)."""
+    if HAS_SINKS:
+        lse, factor = add_sink(lse, tl.load(SINKS + offs_hq, mask=mask_r, other=0.0).to(tl.float32))
+        out = out * factor[:, None]
     out_ptrs = OUT + b * stride_ob + offs_m[:, None] * stride_om + offs_hq[:, None] * stride_oh + offs_d[None, :]
     tl.store(out_ptrs, out.to(OUT.dtype.element_ty), mask=mask_out)
     if WRITE_LSE:
@@ -237,11 +276,11 @@ def store_partial(OUT_PARTIAL, LSE_PARTIAL, out, lse, split, b, offs_m, offs_hq,
 
 
 @triton.jit
-def merge_splits(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, b, kvh, row_block, seqlen_q, group, head_dim, num_splits,
-                 stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph,
+def merge_splits(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, SINKS, b, kvh, row_block, seqlen_q, group, head_dim,
+                 num_splits, stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph,
                  stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
-                 MERGE_CHUNK: tl.constexpr, WRITE_LSE: tl.constexpr):
+                 MERGE_CHUNK: tl.constexpr, WRITE_LSE: tl.constexpr, HAS_SINKS: tl.constexpr):
     """Merge a row tile's ``num_splits`` partials (what the combine kernel computes) and write
     ``OUT``/``LSE``.
 
@@ -285,18 +324,18 @@ def merge_splits(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, b, kvh, row_block, seqlen_q
     safe_total = tl.where(has_keys, total, 1.0)
     lse = tl.where(has_keys, m + tl.log(safe_total), float("-inf"))
     acc = acc / safe_total[:, None]
-    store_final(OUT, LSE, acc, lse, b, offs_m, offs_hq, offs_d, mask_rd, mask_r,
-                stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE)
+    store_final(OUT, LSE, SINKS, acc, lse, b, offs_m, offs_hq, offs_d, mask_rd, mask_r,
+                stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE, HAS_SINKS)
 
 
 @triton.jit
-def store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, out, lse, split, b, kvh, row_block, offs_m,
-                            offs_hq, offs_d, mask_out, mask_r, seqlen_q, group, head_dim, num_splits,
+def store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, SINKS, out, lse, split, b, kvh, row_block,
+                            offs_m, offs_hq, offs_d, mask_out, mask_r, seqlen_q, group, head_dim, num_splits,
                             stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph,
                             stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
                             BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, WRITE_LSE: tl.constexpr,
                             MERGE_IN_LAST_SPLIT: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
-                            MERGE_CHUNK: tl.constexpr):
+                            MERGE_CHUNK: tl.constexpr, HAS_SINKS: tl.constexpr):
     """:func:`store_partial`; with MERGE_IN_LAST_SPLIT, the row tile's last split to arrive then
     merges every split's partial (:func:`merge_splits`) into ``OUT``/``LSE``."""
     store_partial(OUT_PARTIAL, LSE_PARTIAL, out, lse, split, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
@@ -308,16 +347,16 @@ def store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, out, l
         arrivals = ARRIVALS + b * tl.num_programs(2) + tl.program_id(2)
         if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
             tl.store(arrivals, 0)  # every program of this row tile has counted: reset for the next launch
-            merge_splits(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, b, kvh, row_block, seqlen_q, group, head_dim, num_splits,
-                         stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph,
+            merge_splits(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, SINKS, b, kvh, row_block, seqlen_q, group, head_dim,
+                         num_splits, stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph,
                          stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
-                         BLOCK_M, BLOCK_D, MERGE_ROWS, MERGE_SPLITS, MERGE_CHUNK, WRITE_LSE)
+                         BLOCK_M, BLOCK_D, MERGE_ROWS, MERGE_SPLITS, MERGE_CHUNK, WRITE_LSE, HAS_SINKS)
 
 
 @triton.jit
 def split_kv_kernel(
     Q, K, V, SEQLENS, BLOCK_TABLE, K_DESCALE, V_DESCALE,
-    OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS,
+    OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, SINKS,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -327,6 +366,7 @@ def split_kv_kernel(
     stride_lb, stride_lh,
     stride_btb, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     seqlen_q, seqlen_k, num_splits, row_blocks, group, head_dim, PAGE_SIZE: tl.constexpr, num_pages, qk_scale_log2,
+    window_left, window_right, softcap_log2,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -335,7 +375,7 @@ def split_kv_kernel(
     HAS_PARTIALS: tl.constexpr,
     PAGED: tl.constexpr,
     HAS_DESCALE: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    RIGHT_BOUND: tl.constexpr,
     FINAL_FOR_SINGLE_SPLIT_ROWS: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     RUNTIME_BOUND_WHILE: tl.constexpr,
@@ -351,8 +391,19 @@ def split_kv_kernel(
     V_PAIRS: tl.constexpr = False,
     V_E5M2: tl.constexpr = False,
     PAIRS_PTX: tl.constexpr = False,
+    LEFT_BOUND: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = False,
+    HAS_SINKS: tl.constexpr = False,
+    FIXED_SPLIT: tl.constexpr = 0,
 ):
     """Attention of one split of one row's keys for one tile of packed (query, q head) rows.
+
+    Query ``m`` of a row of ``seqlen`` keys sits at position ``pos = seqlen - seqlen_q + m``
+    (bottom-right aligned) and sees keys ``pos - window_left <= n <= pos + window_right``:
+    RIGHT_BOUND (causal: ``window_right`` 0) and LEFT_BOUND switch each bound on. The row's
+    splits cover only the keys some query sees (:func:`row_first_key`). SOFTCAP caps the scores
+    (``softcap_log2`` = softcap * log2(e)); HAS_SINKS adds ``SINKS[hq]`` to each finished softmax;
+    FIXED_SPLIT > 0 splits every row in splits of that many keys (batch-invariant decode).
 
     Writes the fp32 partial ``OUT_PARTIAL[split, b, m, hq, :]``, ``LSE_PARTIAL[split, b, hq, m]``
     (natural log, -inf when no key is visible). With FINAL_FOR_SINGLE_SPLIT_ROWS, a row whose
@@ -380,10 +431,11 @@ def split_kv_kernel(
         seqlen = load_seqlen(SEQLENS, b, seqlen_k)
     else:
         seqlen = seqlen_k
-    start, end = row_split_range(seqlen, split, num_splits, GRANULE)
+    first = row_first_key(seqlen, seqlen_q, window_left, GRANULE, LEFT_BOUND)
+    start, end = row_split_range(seqlen, first, split, num_splits, GRANULE, FIXED_SPLIT)
     write_final = False  # runtime: this row's keys fit in one split (decided by split 0)
     if HAS_PARTIALS and FINAL_FOR_SINGLE_SPLIT_ROWS:
-        write_final = row_splits_used(seqlen, num_splits, GRANULE) <= 1
+        write_final = row_splits_used(seqlen - first, num_splits, GRANULE, FIXED_SPLIT) <= 1
         if write_final and split > 0:
             return
 
@@ -397,12 +449,15 @@ def split_kv_kernel(
     q_ptrs = Q + b * stride_qb + offs_m[:, None] * stride_qm + offs_hq[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=mask_r[:, None] & mask_d[None, :], other=0.0)
 
-    # Causal, bottom-right aligned: query m is token (seqlen - L_q + m) and sees keys up to it.
-    last_visible = seqlen - seqlen_q + offs_m
-    # Keys below full_limit are visible to every query of the tile: their tiles need no mask.
+    # Bottom-right aligned: query m is token (seqlen - L_q + m) and sees keys up to it (causal)
+    # or window_right past it, and from window_left before it.
+    last_visible = seqlen - seqlen_q + offs_m + window_right
+    first_visible = seqlen - seqlen_q + offs_m - window_left
+    # Keys in [full_lo, full_limit) are visible to every query of the tile: no mask needed.
     full_limit = end
-    if CAUSAL:
-        full_limit = tl.minimum(end, seqlen - seqlen_q + 1)
+    if RIGHT_BOUND:
+        full_limit = tl.minimum(end, seqlen - seqlen_q + window_right + 1)
+    full_lo = seqlen - 1 - window_left
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max, log2 domain
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -433,15 +488,17 @@ def split_kv_kernel(
             first_page, page_ids = chunk_page_ids(bt_row, c0, seqlen, PAGE_SIZE, CHUNK_PAGES)
             c1 = tl.minimum(c0 + CHUNK_TILES * BLOCK_N, end)
             m_i, l_i, acc, acc_odd = attend_range(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb,
-                                                  stride_kn, stride_vb, stride_vn, c0, c1, end, full_limit,
-                                                  last_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, head_dim,
-                                                  BLOCK_N, BLOCK_D, CAUSAL, PAGED, PAGE_SIZE, CHUNK_PAGES,
-                                                  RUNTIME_BOUND_WHILE, FULL_TILES, EVEN_D, V_PAIRS, V_E5M2, PAIRS_PTX)
+                                                  stride_kn, stride_vb, stride_vn, c0, c1, end, full_lo, full_limit,
+                                                  last_visible, first_visible, m_i, l_i, acc, acc_odd, qk_scale_log2,
+                                                  softcap_log2, head_dim, BLOCK_N, BLOCK_D, RIGHT_BOUND, LEFT_BOUND,
+                                                  SOFTCAP, PAGED, PAGE_SIZE, CHUNK_PAGES, RUNTIME_BOUND_WHILE,
+                                                  FULL_TILES, EVEN_D, V_PAIRS, V_E5M2, PAIRS_PTX)
             c0 = c1
     else:
         m_i, l_i, acc, acc_odd = attend_range(q, k_base, v_base, 0, 0, num_pages, stride_kb, stride_kn, stride_vb,
-                                              stride_vn, start, end, end, full_limit, last_visible, m_i, l_i, acc,
-                                              acc_odd, qk_scale_log2, head_dim, BLOCK_N, BLOCK_D, CAUSAL, PAGED,
+                                              stride_vn, start, end, end, full_lo, full_limit, last_visible,
+                                              first_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, softcap_log2,
+                                              head_dim, BLOCK_N, BLOCK_D, RIGHT_BOUND, LEFT_BOUND, SOFTCAP, PAGED,
                                               PAGE_SIZE, CHUNK_PAGES, RUNTIME_BOUND_WHILE, FULL_TILES, EVEN_D,
                                               V_PAIRS, V_E5M2, PAIRS_PTX)
     if V_PAIRS:  # interleave the even and odd columns back: [BLOCK_M, BLOCK_D / 2, 2] -> [BLOCK_M, BLOCK_D]
@@ -454,20 +511,20 @@ def split_kv_kernel(
     # Which store runs is static wherever it can be: OUT/LSE or the partial buffers may be
     # None, and the compiler builds every branch that is not pruned at compile time.
     if not HAS_PARTIALS:  # one split: no partial buffers exist
-        store_final(OUT, LSE, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
-                    stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE)
+        store_final(OUT, LSE, SINKS, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
+                    stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE, HAS_SINKS)
     elif not FINAL_FOR_SINGLE_SPLIT_ROWS:  # partials for every row (forward_partials: no OUT)
-        store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, out, lse, split, b, kvh, row_block,
-                                offs_m, offs_hq, offs_d, mask_out, mask_r, seqlen_q, group, head_dim, num_splits,
-                                stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph,
-                                stride_ob, stride_om, stride_oh, stride_lb, stride_lh, BLOCK_M, BLOCK_D, WRITE_LSE,
-                                MERGE_IN_LAST_SPLIT, MERGE_ROWS, MERGE_SPLITS, MERGE_CHUNK)
+        store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, SINKS, out, lse, split, b, kvh,
+                                row_block, offs_m, offs_hq, offs_d, mask_out, mask_r, seqlen_q, group, head_dim,
+                                num_splits, stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb,
+                                stride_lph, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, BLOCK_M, BLOCK_D,
+                                WRITE_LSE, MERGE_IN_LAST_SPLIT, MERGE_ROWS, MERGE_SPLITS, MERGE_CHUNK, HAS_SINKS)
     elif write_final:
-        store_final(OUT, LSE, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
-                    stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE)
+        store_final(OUT, LSE, SINKS, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
+                    stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE, HAS_SINKS)
     else:
-        store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, out, lse, split, b, kvh, row_block,
-                                offs_m, offs_hq, offs_d, mask_out, mask_r, seqlen_q, group, head_dim, num_splits,
-                                stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph,
-                                stride_ob, stride_om, stride_oh, stride_lb, stride_lh, BLOCK_M, BLOCK_D, WRITE_LSE,
-                                MERGE_IN_LAST_SPLIT, MERGE_ROWS, MERGE_SPLITS, MERGE_CHUNK)
+        store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, SINKS, out, lse, split, b, kvh,
+                                row_block, offs_m, offs_hq, offs_d, mask_out, mask_r, seqlen_q, group, head_dim,
+                                num_splits, stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb,
+                                stride_lph, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, BLOCK_M, BLOCK_D,
+                                WRITE_LSE, MERGE_IN_LAST_SPLIT, MERGE_ROWS, MERGE_SPLITS, MERGE_CHUNK, HAS_SINKS)

@@ -1,7 +1,10 @@
 """The shared split boundary rule (:mod:`flashsplit.plan`) as Triton device functions.
 
 Both Triton kernels call these, so the split kernel and the combine agree, token for token,
-with :func:`flashsplit.plan.split_bounds`.
+with :func:`flashsplit.plan.split_bounds`: a row's splits cover ``[first, seqlen)``, where
+``first`` is 0, or with a left window bound the first key any query of the row can see,
+rounded down to the granule; ``FIXED_SPLIT`` > 0 (batch-invariant decode) fixes the split
+length in keys instead of dividing the span among the launch's splits.
 """
 
 import triton
@@ -16,23 +19,50 @@ def load_seqlen(SEQLENS, b, capacity):
 
 
 @triton.jit
-def row_tokens_per_split(seqlen, num_splits, GRANULE: tl.constexpr):
-    """Keys per split of a row holding ``seqlen`` keys (a multiple of GRANULE; 0 when empty)."""
-    n_granules = tl.cdiv(seqlen, GRANULE)
-    return tl.cdiv(n_granules, num_splits) * GRANULE
+def row_first_key(seqlen, seqlen_q, window_left, GRANULE: tl.constexpr, LEFT_BOUND: tl.constexpr):
+    """The first key of a row's splits: 0, or (LEFT_BOUND) the first key query 0 can see
+    (``seqlen - seqlen_q - window_left``), rounded down to a multiple of GRANULE."""
+    if LEFT_BOUND:
+        return tl.maximum(seqlen - seqlen_q - window_left, 0) // GRANULE * GRANULE
+    else:
+        return seqlen * 0
 
 
 @triton.jit
-def row_split_range(seqlen, split, num_splits, GRANULE: tl.constexpr):
-    """``(start, end)`` of one split of a row; empty when ``end <= start``."""
-    tps = row_tokens_per_split(seqlen, num_splits, GRANULE)
-    start = split * tps
+def row_tokens_per_split(span, num_splits, GRANULE: tl.constexpr, FIXED_SPLIT: tl.constexpr):
+    """Keys per split of a row whose splits cover ``span`` keys (a multiple of GRANULE; 0 when
+    empty), or FIXED_SPLIT when that is set."""
+    if FIXED_SPLIT > 0:
+        return span * 0 + FIXED_SPLIT
+    else:
+        n_granules = tl.cdiv(span, GRANULE)
+        return tl.cdiv(n_granules, num_splits) * GRANULE
+
+
+@triton.jit
+def row_split_range(seqlen, first, split, num_splits, GRANULE: tl.constexpr, FIXED_SPLIT: tl.constexpr):
+    """``(start, end)`` of one split of a row whose splits cover ``[first, seqlen)``; empty when
+    ``end <= start``."""
+    tps = row_tokens_per_split(seqlen - first, num_splits, GRANULE, FIXED_SPLIT)
+    start = first + split * tps
     end = tl.minimum(start + tps, seqlen)
     return start, end
 
 
 @triton.jit
-def row_splits_used(seqlen, num_splits, GRANULE: tl.constexpr):
-    """How many splits of a row hold at least one key (0 for an empty row)."""
-    tps = row_tokens_per_split(seqlen, num_splits, GRANULE)
-    return tl.cdiv(seqlen, tl.maximum(tps, 1))
+def row_splits_used(span, num_splits, GRANULE: tl.constexpr, FIXED_SPLIT: tl.constexpr):
+    """How many splits of a row covering ``span`` keys hold at least one key (0 for none)."""
+    tps = row_tokens_per_split(span, num_splits, GRANULE, FIXED_SPLIT)
+    return tl.cdiv(span, tl.maximum(tps, 1))
+
+
+@triton.jit
+def add_sink(lse, sink):
+    """Add a learned sink logit to a finished softmax of log-sum-exp ``lse`` (natural log): returns
+    ``lse' = log(exp(lse) + exp(sink))`` and the factor ``exp(lse - lse')`` the output is scaled by
+    (the sink joins the denominator only). A row that saw no key (``lse = -inf``) gets ``lse' =
+    sink`` and factor 0."""
+    m = tl.maximum(lse, sink)
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    lse_sink = shift + tl.log(tl.exp(lse - shift) + tl.exp(sink - shift))
+    return lse_sink, tl.where(lse > float("-inf"), tl.exp(lse - lse_sink), 0.0)
