@@ -1,8 +1,8 @@
 """Test configuration: one command runs what the machine can.
 
 Tests marked ``gpu`` need CUDA and are skipped cleanly without it (on the H200 the same
-``pytest`` command runs everything). Without CUDA, flashsplit runs its Triton kernels through
-the interpreter (set up by ``flashsplit.triton`` before any kernel is defined), and CuteDSL
+``pytest`` command runs everything). Without CUDA, flashsplit's Triton kernels run through the
+interpreter (asked for here, before flashsplit is imported, as a user would), and CuteDSL
 kernels compile for sm_90a without launching (``CUTE_DSL_ARCH``, which cutlass reads when it is
 first imported, whichever test imports it first).
 """
@@ -13,12 +13,13 @@ import zlib
 import pytest
 import torch
 
-import flashsplit  # noqa: F401  (sets TRITON_INTERPRET before triton kernels are defined)
-
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+import flashsplit  # noqa: E402,F401  (its Triton kernels are defined once, with the interpreter chosen)
 
 
 def pytest_collection_modifyitems(config, items):
