@@ -1,4 +1,4 @@
-"""flashsplit bench on CPU: options, grid, rotation count, rows I/O, dry run, no-GPU exit,
+"""flashsplit bench on CPU: options, grid, rotation count, rows I/O, dry run, no-GPU exit code,
 contender availability, the runner's check / error handling with a fake timer, and the cache
 formats (paged / fp8 inputs, skip reasons, --compare-formats ratios)."""
 
@@ -205,12 +205,14 @@ def test_rows_csv_round_trip():
 
 # -- no GPU, dry run, help -------------------------------------------------------------------
 
-def test_no_gpu_exits_cleanly(monkeypatch, capsys):
+def test_no_gpu_exits_2_and_points_to_dry_run_and_from_json(monkeypatch, capsys):
+    """Nothing runs and nothing is written (the --json path would fail if it were)."""
     monkeypatch.setattr(device, "cuda_available", lambda: False)
-    assert cli.main(["--batch", "1", "--json", "/nonexistent/dir/x.json"]) == 0
+    assert cli.main(["--batch", "1", "--json", "/nonexistent/dir/x.json"]) == 2
     out = capsys.readouterr()
-    assert out.out.strip() == "flashsplit bench needs a CUDA GPU; none found"
-    assert out.err == ""
+    assert out.out == ""
+    assert out.err.strip() == cli.NO_GPU_MESSAGE
+    assert "CUDA GPU" in out.err and "--dry-run" in out.err and "--from-json" in out.err
 
 
 def test_dry_run_lists_cells_contenders_and_plans(monkeypatch, capsys):
