@@ -330,7 +330,7 @@ def _info():
 def test_runner_checks_times_and_survives_failures():
     from flashsplit.reference import attention_ref
 
-    # fp16: the interpreter's bf16 dot is wrong (REFERENCE.md section 5). 512 keys: 4 granules, so it splits.
+    # fp16: the interpreter's bf16 dot is wrong. 512 keys: 4 granules, so it splits.
     case = Case(2, 512, 4, 2, 64, "fp16")
 
     def good(case, inputs):

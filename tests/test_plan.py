@@ -36,7 +36,7 @@ def test_split_bounds_worked_examples():
         (8, 1024, 2, 8),        # capped by the 8 granules of a 1k cache
         (8, 256, 2, 1),         # 2 granules: never split
         (32, 16384, 2, 8),      # b=4: 32 * 8 / 264 = 0.97 of a wave
-        (128, 16384, 2, 2),     # b=16: 2 splits (measured 6% faster than FA3's 1, REFERENCE.md)
+        (128, 16384, 2, 2),     # b=16: 2 splits (measured 6% faster than FA3's 1 on the H200)
         (128, 16384, 1, 1),     # b=16 on 132 slots: 0.97 busy, no split
         (512, 1024, 2, 1),      # b=64 already fills the machine
     ],
