@@ -56,16 +56,20 @@ print(json.dumps(report))
 """
 
 
-def _run_child(tmp_path, interpret: str | None, triton_first: bool = False) -> dict:
-    script = tmp_path / "child.py"
-    script.write_text(CHILD)
+def _child_env(interpret: str | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["CUDA_VISIBLE_DEVICES"] = ""  # no CUDA device, also on a GPU machine
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     if interpret is not None:
         env["TRITON_INTERPRET"] = interpret
+    return env
+
+
+def _run_child(tmp_path, interpret: str | None, triton_first: bool = False) -> dict:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
     result = subprocess.run([sys.executable, str(script), "triton-first" if triton_first else "plain"],
-                            env=env, capture_output=True, text=True, timeout=300)
+                            env=_child_env(interpret), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -99,4 +103,14 @@ def test_interpreter_left_off_refuses_cpu_tensors_clearly(tmp_path, interpret, t
     assert report["warnings"] == []
     assert report["interpreter_active"] is False
     assert report["user_kernel"] == "JITFunction"
-    assert "TRITON_INTERPRET=1" in report["decode_error"] and "before triton is first imported" in report["decode_error"]
+    error = report["decode_error"]
+    assert "TRITON_INTERPRET=1" in error and "before triton is first imported" in error
+
+
+def test_the_command_line_does_not_warn():
+    """``python -m flashsplit`` runs no Triton code but flashsplit's: the interpreter is chosen
+    without a warning."""
+    command = [sys.executable, "-m", "flashsplit", "bench", "--dry-run", "--batch", "1", "--seqlen", "1k"]
+    result = subprocess.run(command, env=_child_env(None), capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "TRITON_INTERPRET" not in result.stderr and "cells" in result.stdout.lower()

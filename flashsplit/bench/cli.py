@@ -138,7 +138,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         "bench", help="benchmark flashsplit against torch SDPA, FlexAttention, FlashInfer and FlashAttention "
                       "on a GPU (or list the grid without one)",
         description="Benchmark flashsplit decode attention against torch SDPA (flash, cuDNN), FlexAttention, "
-                    "FlashInfer and FlashAttention: device us per call (CUDA-graph replay), eager us, GB/s.",
+                    "FlashInfer and FlashAttention: device us per call (CUDA-graph replay), eager us, GB/s. "
+                    "Timing needs a CUDA GPU; --dry-run and --from-json do not.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     configure_parser(parser)
     parser.set_defaults(func=run_bench_command)

@@ -11,8 +11,9 @@ functions, and the modules triton imports at a kernel's first launch (gluon's st
 assert that the variable is still set whenever those functions are interpreted (triton 3.6 and
 3.9 alike). So when there is no CUDA device and ``TRITON_INTERPRET`` is unset, importing
 flashsplit sets ``TRITON_INTERPRET=1`` for the process, before triton is imported, and warns
-once that the user's own Triton kernels are interpreted from then on. A ``TRITON_INTERPRET`` the
-user set is left as it is; setting it (to 1 or to 0) also silences the warning.
+once that the user's own Triton kernels are interpreted from then on (flashsplit's command line,
+which runs no other Triton code, does not warn). A ``TRITON_INTERPRET`` the user set is left as
+it is; setting it (to 1 or to 0) also silences the warning.
 """
 
 from __future__ import annotations
@@ -35,13 +36,23 @@ INTERPRETER_OFF = (f"the Triton interpreter is off for flashsplit's kernels: set
                    "unset) before triton is first imported, e.g. by importing flashsplit first")
 
 
+def _flashsplit_command_line() -> bool:
+    """Whether this process is flashsplit's own command line (``python -m flashsplit...`` or the
+    ``flashsplit`` script), which runs no other Triton code: no one to warn."""
+    argv, orig_argv = getattr(sys, "argv", []), getattr(sys, "orig_argv", [])
+    if argv[:1] == ["-m"] and "-m" in orig_argv[:-1]:  # a module run with -m, being imported
+        return orig_argv[orig_argv.index("-m") + 1].split(".")[0] == "flashsplit"
+    return bool(argv) and os.path.basename(argv[0]) == "flashsplit"
+
+
 def _choose_interpreter() -> None:
     """Set ``TRITON_INTERPRET=1`` (and warn) when the kernels need the interpreter and the user
     has not chosen; not once triton is imported, since its library is compiled by then."""
     if INTERPRET_VAR in os.environ or torch.cuda.is_available() or "triton.language" in sys.modules:
         return
     os.environ[INTERPRET_VAR] = "1"
-    warnings.warn(INTERPRETER_WARNING, UserWarning, stacklevel=2)
+    if not _flashsplit_command_line():
+        warnings.warn(INTERPRETER_WARNING, UserWarning, stacklevel=2)
 
 
 _choose_interpreter()
