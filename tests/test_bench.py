@@ -7,8 +7,10 @@ from __future__ import annotations
 import argparse
 import io
 import math
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -261,8 +263,10 @@ def test_dry_run_sweep_line(monkeypatch, capsys):
 
 
 def test_help_runs_standalone():
+    repo = Path(__file__).resolve().parents[1]  # this tree's flashsplit, whatever else is installed
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "flashsplit.bench.cli", "--help"], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "usage: flashsplit bench" in proc.stdout and "--sweep-splits" in proc.stdout
 
