@@ -1,28 +1,83 @@
-"""Command line: ``python -m flashsplit demo`` and ``python -m flashsplit bench``."""
+"""Command line: ``python -m flashsplit demo`` and ``python -m flashsplit bench`` (also installed
+as the ``flashsplit`` script).
+
+Exit codes: 0 on success; 1 when a check failed (``demo``: the output disagrees with the float64
+reference; ``bench``: a contender was wrong, or an output file could not be written); 2 when
+nothing could run as asked (argparse's errors for unusable options, a backend this machine cannot
+run, ``bench`` without a CUDA GPU or ``--plot`` without matplotlib).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from . import __version__
+from .registry import names as backend_names
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="flashsplit", description="Split-KV decode attention.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run one model-shaped decode step, check it, time it on a GPU")
-    demo.add_argument("--backend", default="auto", help="auto, triton or cute")
-    demo.set_defaults(func=lambda args: _demo(args))
+_DESCRIPTION = """\
+Split-KV ("Flash-Decoding") attention for LLM decode on Hopper GPUs: a Triton backend (any CUDA
+GPU, or the CPU through the Triton interpreter) and a CuteDSL backend (Hopper), one API.
+"""
+
+_EPILOG = """\
+examples:
+  flashsplit demo                         # Llama-3-8B attention over a 32k-key cache (GPU)
+  flashsplit demo --backend triton        # the same step on one backend
+  flashsplit bench --dry-run              # the grid, contenders and planned splits, without a GPU
+  flashsplit bench --batch 1 16 --seqlen 4k 128k --json out.json
+  flashsplit demo --help, flashsplit bench --help   # each command's options
+"""
+
+_DEMO_DESCRIPTION = """\
+Run one decode step, check it and time it. On a CUDA GPU: Llama-3-8B attention (32 q heads,
+8 KV heads, head dim 128, bf16) over a 32k-key cache for 4 sequences of different lengths; on a
+CPU: a small fp16 shape through the Triton interpreter. Prints the plan (backend, num_splits,
+grid), the largest error against a float64 reference, the first call's time (compile included)
+and, on a GPU, the device time per call from CUDA-graph replay.
+"""
+
+_DEMO_EPILOG = """\
+examples:
+  flashsplit demo                  # the backend auto picks
+  flashsplit demo --backend cute   # the CuteDSL kernel (Hopper GPU)
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``flashsplit`` parser with its ``demo`` and ``bench`` sub-commands."""
     from .bench.cli import add_bench_parser
 
+    parser = argparse.ArgumentParser(prog="flashsplit", description=_DESCRIPTION, epilog=_EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"flashsplit {__version__}")
+    sub = parser.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
+    demo = sub.add_parser("demo", help="run one model-shaped decode step, check it against a float64 reference, "
+                                       "time it (GPU); on a CPU a small shape through the Triton interpreter",
+                          description=_DEMO_DESCRIPTION, epilog=_DEMO_EPILOG,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    choices = ["auto", *backend_names()]
+    demo.add_argument("--backend", choices=choices, default="auto",
+                      help="auto (the backend flashsplit's selection rule picks for this problem on this machine) "
+                           "or one backend: " + ", ".join(choices[1:]) + " (default auto)")
+    demo.set_defaults(func=_demo, parser=demo)
     add_bench_parser(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return args.func(args)
 
 
-def _demo(args) -> int:
-    from .demo import run_demo
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import BackendUnavailable, run_demo
 
-    return run_demo(args.backend)
+    try:
+        return run_demo(args.backend)
+    except BackendUnavailable as e:
+        reason = str(e).removeprefix("backend: ")
+        args.parser.error(f"--backend {args.backend}: {reason}")  # exits 2
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 On a GPU: Llama-3-8B attention (32 q heads, 8 KV heads, head dim 128, bf16) over a 32k-key cache
 for 4 sequences of different lengths. On a CPU: a small shape through the Triton interpreter.
+The output is judged against the float64 reference by the test suite's error rule
+(:func:`flashsplit.testing.check_against_reference`).
 """
 
 from __future__ import annotations
@@ -12,10 +14,17 @@ import torch
 
 from .api import decode, plan
 from .reference import attention_ref
-from .testing import max_abs_err
+from .testing import check_against_reference, max_abs_err
+
+
+class BackendUnavailable(ValueError):
+    """The backend asked for cannot run the demo's problem on this machine (the reason is the message)."""
 
 
 def run_demo(backend: str = "auto") -> int:
+    """Run, check and time the demo step on ``backend``; prints a report and returns the exit
+    code: 0 when the output is within the error budget, 1 when it is not. Raises
+    :class:`BackendUnavailable` when ``backend`` cannot run here."""
     on_gpu = torch.cuda.is_available()
     device = "cuda" if on_gpu else "cpu"
     if on_gpu:
@@ -26,13 +35,16 @@ def run_demo(backend: str = "auto") -> int:
         batch, seqlen_k, heads, heads_kv, dim, dtype = 2, 1024, 8, 2, 64, torch.float16
         lengths = [1024, 300]
         shape_name = "small shape (no GPU: Triton interpreter)"
+    try:
+        the_plan = plan(batch, seqlen_k, heads, heads_kv, dim, dtype=dtype, device=device, backend=backend)
+    except ValueError as e:
+        raise BackendUnavailable(str(e)) from None
     torch.manual_seed(0)
     q = torch.randn(batch, 1, heads, dim, device=device, dtype=dtype)
     k = torch.randn(batch, seqlen_k, heads_kv, dim, device=device, dtype=dtype)
     v = torch.randn_like(k)
     cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
 
-    the_plan = plan(batch, seqlen_k, heads, heads_kv, dim, dtype=dtype, device=device, backend=backend)
     print(f"flashsplit demo: {shape_name}")
     print(f"  q {list(q.shape)}, k/v cache {list(k.shape)} {str(dtype).replace('torch.', '')}, cache_seqlens {lengths}")
     print(f"  plan: {the_plan}")
@@ -44,6 +56,11 @@ def run_demo(backend: str = "auto") -> int:
     ref, ref_lse = attention_ref(q, k, v, cache_seqlens)
     print(f"  max |out - float64 reference| = {max_abs_err(out, ref):.2e}, "
           f"max |lse - reference| = {max_abs_err(lse, ref_lse):.2e}")
+    try:
+        check_against_reference(out, lse, q, k, v, cache_seqlens)
+    except AssertionError as e:
+        print(f"  FAILED the reference check: {e}")
+        return 1
     print(f"  first call (compile included): {first_call_s:.2f} s")
     if on_gpu:
         from .bench.timing import TimingConfig, time_eager, time_graph

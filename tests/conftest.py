@@ -1,10 +1,12 @@
 """Test configuration: one command runs what the machine can.
 
-Tests marked ``gpu`` need CUDA and are skipped cleanly without it (on the H200 the same
-``pytest`` command runs everything). Without CUDA, flashsplit runs its Triton kernels through
-the interpreter (set up by ``flashsplit.triton`` before any kernel is defined), and CuteDSL
-kernels compile for sm_90a without launching (``CUTE_DSL_ARCH``, which cutlass reads when it is
-first imported, whichever test imports it first).
+Tests marked ``gpu`` need CUDA and are skipped cleanly without it. Tests marked ``full`` (the
+rest of the CPU matrix, beyond a default subset that covers every regime boundary) run only with
+``pytest --full``, on any machine, so ``pytest --full`` on a GPU machine runs everything.
+Without CUDA, flashsplit's Triton kernels run through the interpreter (asked for here, before
+flashsplit is imported, as a user would), and CuteDSL kernels compile for sm_90a without
+launching (``CUTE_DSL_ARCH``, which cutlass reads when it is first imported, whichever test
+imports it first).
 """
 
 import os
@@ -13,21 +15,33 @@ import zlib
 import pytest
 import torch
 
-import flashsplit  # noqa: F401  (sets TRITON_INTERPRET before triton kernels are defined)
-
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+import flashsplit  # noqa: E402,F401  (its Triton kernels are defined once, with the interpreter chosen)
+
+
+FULL_SKIP_REASON = "full CPU matrix: run with pytest --full"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true", default=False,
+                     help="also run the tests marked full: the whole CPU matrix (what CI runs); the default run "
+                          "keeps a subset that covers every regime boundary")
 
 
 def pytest_collection_modifyitems(config, items):
-    if HAS_CUDA:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip_full = pytest.mark.skip(reason=FULL_SKIP_REASON)
+    full = config.getoption("--full")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+        if "full" in item.keywords and not full:
+            item.add_marker(skip_full)
 
 
 @pytest.fixture

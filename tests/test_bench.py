@@ -1,4 +1,4 @@
-"""flashsplit bench on CPU: options, grid, rotation count, rows I/O, dry run, no-GPU exit,
+"""flashsplit bench on CPU: options, grid, rotation count, rows I/O, dry run, no-GPU exit code,
 contender availability, the runner's check / error handling with a fake timer, and the cache
 formats (paged / fp8 inputs, skip reasons, --compare-formats ratios)."""
 
@@ -7,8 +7,10 @@ from __future__ import annotations
 import argparse
 import io
 import math
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -205,12 +207,14 @@ def test_rows_csv_round_trip():
 
 # -- no GPU, dry run, help -------------------------------------------------------------------
 
-def test_no_gpu_exits_cleanly(monkeypatch, capsys):
+def test_no_gpu_exits_2_and_points_to_dry_run_and_from_json(monkeypatch, capsys):
+    """Nothing runs and nothing is written (the --json path would fail if it were)."""
     monkeypatch.setattr(device, "cuda_available", lambda: False)
-    assert cli.main(["--batch", "1", "--json", "/nonexistent/dir/x.json"]) == 0
+    assert cli.main(["--batch", "1", "--json", "/nonexistent/dir/x.json"]) == 2
     out = capsys.readouterr()
-    assert out.out.strip() == "flashsplit bench needs a CUDA GPU; none found"
-    assert out.err == ""
+    assert out.out == ""
+    assert out.err.strip() == cli.NO_GPU_MESSAGE
+    assert "CUDA GPU" in out.err and "--dry-run" in out.err and "--from-json" in out.err
 
 
 def test_dry_run_lists_cells_contenders_and_plans(monkeypatch, capsys):
@@ -259,8 +263,10 @@ def test_dry_run_sweep_line(monkeypatch, capsys):
 
 
 def test_help_runs_standalone():
+    repo = Path(__file__).resolve().parents[1]  # this tree's flashsplit, whatever else is installed
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "flashsplit.bench.cli", "--help"], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "usage: flashsplit bench" in proc.stdout and "--sweep-splits" in proc.stdout
 

@@ -1,9 +1,12 @@
 """Inference cache formats through the Triton backend: paged KV, fp8 KV, any GQA ratio.
 
-Runs on the CPU through the Triton interpreter (fp16 q: its bf16 ``tl.dot`` is wrong) and on a GPU
-in bf16 too. Paged caches are shuffled, share a page between rows, hold NaN in every slot no
-row uses, and have garbage page ids past each row's last page.
+Runs on the CPU through the Triton interpreter (fp16 q: the interpreter's bf16 ``tl.dot`` is
+wrong) and on a GPU in bf16 too. Paged caches are shuffled, share a page between rows, hold NaN
+in every slot no row uses, and have garbage page ids past each row's last page. Cells marked
+``full`` repeat a regime the default run already covers (``pytest --full`` runs them).
 """
+
+import itertools
 
 import pytest
 import torch
@@ -33,7 +36,7 @@ DTYPES = [torch.float16, torch.bfloat16] if HAS_CUDA else [torch.float16]
     # 16: 256 ids = 4096 keys), chunks starting mid-page (48 does not divide 2048).
     (1, (1100, 513, 3), 1, False),
     (48, (4400, 2049, 100), 1, True),
-    (16, (9000, 4500, 7), 2, False),
+    pytest.param(16, (9000, 4500, 7), 2, False, marks=pytest.mark.full),
 ])
 def test_paged_matches_dense(dtype, page_size, lengths, num_splits, causal, generator):
     case = DecodeCase(batch=3, seqlen_q=2, seqlen_k=max(lengths) + 5, num_heads_kv=2, group=4, head_dim=64,
@@ -66,11 +69,24 @@ def test_page_table_alias_and_plan(generator):
         assert "also able: cute" in p.backend_reason, p.backend_reason
 
 
-# fp8 caches run their dots in fp16 whatever q's dtype, so bf16 q is exact on the CPU too.
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
-@pytest.mark.parametrize("per_head, page_size", [(False, 0), (True, 0), (True, 16)])
-@pytest.mark.parametrize("lengths, num_splits", [((200, 129, 0), 3), ((2300, 2049, 5), 1)])  # 2nd: dense 128-key tiles
+def _fp8_cells():
+    """Every q dtype x fp8 format x scale layout x length regime. The default run takes 6 cells in
+    which each dtype and each format meets every layout and both regimes. fp8 caches run their
+    dots in fp16 whatever q's dtype, so bf16 q is exact on the CPU too. The long regime has
+    splits of 2048+ keys: dense 128-key tiles."""
+    f16, bf16, e4m3, e5m2 = torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2
+    layouts = {"per-tensor": (False, 0), "per-head": (True, 0), "per-head-paged": (True, 16)}
+    regimes = {"short": ((200, 129, 0), 3), "long": ((2300, 2049, 5), 1)}
+    default = {(f16, e4m3, "per-tensor", "short"), (bf16, e5m2, "per-tensor", "long"),
+               (bf16, e4m3, "per-head", "short"), (f16, e5m2, "per-head", "long"),
+               (bf16, e5m2, "per-head-paged", "short"), (f16, e4m3, "per-head-paged", "long")}
+    return [pytest.param(dtype, fp8, *layouts[layout], *regimes[regime],
+                         marks=() if (dtype, fp8, layout, regime) in default else pytest.mark.full,
+                         id=f"{str(dtype)[6:]}-{str(fp8)[6:]}-{layout}-{regime}")
+            for dtype, fp8, layout, regime in itertools.product([f16, bf16], [e4m3, e5m2], layouts, regimes)]
+
+
+@pytest.mark.parametrize("dtype, fp8, per_head, page_size, lengths, num_splits", _fp8_cells())
 def test_fp8_cache(dtype, fp8, per_head, page_size, lengths, num_splits, generator):
     case = DecodeCase(batch=3, seqlen_q=1, seqlen_k=max(lengths) + 3, num_heads_kv=2, group=4, head_dim=64,
                       dtype=dtype, lengths=lengths, num_splits=num_splits)
@@ -92,15 +108,12 @@ def test_fp8_cache(dtype, fp8, per_head, page_size, lengths, num_splits, generat
     check_against_reference(out, lse, q, k_ref, v_ref, seqlens, False)
 
 
-@pytest.mark.parametrize("head_dim, page_size", [(96, 0), (128, 0), (128, 16)])
+@pytest.mark.parametrize("head_dim, page_size", [(96, 0), pytest.param(128, 0, marks=pytest.mark.full), (128, 16)])
 def test_fp8_cache_unmasked_tiles_with_causal_diagonal_and_tails(head_dim, page_size, generator):
     """Triton's fp8 kernel runs the tiles wholly inside a split's visible keys without masks
     (``TritonBackend.full_tiles_fp8``) and the rest masked: partial last tiles, a causal diagonal
     that crosses tiles (L_q = 3), a head dim below its tile (96 of 128: columns still masked),
     rows shorter than one tile, NaN past every row's end, and pages."""
-    from flashsplit.triton.backend import TritonBackend
-
-    assert TritonBackend.full_tiles_fp8
     lengths = (1088, 256, 131, 3)  # 1088, 256: the causal diagonal ends a whole tile
     case = DecodeCase(batch=4, seqlen_q=3, seqlen_k=1104, num_heads_kv=2, group=2, head_dim=head_dim,
                       dtype=torch.float16, lengths=lengths, num_splits=3, causal=True)
@@ -118,14 +131,14 @@ def test_fp8_cache_unmasked_tiles_with_causal_diagonal_and_tails(head_dim, page_
     check_against_reference(out, lse, q, k_ref, v_ref, seqlens, True)
 
 
-@pytest.mark.parametrize("layout, pairs", [("contiguous", True), ("odd address", False), ("odd strides", False)])
+@pytest.mark.parametrize("layout, pairs", [
+    ("contiguous", True), pytest.param("odd address", False, marks=pytest.mark.full), ("odd strides", False)])
 def test_fp8_v_read_as_pairs_where_it_can_be(layout, pairs, generator):
     """Triton reads an fp8 V cache as int16 pairs of adjacent columns when its address and strides
     allow (16-byte aligned, even strides), and byte by byte otherwise; both agree with the
     reference. On the CPU the pairs are split by integer casts, on a GPU by PTX ``cvt``."""
-    from flashsplit.triton.backend import TritonBackend, _v_pairs
+    from flashsplit.triton.backend import _v_pairs
 
-    assert TritonBackend.fp8_v_pairs
     lengths = (300, 131, 64)
     case = DecodeCase(batch=3, seqlen_q=1, seqlen_k=304, num_heads_kv=2, group=4, head_dim=64,
                       dtype=torch.float16, lengths=lengths, num_splits=2)
@@ -162,9 +175,13 @@ def test_fp8_cache_with_q_rows_of_any_magnitude(dtype, big, generator):
     check_against_reference(out, lse, q, dequantize(k8, k_descale), dequantize(v8, v_descale), seqlens, False)
 
 
-@pytest.mark.parametrize("group, seqlen_q", [(3, 1), (5, 2), (6, 1), (7, 3), (16, 4), (32, 4), (64, 1)])
+@pytest.mark.parametrize("group, seqlen_q", [
+    (3, 1), (7, 3), (32, 4), (64, 1),
+    *(pytest.param(g, lq, marks=pytest.mark.full) for g, lq in [(5, 2), (6, 1), (16, 4)]),
+])
 def test_any_gqa_ratio(group, seqlen_q, generator):
-    """Non-powers of two, and groups whose packed rows (L_q x group) need several 64-row tiles."""
+    """Non-powers of two, and groups whose packed rows (L_q x group) fill one 64-row tile (64)
+    or need several (128)."""
     case = DecodeCase(batch=2, seqlen_q=seqlen_q, seqlen_k=300, num_heads_kv=1, group=group, head_dim=64,
                       dtype=torch.float16, lengths=(300, 77), num_splits=3, causal=seqlen_q > 1)
     q, k, v, seqlens = make_inputs(case, DEVICE, generator)

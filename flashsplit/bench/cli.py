@@ -3,9 +3,10 @@
 Wiring: ``add_bench_parser(subparsers)`` adds ``bench`` to a top-level argparse parser and sets
 ``func=run_bench_command``; standalone, ``python -m flashsplit.bench.cli [options]``.
 
-Exit codes: 0 on success (also without a CUDA GPU, which only prints a one-line message),
-1 when a contender failed the reference check ("wrong") or an output file could not be written,
-2 for unusable options (argparse's own errors, or ``--plot`` without matplotlib).
+Exit codes: 0 on success; 1 when a contender failed the reference check ("wrong") or an output
+file could not be written; 2 when nothing could run as asked: unusable options (argparse's own
+errors), no CUDA GPU (a message points to ``--dry-run`` and ``--from-json``, which need none), or
+``--plot`` without matplotlib.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from .cases import (DEFAULT_BATCHES, DEFAULT_MEM_CAP_GB, DEFAULT_PRESET, DEFAULT
                     parse_seqlen, parse_seqlen_list, parse_splits)
 from .contenders import contender_names
 
-NO_GPU_MESSAGE = "flashsplit bench needs a CUDA GPU; none found"
+NO_GPU_MESSAGE = ("flashsplit bench: error: timing needs a CUDA GPU and none was found; without one, --dry-run "
+                  "lists the cells, contenders and planned splits, and --from-json FILE renders saved --json reports")
 
 _EPILOG = """\
 examples:
@@ -133,9 +135,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``bench`` sub-command to an argparse ``subparsers`` object; sets ``func``."""
     parser = subparsers.add_parser(
-        "bench", help="benchmark decode attention against torch SDPA, FlashInfer, FlashAttention",
+        "bench", help="benchmark flashsplit against torch SDPA, FlexAttention, FlashInfer and FlashAttention "
+                      "on a GPU (or list the grid without one)",
         description="Benchmark flashsplit decode attention against torch SDPA (flash, cuDNN), FlexAttention, "
-                    "FlashInfer and FlashAttention: device us per call (CUDA-graph replay), eager us, GB/s.",
+                    "FlashInfer and FlashAttention: device us per call (CUDA-graph replay), eager us, GB/s. "
+                    "Timing needs a CUDA GPU; --dry-run and --from-json do not.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     configure_parser(parser)
     parser.set_defaults(func=run_bench_command)
@@ -234,8 +238,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
                           "plus each cell's heuristic choice")
         return 0
     if not cuda_available():
-        print(NO_GPU_MESSAGE)
-        return 0
+        print(NO_GPU_MESSAGE, file=sys.stderr)
+        return 2
     return _run_on_gpu(args)
 
 

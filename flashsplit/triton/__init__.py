@@ -1,18 +1,74 @@
 """The portable Triton backend (split kernel + combine kernel).
 
 With no CUDA device the kernels run through the Triton interpreter, so flashsplit and its tests
-work on a CPU-only machine. The interpreter is chosen when the kernels are defined, so
-``TRITON_INTERPRET`` is set here, before the kernel modules are imported.
+work on a CPU-only machine.
+
+The interpreter is a process-wide mode of Triton, so it cannot be confined to flashsplit's
+kernels: ``@triton.jit`` reads ``TRITON_INTERPRET`` when it decorates a function, and
+``triton.language``'s own library functions (``tl.max``, ``tl.sum``, ``tl.cdiv``) are decorated
+once, when triton is first imported. An interpreted kernel can only call interpreted library
+functions, and the modules triton imports at a kernel's first launch (gluon's standard library)
+assert that the variable is still set whenever those functions are interpreted (triton 3.6 and
+3.9 alike). So when there is no CUDA device and ``TRITON_INTERPRET`` is unset, importing
+flashsplit sets ``TRITON_INTERPRET=1`` for the process, before triton is imported, and warns
+once that the user's own Triton kernels are interpreted from then on (flashsplit's command line,
+which runs no other Triton code, does not warn). A ``TRITON_INTERPRET`` the user set is left as
+it is; setting it (to 1 or to 0) also silences the warning.
 """
 
+from __future__ import annotations
+
 import os
+import sys
+import warnings
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+INTERPRET_VAR = "TRITON_INTERPRET"
+
+INTERPRETER_WARNING = (
+    f"flashsplit: no CUDA device, so {INTERPRET_VAR}=1 is set for this process to run flashsplit's "
+    "Triton kernels on the CPU; the interpreter is process-wide, so every Triton kernel defined from now "
+    f"on runs through it too. Set {INTERPRET_VAR} before importing flashsplit to choose yourself "
+    "(and silence this warning).")
+
+INTERPRETER_OFF = (f"the Triton interpreter is off for flashsplit's kernels: set {INTERPRET_VAR}=1 (or leave it "
+                   "unset) before triton is first imported, e.g. by importing flashsplit first")
+
+
+def _flashsplit_command_line() -> bool:
+    """Whether this process is flashsplit's own command line (``python -m flashsplit...`` or the
+    ``flashsplit`` script), which runs no other Triton code: no one to warn."""
+    argv, orig_argv = getattr(sys, "argv", []), getattr(sys, "orig_argv", [])
+    if argv[:1] == ["-m"] and "-m" in orig_argv[:-1]:  # a module run with -m, being imported
+        return orig_argv[orig_argv.index("-m") + 1].split(".")[0] == "flashsplit"
+    return bool(argv) and os.path.basename(argv[0]) == "flashsplit"
+
+
+def _choose_interpreter() -> None:
+    """Set ``TRITON_INTERPRET=1`` (and warn) when the kernels need the interpreter and the user
+    has not chosen; not once triton is imported, since its library is compiled by then."""
+    if INTERPRET_VAR in os.environ or torch.cuda.is_available() or "triton.language" in sys.modules:
+        return
+    os.environ[INTERPRET_VAR] = "1"
+    if not _flashsplit_command_line():
+        warnings.warn(INTERPRETER_WARNING, UserWarning, stacklevel=2)
+
+
+_choose_interpreter()
+
+import triton.language as tl  # noqa: E402  (after the interpreter is chosen)
+from triton.runtime import JITFunction  # noqa: E402
+
+from .split_kernel import split_kv_kernel  # noqa: E402
+
+
+# Both flashsplit's kernels and the triton.language library they call must be interpreted
+# functions (decided when each was defined, so once per process).
+_INTERPRETED = not isinstance(split_kv_kernel, JITFunction) and not isinstance(tl.max, JITFunction)
 
 
 def interpreter_active() -> bool:
-    """Whether this process's Triton kernels run through the CPU interpreter."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """Whether flashsplit's Triton kernels run through the CPU interpreter."""
+    return _INTERPRETED
+

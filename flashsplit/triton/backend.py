@@ -18,7 +18,7 @@ from ..call import DecodeTensors
 from ..problem import FP8_DTYPES, DecodeProblem, Variant
 from ..registry import Backend
 from ..workspace import ARRIVALS, Workspace, stream_key
-from . import interpreter_active
+from . import INTERPRETER_OFF, interpreter_active
 from .combine_kernel import combine_kernel
 from .launch import Relaunch, launch
 from .split_kernel import LOG2E, split_kv_kernel
@@ -122,7 +122,7 @@ class TritonBackend(Backend):
         if problem.device_type == "cpu":
             if interpreter_active():
                 return None
-            return "tensors are on the CPU and the Triton interpreter is off (set TRITON_INTERPRET=1 before importing triton)"
+            return f"tensors are on the CPU and {INTERPRETER_OFF}"
         return f"tensors are on {problem.device_type!r}; the Triton backend needs CUDA (or the CPU interpreter)"
 
     def block_m(self, problem: DecodeProblem) -> int:
