@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
 from . import backends  # noqa: F401  (registers the backends)
 from . import torch_ops  # registers torch.ops.flashsplit.decode_into (torch.compile)
-from .plan import MAX_SPLITS, SplitPlan, cdiv, choose_num_splits, device_num_sms, tokens_per_split, SPLIT_GRANULE
-from .problem import DecodeProblem, check_decode_inputs, check_num_splits
+from .plan import SplitPlan, cdiv, choose_num_splits, device_num_sms, tokens_per_split, SPLIT_GRANULE
+from .problem import (DecodeProblem, check_combine_inputs, check_decode_inputs, check_lse_out,
+                      check_plan_args, check_softmax_scale)
 from . import registry
 from .registry import Backend, select
 
@@ -65,23 +65,15 @@ def plan(
     page_size`` for a paged cache, with ``page_size`` given); ``kv_dtype`` an fp8 cache's dtype;
     ``num_sms`` defaults to the
     device's count (132, an H200's, when there is no CUDA device). ``device="cuda"`` plans
-    for the GPU backends even on a machine without one.
+    for the GPU backends even on a machine without one. Arguments describing tensors that
+    :func:`decode` would refuse raise its ``TypeError``/``ValueError``.
 
     >>> p = plan(1, 32768, 32, 8, 128, num_sms=132, backend="triton")
     >>> p.num_splits, p.grid
     (32, (32, 1, 8))
     """
-    for name, value in (("batch", batch), ("seqlen_k", seqlen_k), ("num_heads", num_heads),
-                        ("num_heads_kv", num_heads_kv), ("head_dim", head_dim), ("seqlen_q", seqlen_q)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name in ("batch", "seqlen_k") else 1):
-            kind = "non-negative" if name in ("batch", "seqlen_k") else "positive"
-            raise ValueError(f"{name}: expected a {kind} int, got {value!r}")
-    if num_heads % num_heads_kv != 0:
-        raise ValueError(f"num_heads: expected a multiple of num_heads_kv ({num_heads_kv}), got {num_heads}")
-    check_num_splits(num_splits)
-    if not isinstance(backend, str):
-        raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
-    device = torch.device(device)
+    device = check_plan_args(batch, seqlen_k, num_heads, num_heads_kv, head_dim, seqlen_q, dtype, causal,
+                             has_cache_seqlens, page_size, kv_dtype, num_splits, num_sms, device, backend)
     problem = DecodeProblem(
         batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_heads=num_heads, num_heads_kv=num_heads_kv,
         head_dim=head_dim, dtype=dtype, causal=causal, has_cache_seqlens=has_cache_seqlens, device_type=device.type,
@@ -114,26 +106,32 @@ def decode(
         q: ``[B, L_q, H_q, D]`` fp16 or bf16; ``L_q`` >= 1 (several tokens for speculative decoding).
         k_cache, v_cache: ``[B, L_k, H_kv, D]``, q's dtype and device, ``H_q % H_kv == 0``; the last
             dim contiguous, other strides free. ``D`` a multiple of 8 up to 256.
-        cache_seqlens: int32 ``[B]`` on q's device: live keys of each row (default ``L_k``). Slots
-            past a row's length are never read into the result (they may hold NaN). A row of
-            length 0 gives O = 0 and LSE = -inf. Values outside ``[0, capacity]`` are clamped
-            into it on the device (checking them would need a host sync; see :func:`check_inputs`).
-        softmax_scale: defaults to ``1 / sqrt(D)``.
+        cache_seqlens: int32 ``[B]`` on q's device, contiguous: live keys of each row (default
+            ``L_k``). Slots past a row's length are never read into the result (they may hold
+            NaN). A row of length 0 gives O = 0 and LSE = -inf. Values outside ``[0, capacity]``
+            are clamped into it on the device (checking them would need a host sync; see
+            :func:`check_inputs`).
+        softmax_scale: defaults to ``1 / sqrt(D)``; any finite real with ``|softmax_scale| <= 2**64``
+            (zero and negative scales included): scores are fp32, see
+            :func:`flashsplit.problem.check_softmax_scale` for the bound.
         causal: for ``L_q > 1``, query ``i`` sees keys ``[0, seqlen - L_q + i]`` (bottom-right
             aligned); a no-op at ``L_q = 1``. A query that sees no key gets O = 0, LSE = -inf.
         num_splits: 0 picks by the shared heuristic (see :func:`plan`); ``n`` in 1..256 uses
             exactly ``n`` splits.
         return_lse: also return the softmax log-sum-exp.
-        out: optional ``[B, L_q, H_q, D]`` output tensor in q's dtype.
+        out: optional ``[B, L_q, H_q, D]`` output tensor in q's dtype, last dim contiguous, its
+            elements distinct (not an expanded view).
         block_table: int32 ``[B, max_pages_per_row]`` for a paged cache (``page_table`` is an
-            alias): then ``k_cache``/``v_cache`` are ``[num_pages, page_size, H_kv, D]``, any page
-            size >= 1, key ``n`` of row ``b`` lives in page ``block_table[b, n // page_size]``.
+            alias), last dim contiguous: then ``k_cache``/``v_cache`` are ``[num_pages, page_size,
+            H_kv, D]`` (at least one page), any page size >= 1, key ``n`` of row ``b`` lives in
+            page ``block_table[b, n // page_size]``; a table of 0 columns is a cache of no keys.
             Pages may be shared and in any order; entries past a row's last page are never read.
             Page ids are not range-checked (that needs a host sync: see :func:`check_inputs`); an
             id outside the cache is clamped into it, so it reads a wrong page, never stray memory.
         k_descale, v_descale: fp32 dequantization scales for an fp8 (``float8_e4m3fn`` /
-            ``float8_e5m2``) cache with a 16-bit ``q``: one element, or ``[B, H_kv]``. The
-            attention is that of the cache times its scale; the output is in q's dtype.
+            ``float8_e5m2``) cache with a 16-bit ``q``: one element, or ``[B, H_kv]`` (any
+            strides). The attention is that of the cache times its scale; the output is in q's
+            dtype.
         backend: ``"auto"`` (the best backend that supports the problem), ``"triton"`` or ``"cute"``.
 
     Returns:
@@ -154,11 +152,14 @@ def decode(
     lse = None
     fresh_out = out is None
     if isinstance(q, torch.Tensor) and q.dim() == 4:  # else decode_into names the problem
-        batch, seqlen_q, num_heads, _ = q.shape
-        if fresh_out:
-            out = torch.empty_like(q)
-        if return_lse:
-            lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
+        try:
+            batch, seqlen_q, num_heads, _ = q.shape
+            if fresh_out:
+                out = torch.empty_like(q)
+            if return_lse:
+                lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
+        except (RuntimeError, NotImplementedError):  # a nested or other odd q: validation names it
+            pass
     if torch.compiler.is_compiling():
         # Dynamo cannot trace the kernel launchers (nor validate fake tensors' pointers): the
         # operator validates and launches when the compiled graph runs.
@@ -227,12 +228,20 @@ _FRESH_OUT = "out = torch.empty_like(q)"  # the marker _signature keys a fresh o
 
 def _tensor_facts(t):
     """What validation and the kernels' specialization read of an optional tensor argument:
-    everything but its values and its address (beyond 16-byte alignment)."""
+    everything but its values and its address (beyond 16-byte alignment). A tensor of another
+    layout than strided has no ``data_ptr()`` (sparse, mkldnn) or no ``shape`` (nested): it
+    raises here, so it is never cached."""
     if t is None:
         return None
     if not isinstance(t, torch.Tensor):
         raise TypeError  # validation names it
     return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15
+
+
+def _descale_facts(t):
+    """:func:`_tensor_facts` and the negation bit: a descale may have any strides, so the
+    negated view ``z.conj().imag`` of a complex tensor has the facts of a valid one."""
+    return None if t is None else (_tensor_facts(t), t.is_neg())
 
 
 def _signature(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, softmax_scale,
@@ -242,7 +251,13 @@ def _signature(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_desc
     unhashable scalar argument): the lookup catches that. The four tensors every call has are
     read inline: this runs on every eager call. A ``fresh_out`` (``torch.empty_like(q)``) is
     keyed by a marker: its facts follow from q's (shape, dtype, device; q's strides where q is
-    dense, else contiguous ones; the allocator's alignment)."""
+    dense, else contiguous ones; the allocator's alignment).
+
+    Negated views (``is_neg()``, refused by validation) are keyed apart where public ops can
+    make one with a valid tensor's facts: the descales. Elsewhere they cannot: ``.conj().imag``
+    has a last-dim stride of 2 (never that of a valid q, cache, out or lse) and there are no
+    complex int32 tensors; only the private ``torch._neg_view`` makes a unit-stride one, and
+    testing every call for it would cost ~0.2 us a tensor here."""
     try:
         if not (type(q) is type(k_cache) is type(v_cache) is type(out) is torch.Tensor):
             return None  # a subclass or a wrong type: validation explains, nothing cached
@@ -254,8 +269,8 @@ def _signature(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_desc
                 # (the usual None arguments skip the call)
                 lse if lse is None else _tensor_facts(lse), _tensor_facts(cache_seqlens),
                 block_table if block_table is None else _tensor_facts(block_table),
-                k_descale if k_descale is None else _tensor_facts(k_descale),
-                v_descale if v_descale is None else _tensor_facts(v_descale),
+                k_descale if k_descale is None else _descale_facts(k_descale),
+                v_descale if v_descale is None else _descale_facts(v_descale),
                 type(softmax_scale), softmax_scale, type(causal), causal, type(num_splits), num_splits,
                 type(backend), backend)
     except Exception:  # a sparse tensor, ...: validation explains
@@ -268,26 +283,18 @@ def _prepare(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descal
     out, lse)`` that decodes every call with the same static facts."""
     problem = check_decode_inputs(q, k_cache, v_cache, cache_seqlens, causal, num_splits, out,
                                   block_table, k_descale, v_descale)
-    if lse is not None and (not isinstance(lse, torch.Tensor) or lse.shape != (problem.batch, problem.num_heads,
-                                                                                problem.seqlen_q)
-                            or lse.dtype != torch.float32 or lse.device != q.device):
-        raise ValueError(f"lse: expected fp32 [{problem.batch}, {problem.num_heads}, {problem.seqlen_q}] on {q.device}")
-    if softmax_scale is not None and (
-        isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale)
-    ):
-        raise TypeError(f"softmax_scale: expected a finite float, got {softmax_scale!r}")
+    check_lse_out(lse, problem.batch, problem.num_heads, problem.seqlen_q, q.device)
+    softmax_scale = check_softmax_scale(softmax_scale, problem.head_dim)
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
     chosen, reason = select(problem, backend)
     batch, seqlen_q, num_heads, head_dim = q.shape
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(head_dim)
     if batch == 0 or num_heads == 0:
         return _nothing_to_do
     if problem.seqlen_k == 0:
         return _no_keys
     the_plan = _make_plan(problem, chosen, reason, num_splits, device_num_sms(q.device.type, q.device.index))
-    return chosen.prepare(problem, the_plan.num_splits, float(softmax_scale), causal)
+    return chosen.prepare(problem, the_plan.num_splits, softmax_scale, causal)
 
 
 def _nothing_to_do(*args) -> None:
@@ -315,41 +322,20 @@ def combine(
         out_partial: fp32 ``[S, B, L_q, H_q, D]``, last dim contiguous.
         lse_partial: fp32 ``[S, B, H_q, L_q]``, natural log; ``-inf`` marks an empty split,
             whose ``out_partial`` slice is never read.
-        out: optional ``[B, L_q, H_q, D]`` output; else one of ``out_dtype`` (default fp32).
+        out: optional ``[B, L_q, H_q, D]`` output, float16, bfloat16 or float32, last dim
+            contiguous; else a new one of ``out_dtype`` (one of those three; default float32).
         backend: which backend's combine kernel runs.
 
     Returns:
         ``(out, lse)``: ``out`` ``[B, L_q, H_q, D]`` and ``lse`` fp32 ``[B, H_q, L_q]``; a row
         whose splits are all empty gets O = 0 and LSE = -inf.
     """
-    for name, t, rank in (("out_partial", out_partial, 5), ("lse_partial", lse_partial, 4)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != torch.float32:
-            raise TypeError(f"{name}: expected dtype float32, got {t.dtype}")
-        if t.dim() != rank:
-            raise ValueError(f"{name}: expected {rank} dims, got shape {list(t.shape)}")
-    num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
-    if lse_partial.shape != (num_splits, batch, num_heads, seqlen_q):
-        raise ValueError(
-            f"lse_partial: expected shape {[num_splits, batch, num_heads, seqlen_q]} to match out_partial, "
-            f"got {list(lse_partial.shape)}"
-        )
-    if lse_partial.device != out_partial.device:
-        raise ValueError(f"lse_partial: expected out_partial's device {out_partial.device}, got {lse_partial.device}")
-    if not 1 <= num_splits <= MAX_SPLITS:
-        raise ValueError(f"out_partial: expected 1..{MAX_SPLITS} splits in dim 0, got {num_splits}")
-    if head_dim > 1 and out_partial.stride(-1) != 1:
-        raise ValueError(f"out_partial: the last dim must be contiguous, got strides {tuple(out_partial.stride())}")
-    if lse_partial.stride(-1) != 1 and seqlen_q > 1:
-        raise ValueError(f"lse_partial: the last dim must be contiguous, got strides {tuple(lse_partial.stride())}")
-    if out is None:
-        out = torch.empty((batch, seqlen_q, num_heads, head_dim), dtype=out_dtype or torch.float32, device=out_partial.device)
-    elif out.shape != (batch, seqlen_q, num_heads, head_dim) or out.device != out_partial.device:
-        raise ValueError(f"out: expected shape {[batch, seqlen_q, num_heads, head_dim]} on {out_partial.device}, "
-                         f"got {list(out.shape)} on {out.device}")
+    out_dtype = check_combine_inputs(out_partial, lse_partial, out, out_dtype)
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
+    num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
+    if out is None:
+        out = torch.empty((batch, seqlen_q, num_heads, head_dim), dtype=out_dtype, device=out_partial.device)
     lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=out_partial.device)
     if out.numel() > 0:
         problem = DecodeProblem(
