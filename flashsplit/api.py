@@ -188,7 +188,7 @@ def decode_into(
     backend: str = "auto",
 ) -> None:
     """:func:`decode` writing into given outputs: ``out`` ``[B, L_q, H_q, D]`` (q's dtype) and,
-    unless None, ``lse`` fp32 ``[B, H_q, L_q]``. Validates every argument.
+    unless None, ``lse`` fp32 ``[B, H_q, L_q]``, contiguous. Validates every argument.
 
     The validation, backend choice and plan depend only on static facts of the arguments, so
     they run once per call signature (:func:`_signature`) and are cached with the backend's

@@ -173,8 +173,8 @@ def check_plan_args(batch, seqlen_k, num_heads, num_heads_kv, head_dim, seqlen_q
             f"num_sms: expected None or a positive int, got {num_sms!r}")
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
-    if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device: expected a str or torch.device, got {type(device).__name__}")
+    if isinstance(device, bool) or not isinstance(device, (str, torch.device, int)):
+        raise TypeError(f"device: expected a str, torch.device or CUDA index, got {type(device).__name__}")
     try:
         return torch.device(device)
     except RuntimeError as e:
@@ -422,8 +422,10 @@ def check_softmax_scale(softmax_scale, head_dim: int) -> float:
     if isinstance(softmax_scale, float) and not math.isfinite(softmax_scale):
         raise ValueError(f"softmax_scale: expected a finite float, got {softmax_scale!r}")
     if abs(softmax_scale) > MAX_SOFTMAX_SCALE:  # (exact for ints of any size)
-        size = f"{softmax_scale:.3g}" if isinstance(softmax_scale, float) else f"an int of {softmax_scale.bit_length()} bits"
-        raise ValueError(f"softmax_scale: expected |softmax_scale| <= 2**64 (fp32 scores must not overflow), got {size}")
+        size = (f"{softmax_scale:.3g}" if isinstance(softmax_scale, float)
+                else f"an int of {softmax_scale.bit_length()} bits")
+        raise ValueError(f"softmax_scale: expected |softmax_scale| <= 2**64 (fp32 scores must not overflow), "
+                         f"got {size}")
     return float(softmax_scale)
 
 
