@@ -9,8 +9,8 @@ import torch
 from . import backends  # noqa: F401  (registers the backends)
 from . import dispatch, torch_ops
 from .call import DecodeOptions, DecodeTensors
-from .plan import MAX_SPLITS, SplitPlan
-from .problem import DecodeProblem, check_num_splits, check_sinks, check_softcap, check_static_facts, check_window
+from .plan import SplitPlan
+from .problem import DecodeProblem, check_combine_inputs, check_plan_args, check_sinks, check_softcap, check_window
 from .registry import select
 from .target import GpuTarget, device_target, gpu_target
 
@@ -46,8 +46,8 @@ def plan(
     device, or an H200 when there is none. ``num_sms`` overrides the GPU's SM count.
     ``device="cpu"`` plans for the Triton interpreter. ``window_size``, ``softcap``,
     ``has_sinks`` (``sinks`` given) and ``batch_invariant`` as in :func:`decode`: a left window
-    bound shrinks the span the splits cover (``SplitPlan.span``). Raises what :func:`decode`
-    raises for shapes and dtypes it cannot run.
+    bound shrinks the span the splits cover (``SplitPlan.span``). Arguments describing tensors
+    that :func:`decode` would refuse raise its ``TypeError``/``ValueError``.
 
     >>> p = plan(1, 32768, 32, 8, 128, gpu="h200", backend="triton")
     >>> p.num_splits, p.grid
@@ -55,24 +55,12 @@ def plan(
     >>> plan(1, 4096, 32, 8, 128, gpu="h200").rule   # cute's swapped-operand kernel, where cutlass is installed
     'swapped-operands'
     """
-    for name, value in (("batch", batch), ("seqlen_k", seqlen_k), ("num_heads", num_heads),
-                        ("num_heads_kv", num_heads_kv), ("head_dim", head_dim), ("seqlen_q", seqlen_q)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name in ("batch", "seqlen_k") else 1):
-            kind = "non-negative" if name in ("batch", "seqlen_k") else "positive"
-            raise ValueError(f"{name}: expected a {kind} int, got {value!r}")
-    if num_heads % num_heads_kv != 0:
-        raise ValueError(f"num_heads: expected a multiple of num_heads_kv ({num_heads_kv}), got {num_heads}")
-    check_num_splits(num_splits)
-    check_static_facts(head_dim, dtype, kv_dtype, page_size)
-    if not isinstance(backend, str):
-        raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
-    device = torch.device(device)
+    device = check_plan_args(batch, seqlen_k, num_heads, num_heads_kv, head_dim, seqlen_q, dtype, causal,
+                             has_cache_seqlens, page_size, kv_dtype, num_splits, num_sms, device, backend)
     target = None
     if device.type == "cuda":
         target = gpu_target(gpu) if gpu is not None else device_target(device.index)
         if num_sms is not None:
-            if isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1:
-                raise ValueError(f"num_sms: expected a positive int, got {num_sms!r}")
             target = dataclasses.replace(target, num_sms=num_sms)
     elif gpu is not None:
         raise ValueError(f"gpu: only for device='cuda', got device={str(device)!r}")
@@ -118,26 +106,32 @@ def decode(
         q: ``[B, L_q, H_q, D]`` fp16 or bf16; ``L_q`` >= 1 (several tokens for speculative decoding).
         k_cache, v_cache: ``[B, L_k, H_kv, D]``, q's dtype and device, ``H_q % H_kv == 0``; the last
             dim contiguous, other strides free. ``D`` a multiple of 8 up to 256.
-        cache_seqlens: int32 ``[B]`` on q's device: live keys of each row (default ``L_k``). Slots
-            past a row's length are never read into the result (they may hold NaN). A row of
-            length 0 gives O = 0 and LSE = -inf. Values outside ``[0, capacity]`` are clamped
-            into it on the device (checking them would need a host sync; see :func:`check_inputs`).
-        softmax_scale: defaults to ``1 / sqrt(D)``.
+        cache_seqlens: int32 ``[B]`` on q's device, contiguous: live keys of each row (default
+            ``L_k``). Slots past a row's length are never read into the result (they may hold
+            NaN). A row of length 0 gives O = 0 and LSE = -inf. Values outside ``[0, capacity]``
+            are clamped into it on the device (checking them would need a host sync; see
+            :func:`check_inputs`).
+        softmax_scale: defaults to ``1 / sqrt(D)``; any finite real with ``|softmax_scale| <= 2**64``
+            (zero and negative scales included): scores are fp32, see
+            :func:`flashsplit.problem.check_softmax_scale` for the bound.
         causal: for ``L_q > 1``, query ``i`` sees keys ``[0, seqlen - L_q + i]`` (bottom-right
             aligned); a no-op at ``L_q = 1``. A query that sees no key gets O = 0, LSE = -inf.
         num_splits: 0 picks by the shared heuristic (see :func:`plan`); ``n`` in 1..256 uses
             exactly ``n`` splits.
         return_lse: also return the softmax log-sum-exp.
-        out: optional ``[B, L_q, H_q, D]`` output tensor in q's dtype.
+        out: optional ``[B, L_q, H_q, D]`` output tensor in q's dtype, last dim contiguous, its
+            elements distinct (not an expanded view).
         block_table: int32 ``[B, max_pages_per_row]`` for a paged cache (``page_table`` is an
-            alias): then ``k_cache``/``v_cache`` are ``[num_pages, page_size, H_kv, D]``, any page
-            size >= 1, key ``n`` of row ``b`` lives in page ``block_table[b, n // page_size]``.
+            alias), last dim contiguous: then ``k_cache``/``v_cache`` are ``[num_pages, page_size,
+            H_kv, D]`` (at least one page), any page size >= 1, key ``n`` of row ``b`` lives in
+            page ``block_table[b, n // page_size]``; a table of 0 columns is a cache of no keys.
             Pages may be shared and in any order; entries past a row's last page are never read.
             Page ids are not range-checked (that needs a host sync: see :func:`check_inputs`); an
             id outside the cache is clamped into it, so it reads a wrong page, never stray memory.
         k_descale, v_descale: fp32 dequantization scales for an fp8 (``float8_e4m3fn`` /
-            ``float8_e5m2``) cache with a 16-bit ``q``: one element, or ``[B, H_kv]``. The
-            attention is that of the cache times its scale; the output is in q's dtype.
+            ``float8_e5m2``) cache with a 16-bit ``q``: one element, or ``[B, H_kv]`` (any
+            strides). The attention is that of the cache times its scale; the output is in q's
+            dtype.
         window_size: ``(left, right)`` sliding window, -1 = unbounded (FlashAttention's): query
             ``i`` of a row of ``S`` keys sits at position ``p = S - L_q + i`` and sees keys
             ``p - left .. p + right``; ``causal`` makes ``right`` 0. The splits cover only the keys
@@ -173,11 +167,14 @@ def decode(
     lse = None
     fresh_out = out is None
     if isinstance(q, torch.Tensor) and q.dim() == 4:  # else decode_into names the problem
-        batch, seqlen_q, num_heads, _ = q.shape
-        if fresh_out:
-            out = torch.empty_like(q)
-        if return_lse:
-            lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
+        try:
+            batch, seqlen_q, num_heads, _ = q.shape
+            if fresh_out:
+                out = torch.empty_like(q)
+            if return_lse:
+                lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
+        except (RuntimeError, NotImplementedError):  # a nested or other odd q: validation names it
+            pass
     tensors = DecodeTensors(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, sinks)
     options = DecodeOptions(softmax_scale, causal, num_splits, backend, _pair(window_size), softcap, batch_invariant)
     if torch.compiler.is_compiling():
@@ -210,7 +207,7 @@ def decode_into(
     backend: str = "auto",
 ) -> None:
     """:func:`decode` writing into given outputs: ``out`` ``[B, L_q, H_q, D]`` (q's dtype) and,
-    unless None, ``lse`` fp32 ``[B, H_q, L_q]``. Validates every argument."""
+    unless None, ``lse`` fp32 ``[B, H_q, L_q]``, contiguous. Validates every argument."""
     dispatch.decode_into(DecodeTensors(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale,
                                        v_descale, sinks),
                          DecodeOptions(softmax_scale, causal, num_splits, backend, _pair(window_size), softcap,
@@ -237,7 +234,8 @@ def combine(
         out_partial: fp32 ``[S, B, L_q, H_q, D]``, last dim contiguous.
         lse_partial: fp32 ``[S, B, H_q, L_q]``, natural log; ``-inf`` marks an empty split,
             whose ``out_partial`` slice is never read.
-        out: optional ``[B, L_q, H_q, D]`` output; else one of ``out_dtype`` (default fp32).
+        out: optional ``[B, L_q, H_q, D]`` output, float16, bfloat16 or float32, last dim
+            contiguous; else a new one of ``out_dtype`` (one of those three; default float32).
         sinks: fp32/bf16/fp16 ``[H_q]``: each q head's learned logit joins its softmax once (as
             :func:`decode`'s ``sinks``; partials never hold them).
         backend: which backend's combine kernel runs.
@@ -246,34 +244,12 @@ def combine(
         ``(out, lse)``: ``out`` ``[B, L_q, H_q, D]`` and ``lse`` fp32 ``[B, H_q, L_q]``; a row
         whose splits are all empty gets O = 0 and LSE = -inf.
     """
-    for name, t, rank in (("out_partial", out_partial, 5), ("lse_partial", lse_partial, 4)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != torch.float32:
-            raise TypeError(f"{name}: expected dtype float32, got {t.dtype}")
-        if t.dim() != rank:
-            raise ValueError(f"{name}: expected {rank} dims, got shape {list(t.shape)}")
-    num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
-    if lse_partial.shape != (num_splits, batch, num_heads, seqlen_q):
-        raise ValueError(
-            f"lse_partial: expected shape {[num_splits, batch, num_heads, seqlen_q]} to match out_partial, "
-            f"got {list(lse_partial.shape)}"
-        )
-    if lse_partial.device != out_partial.device:
-        raise ValueError(f"lse_partial: expected out_partial's device {out_partial.device}, got {lse_partial.device}")
-    if not 1 <= num_splits <= MAX_SPLITS:
-        raise ValueError(f"out_partial: expected 1..{MAX_SPLITS} splits in dim 0, got {num_splits}")
-    if head_dim > 1 and out_partial.stride(-1) != 1:
-        raise ValueError(f"out_partial: the last dim must be contiguous, got strides {tuple(out_partial.stride())}")
-    if lse_partial.stride(-1) != 1 and seqlen_q > 1:
-        raise ValueError(f"lse_partial: the last dim must be contiguous, got strides {tuple(lse_partial.stride())}")
-    if out is None:
-        out = torch.empty((batch, seqlen_q, num_heads, head_dim), dtype=out_dtype or torch.float32, device=out_partial.device)
-    elif out.shape != (batch, seqlen_q, num_heads, head_dim) or out.device != out_partial.device:
-        raise ValueError(f"out: expected shape {[batch, seqlen_q, num_heads, head_dim]} on {out_partial.device}, "
-                         f"got {list(out.shape)} on {out.device}")
+    out_dtype = check_combine_inputs(out_partial, lse_partial, out, out_dtype)
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
+    num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
+    if out is None:
+        out = torch.empty((batch, seqlen_q, num_heads, head_dim), dtype=out_dtype, device=out_partial.device)
     if sinks is not None:
         check_sinks(sinks, num_heads, out_partial.device)
     lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=out_partial.device)

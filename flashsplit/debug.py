@@ -12,7 +12,7 @@ import torch
 
 from .call import DecodeOptions, DecodeTensors
 from .plan import cdiv
-from .problem import check_decode_inputs
+from .problem import MAX_SOFTMAX_SCALE, check_decode_inputs, check_softmax_scale
 
 
 def check_inputs(
@@ -28,6 +28,7 @@ def check_inputs(
     causal: bool = False,
     num_splits: int = 0,
     out: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
 ) -> None:
     """Raise ``ValueError``/``TypeError`` for anything :func:`flashsplit.decode` would reject,
     and for the values it cannot check (this synchronizes with the device):
@@ -35,12 +36,18 @@ def check_inputs(
     - ``cache_seqlens[b]`` in ``[0, capacity]`` (``L_k``, or ``max_pages * page_size``);
     - for a paged cache, every page id a row uses (the first ``ceil(cache_seqlens[b] /
       page_size)`` entries of its ``block_table`` row) in ``[0, num_pages)``;
-    - fp8 scales finite and positive.
+    - fp8 scales finite and positive, and ``|softmax_scale| * k_descale`` within the bound
+      decode puts on ``softmax_scale`` alone (2^64: an fp8 cache's scores are ``softmax_scale *
+      k_descale * q . k`` in fp32, see :func:`flashsplit.problem.check_softmax_scale`).
     """
-    block_table = page_table if block_table is None else block_table
+    if page_table is not None:
+        if block_table is not None:
+            raise ValueError("page_table: an alias of block_table; pass one of them, not both")
+        block_table = page_table
     problem = check_decode_inputs(
         DecodeTensors(q, k_cache, v_cache, out, None, cache_seqlens, block_table, k_descale, v_descale),
         DecodeOptions(causal=causal, num_splits=num_splits))
+    scale = check_softmax_scale(softmax_scale, problem.head_dim)
     capacity = problem.seqlen_k
     lengths = [capacity] * problem.batch if cache_seqlens is None else cache_seqlens.tolist()
     for b, n in enumerate(lengths):
@@ -58,6 +65,9 @@ def check_inputs(
                     f"block_table: row {b} entry {i} is page {int(used[i])}, outside [0, {num_pages}) "
                     f"(the row's {n} keys use its first {len(used)} entries)"
                 )
-    for name, scale in (("k_descale", k_descale), ("v_descale", v_descale)):
-        if scale is not None and not bool(torch.all(torch.isfinite(scale) & (scale > 0))):
-            raise ValueError(f"{name}: expected finite positive scales, got {scale.flatten()[:8].tolist()}")
+    for name, descale in (("k_descale", k_descale), ("v_descale", v_descale)):
+        if descale is not None and not bool(torch.all(torch.isfinite(descale) & (descale > 0))):
+            raise ValueError(f"{name}: expected finite positive scales, got {descale.flatten()[:8].tolist()}")
+    if k_descale is not None and k_descale.numel() and abs(scale) * float(k_descale.max()) > MAX_SOFTMAX_SCALE:
+        raise ValueError(f"k_descale: |softmax_scale| * k_descale reaches {abs(scale) * float(k_descale.max()):.3g}, "
+                         f"past 2**64: fp32 scores could overflow")

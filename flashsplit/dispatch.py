@@ -10,14 +10,13 @@ launcher: a decode loop pays them on its first step only.
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
 from . import registry
 from .call import DecodeOptions, DecodeTensors
 from .plan import SPLIT_GRANULE, SplitPlan, cdiv, choose_num_splits, tokens_per_split
-from .problem import DecodeProblem, check_decode_inputs
+from .problem import DecodeProblem, check_decode_inputs, check_lse_out, check_softmax_scale
 from .registry import Backend, select
 
 
@@ -90,23 +89,36 @@ _FRESH_OUT = "out = torch.empty_like(q)"  # the marker a fresh output is keyed b
 
 def _facts(t):
     """What validation and the kernels' specialization read of a tensor argument: everything but
-    its values and its address (beyond 16-byte alignment)."""
+    its values and its address (beyond 16-byte alignment). A tensor of another layout than strided
+    has no ``data_ptr()`` (sparse, mkldnn) or no ``shape`` (nested): it raises here, so it is never
+    cached."""
     if t is None:
         return None
     if type(t) is not torch.Tensor:
         raise TypeError  # a subclass or a wrong type: validation explains, nothing cached
-    return t.shape, t.stride(), t.dtype, t.device, t.layout, t.data_ptr() & 15
+    return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15
+
+
+def _negated(t) -> bool:
+    return t is not None and t.is_neg()
 
 
 def signature(tensors: DecodeTensors, options: DecodeOptions, fresh_out: bool = False) -> tuple | None:
     """A key of one call's static facts (:func:`_facts` of every tensor, the options with their
     types, so ``True`` and ``1`` differ), or None (then nothing is cached). It can still be
-    unhashable (an unhashable option): the lookup catches that."""
+    unhashable (an unhashable option): the lookup catches that. A ``fresh_out``
+    (``torch.empty_like(q)``) is keyed by a marker: its facts follow from q's.
+
+    Negated views (``is_neg()``, refused by validation) are keyed apart where public ops can make
+    one with a valid tensor's facts: the descales, which may have any strides. Elsewhere they
+    cannot: ``.conj().imag`` has a last-dim stride of 2, never that of a valid q, cache, out, lse
+    or sinks, and there are no complex int32 tensors."""
     try:
         facts = tuple(map(_facts, tensors))
         if fresh_out:
             facts = facts[:3] + (_FRESH_OUT,) + facts[4:]
-        return facts, options, tuple(map(type, options))
+        negated = _negated(tensors.k_descale), _negated(tensors.v_descale)
+        return facts, negated, options, tuple(map(type, options))
     except Exception:  # a wrong type, a sparse tensor's stride(), ...: validation explains
         return None
 
@@ -114,28 +126,19 @@ def signature(tensors: DecodeTensors, options: DecodeOptions, fresh_out: bool = 
 def prepare(tensors: DecodeTensors, options: DecodeOptions):
     """Validate one call and return ``run(tensors)`` that decodes every call with the same static
     facts."""
-    softmax_scale, backend = options.softmax_scale, options.backend
+    backend = options.backend
     problem = check_decode_inputs(tensors, options)
-    q, lse = tensors.q, tensors.lse
-    if lse is not None and (not isinstance(lse, torch.Tensor) or lse.shape != (problem.batch, problem.num_heads,
-                                                                                problem.seqlen_q)
-                            or lse.dtype != torch.float32 or lse.device != q.device):
-        raise ValueError(f"lse: expected fp32 [{problem.batch}, {problem.num_heads}, {problem.seqlen_q}] on {q.device}")
-    if softmax_scale is not None and (
-        isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale)
-    ):
-        raise TypeError(f"softmax_scale: expected a finite float, got {softmax_scale!r}")
+    check_lse_out(tensors.lse, problem.batch, problem.num_heads, problem.seqlen_q, tensors.q.device)
+    softmax_scale = check_softmax_scale(options.softmax_scale, problem.head_dim)
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
     chosen, rule, reason = select(problem, backend)
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(problem.head_dim)
     if problem.batch == 0 or problem.num_heads == 0:
         return _nothing_to_do
     if problem.seqlen_k == 0:
         return _no_keys
     the_plan = make_plan(problem, chosen, rule, reason, options.num_splits)
-    return chosen.prepare(problem, the_plan.num_splits, float(softmax_scale))
+    return chosen.prepare(problem, the_plan.num_splits, softmax_scale)
 
 
 def _nothing_to_do(tensors: DecodeTensors) -> None:

@@ -165,6 +165,8 @@ def choose_num_splits(
     """
     n_granules = max(1, cdiv(seqlen_k, granule))
     slots = num_sms * units_per_sm
+    if work_units == 0:
+        return 1, "no work units (an empty batch): no work to spread"
     if work_units >= _BUSY_FRACTION * slots:
         return 1, f"{work_units} work units already fill {work_units / slots:.0%} of {slots} CTA slots"
     if n_granules <= 2:

@@ -94,7 +94,7 @@ def test_demo_unavailable_backend_is_reported_from_plan(monkeypatch, capsys):
 def test_demo_runs_checks_and_exits_0_on_the_cpu(capsys):
     assert cli.main(["demo", "--backend", "triton"]) == 0
     out = capsys.readouterr().out
-    assert "plan: backend triton" in out and "max |out - float64 reference|" in out
+    assert "plan: on cpu: backend triton" in out and "max |out - float64 reference|" in out
     assert "FAILED" not in out
 
 
