@@ -10,7 +10,8 @@ from . import backends  # noqa: F401  (registers the backends)
 from . import dispatch, torch_ops
 from .call import DecodeOptions, DecodeTensors
 from .plan import SplitPlan
-from .problem import DecodeProblem, check_combine_inputs, check_plan_args, check_sinks, check_softcap, check_window
+from .problem import DecodeProblem
+from .validation import check_combine_inputs, check_plan_args, check_sinks, check_softcap, check_window
 from .registry import select
 from .target import GpuTarget, device_target, gpu_target
 
@@ -113,7 +114,7 @@ def decode(
             :func:`check_inputs`).
         softmax_scale: defaults to ``1 / sqrt(D)``; any finite real with ``|softmax_scale| <= 2**64``
             (zero and negative scales included): scores are fp32, see
-            :func:`flashsplit.problem.check_softmax_scale` for the bound.
+            :func:`flashsplit.validation.check_softmax_scale` for the bound.
         causal: for ``L_q > 1``, query ``i`` sees keys ``[0, seqlen - L_q + i]`` (bottom-right
             aligned); a no-op at ``L_q = 1``. A query that sees no key gets O = 0, LSE = -inf.
         num_splits: 0 picks by the shared heuristic (see :func:`plan`); ``n`` in 1..256 uses

@@ -1,7 +1,7 @@
 """One decode call's arguments, bundled once, as they travel from the public API to the kernels.
 
 :func:`flashsplit.decode` builds a :class:`DecodeTensors` and a :class:`DecodeOptions`; the
-validation (:func:`flashsplit.problem.check_decode_inputs`), the signature cache
+validation (:func:`flashsplit.validation.check_decode_inputs`), the signature cache
 (:mod:`flashsplit.dispatch`), the torch.compile operator (:mod:`flashsplit.torch_ops`, whose
 schema is generated from these fields) and every backend's prepared launcher take the same two
 bundles, so an argument is named in one order, here.

@@ -12,7 +12,7 @@ import torch
 
 from .call import DecodeOptions, DecodeTensors
 from .plan import cdiv
-from .problem import MAX_SOFTMAX_SCALE, check_decode_inputs, check_softmax_scale
+from .validation import MAX_SOFTMAX_SCALE, check_decode_inputs, check_softmax_scale
 
 
 def check_inputs(
@@ -38,7 +38,7 @@ def check_inputs(
       page_size)`` entries of its ``block_table`` row) in ``[0, num_pages)``;
     - fp8 scales finite and positive, and ``|softmax_scale| * k_descale`` within the bound
       decode puts on ``softmax_scale`` alone (2^64: an fp8 cache's scores are ``softmax_scale *
-      k_descale * q . k`` in fp32, see :func:`flashsplit.problem.check_softmax_scale`).
+      k_descale * q . k`` in fp32, see :func:`flashsplit.validation.check_softmax_scale`).
     """
     if page_table is not None:
         if block_table is not None:

@@ -16,7 +16,8 @@ import torch
 from . import registry
 from .call import DecodeOptions, DecodeTensors
 from .plan import SPLIT_GRANULE, SplitPlan, cdiv, choose_num_splits, tokens_per_split
-from .problem import DecodeProblem, check_decode_inputs, check_lse_out, check_softmax_scale
+from .problem import DecodeProblem
+from .validation import check_decode_inputs, check_lse_out, check_softmax_scale
 from .registry import Backend, select
 
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import flashsplit
-from flashsplit import api, dispatch
-from flashsplit.call import DecodeOptions, DecodeTensors
+from flashsplit import dispatch
+from flashsplit.call import DecodeTensors
 from flashsplit.api import decode_into
 from flashsplit.testing import check_against_reference, to_paged
 
@@ -479,7 +479,7 @@ def test_check_inputs_refuses_both_table_names():
 # -- The same on the GPU, with every backend -------------------------------------------------
 
 def _backend_or_skip(backend, q, k, v, seqlens, block_table=None, k_descale=None, v_descale=None):
-    from flashsplit.problem import check_decode_inputs
+    from flashsplit.validation import check_decode_inputs
     from flashsplit.registry import get
 
     reason = get(backend).supports(check_decode_inputs(

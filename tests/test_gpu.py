@@ -14,7 +14,7 @@ import torch
 
 import flashsplit
 from flashsplit.call import DecodeOptions, DecodeTensors
-from flashsplit.problem import check_decode_inputs
+from flashsplit.validation import check_decode_inputs
 from flashsplit.reference import attention_ref, split_partials_ref
 from flashsplit.registry import get, names
 from flashsplit.testing import (

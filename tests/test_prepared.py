@@ -143,7 +143,7 @@ def test_triton_relaunch_replays_with_new_tensors(num_splits):
 def test_misaligned_out_clears_the_16_byte_flag_and_still_decodes(generator):
     """cute stores the output with 16-byte vectors, so a misaligned ``out`` keeps it off cute
     (its supports() names the reason); Triton writes it correctly."""
-    from flashsplit.problem import check_decode_inputs
+    from flashsplit.validation import check_decode_inputs
 
     q, k, v = _inputs(generator)
     out = torch.empty(q.numel() + 1, dtype=q.dtype, device=DEVICE)[1:].view(q.shape)  # 2 bytes off

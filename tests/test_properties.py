@@ -30,7 +30,8 @@ import flashsplit
 from flashsplit import api, dispatch
 from flashsplit.call import DecodeOptions, DecodeTensors
 from flashsplit.plan import cdiv
-from flashsplit.problem import DecodeProblem, check_decode_inputs
+from flashsplit.problem import DecodeProblem
+from flashsplit.validation import check_decode_inputs
 from flashsplit.reference import combine_ref, dequantize, gather_paged
 from flashsplit.registry import get, names
 from flashsplit.testing import check_against_reference, check_lse, check_output
@@ -772,7 +773,7 @@ def test_plan_of_an_empty_batch():
 def test_softmax_scale_bound_is_what_fp16_scores_can_carry():
     """The documented reasoning behind MAX_SOFTMAX_SCALE, as arithmetic: the largest fp16 q.k
     (head dim 256) times 2^64 * log2(e) stays finite in fp32; 1e37 * log2(e) * 35 does not."""
-    from flashsplit.problem import MAX_SOFTMAX_SCALE
+    from flashsplit.validation import MAX_SOFTMAX_SCALE
 
     largest_qk = 256 * 65504.0**2
     assert math.isfinite(float(torch.tensor(MAX_SOFTMAX_SCALE * math.log2(math.e) * largest_qk,

@@ -145,7 +145,7 @@ def test_plan_for_the_interpreter():
     (dict(gpu="tpu"), ValueError, "gpu: expected one of"),
     (dict(gpu=7), TypeError, "gpu: expected a GPU name"),
     (dict(gpu="h200", device="cpu"), ValueError, "gpu: only for device='cuda'"),
-    (dict(num_sms=0), ValueError, "num_sms: expected a positive int"),
+    (dict(num_sms=0), ValueError, "num_sms: expected None or a positive int"),
 ])
 def test_plan_rejects_what_decode_rejects(kwargs, error, needle):
     args = dict(head_dim=128) | kwargs

@@ -14,7 +14,7 @@ from conftest import DEVICE, HAS_CUDA
 import flashsplit
 from flashsplit.call import DecodeOptions, DecodeTensors
 from flashsplit.plan import BATCH_INVARIANT_SPLIT, first_key, split_bounds
-from flashsplit.problem import check_decode_inputs
+from flashsplit.validation import check_decode_inputs
 from flashsplit.reference import combine_ref, dequantize
 from flashsplit.registry import get
 from flashsplit.testing import POISON, DecodeCase, check_against_reference, make_inputs, quantize_fp8, to_paged

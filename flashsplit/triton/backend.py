@@ -1,7 +1,7 @@
 """The Triton backend: allocates partials and launches the split and combine kernels.
 
 Portable (any GPU Triton supports) and, with no CUDA device, exact on the CPU through the
-Triton interpreter. Inputs arrive validated by :func:`flashsplit.problem.check_decode_inputs`.
+Triton interpreter. Inputs arrive validated by :func:`flashsplit.validation.check_decode_inputs`.
 """
 
 from __future__ import annotations
