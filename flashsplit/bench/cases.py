@@ -441,8 +441,8 @@ def rotation_count(set_bytes: int, l2_bytes: int = DEFAULT_L2_BYTES, mem_cap_byt
     fit in ``mem_cap_bytes`` (never below 1: a single set bigger than 3x the L2 cannot stay cached).
 
     Worked example, 60 MiB L2: B = 1, 32/8 heads, d = 128, 1k keys is a 4.2 MB set, so
-    R = floor(188.7 MB / 4.2 MB) + 1 = 45; at 16k keys (67 MB) R = 3; at 128k keys R = 1. A
-    128-key window over those 128k keys reads 0.5 MB of each 268 MB set: R = 361, or the 298
+    R = floor(188.7 MB / 4.2 MB) + 1 = 45; at 16k keys (67 MB) R = 3; at 128k keys (537 MB)
+    R = 1. A 128-key window over those 128k keys reads 0.54 MB of each set: R = 352, or the 149
     sets that fit in 80 GB.
     """
     if set_bytes <= 0:

@@ -425,11 +425,11 @@ class FlashInferContender(Contender):
 
     def variant_reason(self, case: Case) -> str | None:
         features = case_features(case)
-        if not features or _import_reason("flashinfer"):
-            return None
         unsupported = [f for f in features if f not in self.PLAN_PARAMS]
         if unsupported:
             return _no_input("flashinfer", unsupported, "in the bench's call (BatchDecodeWithPagedKVCacheWrapper)")
+        if not features or _import_reason("flashinfer"):  # plain, or available() says why not
+            return None
         import flashinfer
 
         params = _signature_params(flashinfer.BatchDecodeWithPagedKVCacheWrapper.plan) or frozenset()

@@ -216,6 +216,14 @@ def _pyplot():
     return plt
 
 
+def line_label(row: BenchRow, rows: list[BenchRow]) -> str:
+    """A plot line's name: the contender, tagged with the row's cache format and attention variant
+    where ``rows`` hold several of them (so lines of different formats or variants never merge)."""
+    tags = [format_label(row.page_size, row.kv)] if len({(r.page_size, r.kv) for r in rows}) > 1 else []
+    tags += [row.variant_label] if len({r.variant for r in rows}) > 1 else []
+    return f"{row.contender} [{', '.join(tags)}]" if tags else row.contender
+
+
 def write_plot(report: Report, path: str, fixed_seqlen: int | None = None) -> None:
     """Two panels: latency vs L_k at the smallest batch, latency vs batch at a fixed L_k, one
     line per contender (for a ``--sweep-splits`` report: latency vs num_splits, see
@@ -230,12 +238,8 @@ def write_plot(report: Report, path: str, fixed_seqlen: int | None = None) -> No
     rows = [r for r in report.rows if r.status == OK and r.device_us is not None]
     batch, seqlen = plot_choices(rows, fixed_seqlen)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
-    several = len({(r.page_size, r.kv) for r in rows}) > 1
-    variants = len({r.variant for r in rows}) > 1
-
     def line_name(r: BenchRow) -> str:
-        tags = ([format_label(r.page_size, r.kv)] if several else []) + ([r.variant_label] if variants else [])
-        return f"{r.contender} [{', '.join(tags)}]" if tags else r.contender
+        return line_label(r, rows)
 
     contenders = list(dict.fromkeys(line_name(r) for r in rows))
     for name in contenders:
