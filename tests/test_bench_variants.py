@@ -399,3 +399,14 @@ def test_compare_variants_end_to_end_with_a_fake_gpu(monkeypatch, tmp_path, caps
     assert (tmp_path / "r.variants.csv").exists() and "attention variants: time against plain decode" in out
     assert cli.main(["--from-json", str(json_path), str(json_path), "--json", str(tmp_path / "m.json")]) == 0
     assert len(rows.report_from_json((tmp_path / "m.json").read_text()).variants) == 4, "--from-json merges them"
+
+
+def test_eager_timer_runs_on_through_the_sets(monkeypatch):
+    """A windowed cell rotates more sets than one eager sample calls: each sample goes on where
+    the last stopped, so no sample re-reads KV the previous one left in L2."""
+    from flashsplit.bench import timing
+
+    monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda: None)
+    seen = []
+    timing.time_eager(seen.append, 10, timing.TimingConfig(eager_repeats=3), calls=4)
+    assert seen == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5]
