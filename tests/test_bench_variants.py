@@ -410,3 +410,25 @@ def test_eager_timer_runs_on_through_the_sets(monkeypatch):
     seen = []
     timing.time_eager(seen.append, 10, timing.TimingConfig(eager_repeats=3), calls=4)
     assert seen == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5]
+
+
+def test_flashinfer_takes_window_and_softcap_where_its_plan_has_them(monkeypatch, clear_import_cache):
+    def make(params):
+        module = types.ModuleType("flashinfer")
+        src = f"def plan(self, indptr, indices, last_page_len, *, {', '.join(f'{p}=None' for p in params)}): pass\n"
+        namespace = {}
+        exec(src, namespace)
+        module.BatchDecodeWithPagedKVCacheWrapper = type("BatchDecodeWithPagedKVCacheWrapper", (),
+                                                         {"plan": namespace["plan"]})
+        monkeypatch.setitem(sys.modules, "flashinfer", module)
+        contenders._import_reason.cache_clear()
+
+    fi = contenders.FlashInferContender()
+    both = Case(1, 4096, 32, 8, 128, window=128, softcap=30.0)
+    make(["pos_encoding_mode", "window_left", "logits_soft_cap"])
+    assert fi.variant_reason(both) is None
+    assert fi._plan_variant(both) == {"window_left": 128, "logits_soft_cap": 30.0}
+    assert fi._plan_variant(Case(1, 4096, 32, 8, 128)) == {}
+    make(["pos_encoding_mode", "window_left"])
+    assert fi.variant_reason(both) == "flashinfer has no softcap input in this release's decode plan()"
+    assert "batch-invariant" in fi.variant_reason(Case(1, 4096, 32, 8, 128, batch_invariant=True))
