@@ -177,8 +177,8 @@ class FlashsplitContender(Contender):
         the_plan = self.plan(case, num_sms)
         q, k, v, lens = inputs.q, inputs.k, inputs.v, inputs.cache_seqlens
         backend, num_splits = self.backend, self.num_splits
-        variant = inputs.variant_kwargs()  # window_size, softcap, sinks, batch_invariant
-        extra = [{**inputs.cache_kwargs(i), **variant} for i in range(len(inputs))]  # block_table, descales
+        variant = inputs.variant_kwargs()  # window_size, softcap, sinks, batch_invariant (plain: none)
+        extra = [{**inputs.cache_kwargs(i), **variant} for i in range(len(inputs))]  # + block_table, descales
 
         def run(i: int):
             return flashsplit.decode(q[i], k[i], v[i], cache_seqlens=lens, num_splits=num_splits, backend=backend,
