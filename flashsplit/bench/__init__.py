@@ -2,19 +2,25 @@
 
 Modules, one job each:
 
-- :mod:`.cases`: model-shape presets, option parsers, the (batch x seqlen_k) grid and its
-  memory cap, the L2-rotation count.
+- :mod:`.cases`: model-shape presets, option parsers, cache formats and attention variants
+  (sliding window, softcap, sinks, batch-invariant), the (batch x seqlen_k x format x variant)
+  grid and its memory cap, the L2-rotation count.
 - :mod:`.device`: what GPU this is (SMs, L2, datasheet bandwidth).
 - :mod:`.inputs`: random input sets (rotated so the KV never sits in L2), in the case's cache
-  format: dense or shuffled pages with a block table, 16-bit or fp8 with per-(row, KV head) scales.
+  format: dense or shuffled pages with a block table, 16-bit or fp8 with per-(row, KV head) scales;
+  fp32 sinks for a variant with sinks.
 - :mod:`.contenders`: flashsplit backends, torch SDPA / FlexAttention, FlashInfer, FlashAttention,
-  each behind ``name`` / ``available()`` / ``prepare(case, inputs)``.
-- :mod:`.check`: compare a contender's output with :func:`flashsplit.reference.attention_ref`.
+  each behind ``name`` / ``available()`` / ``prepare(case, inputs)``, with why they cannot take a
+  cell's format or variant (``format_reason``, ``variant_reason``).
+- :mod:`.check`: compare a contender's output with :func:`flashsplit.reference.attention_ref`
+  (which computes the cell's variant).
 - :mod:`.timing`: CUDA-graph replay, CUDA-event and eager wall-clock timers.
 - :mod:`.ceiling`: the measured HBM read ceiling.
 - :mod:`.rows`: result dataclasses and their JSON / CSV forms.
 - :mod:`.runner`, :mod:`.sweep`: run the grid (or a num_splits sweep) and return rows.
 - :mod:`.formats`: ``--compare-formats``: paged / dense time and 16-bit / fp8 speedup per contender.
+- :mod:`.variants`: ``--compare-variants``: variant / plain time per contender (and a window's
+  time against a cache as short as the window).
 - :mod:`.render`: rich tables, dry-run listing, the optional matplotlib plot.
 - :mod:`.cli`: the ``bench`` sub-command (``add_bench_parser``, ``run_bench_command``).
 

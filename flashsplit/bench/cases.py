@@ -2,7 +2,8 @@
 
 Pure Python; no GPU needed. A :class:`Case` is one cell of the grid: one decode step
 (``L_q = 1``) over a full KV cache of ``seqlen_k`` keys per batch row, in one cache format
-(dense or paged, 16-bit or fp8).
+(dense or paged, 16-bit or fp8) and one attention :class:`Variant` (plain, or a sliding window,
+softcap, sinks, batch-invariant decode, alone or combined).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ PRESETS: dict[str, Shape] = {
     "group5": Shape(40, 8, 128, "Qwen2.5-14B (GQA 5, a non-power-of-two group)"),
     "d64": Shape(32, 8, 64, "Llama-3.2-1B (d = 64)"),
     "d256": Shape(16, 8, 256, "Gemma-2-9B (d = 256)"),
+    "gpt-oss-20b": Shape(64, 8, 64, "gpt-oss-20b (GQA 8, d = 64; a 128-key window on alternate layers, sinks)"),
 }
 DEFAULT_PRESET = "llama-3-8b"
 
@@ -75,12 +77,54 @@ def format_label(page_size: int, kv: str) -> str:
     return f"{'dense' if page_size == 0 else f'paged/{page_size}'} {kv}"
 
 
+#: Mean of the ``--sinks`` logits (drawn N(SINK_MEAN, 1), fp32, one per q head). With N(0, 1)
+#: q and k a score is about N(0, 1), so a 129-key window's log-sum-exp is about 5.4 and a sink
+#: of 3 takes ~9% of the softmax: a visible share, as gpt-oss's learned sinks take.
+SINK_MEAN = 3.0
+
+
+def variant_label(window: int = -1, softcap: float = 0.0, sinks: bool = False, batch_invariant: bool = False) -> str:
+    """An attention variant in a few words: ``"plain"``, ``"window 128 + sinks"``, ``"softcap 30"``."""
+    parts = [f"window {window}"] if window >= 0 else []
+    parts += [f"softcap {softcap:g}"] if softcap > 0 else []
+    parts += ["sinks"] if sinks else []
+    parts += ["batch-invariant"] if batch_invariant else []
+    return " + ".join(parts) or "plain"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """An attention variant of a decode step: ``window`` keys left of the query (-1: none; passed
+    as ``window_size=(window, 0)``, the causal sliding window, which at ``L_q = 1`` sees the same
+    keys as ``(window, -1)``), ``softcap`` (0: off), ``sinks`` (one fp32 logit per q head) and
+    ``batch_invariant`` decode."""
+
+    window: int = -1
+    softcap: float = 0.0
+    sinks: bool = False
+    batch_invariant: bool = False
+
+    @property
+    def plain(self) -> bool:
+        return self == PLAIN
+
+    @property
+    def label(self) -> str:
+        return variant_label(self.window, self.softcap, self.sinks, self.batch_invariant)
+
+
+#: The baseline variant: full attention, no softcap, no sinks, the split heuristic.
+PLAIN = Variant()
+
+
 @dataclass(frozen=True)
 class Case:
     """One grid cell: q ``[batch, 1, num_heads, head_dim]``; a dense cache k/v ``[batch, seqlen_k,
     num_heads_kv, head_dim]``, or with ``page_size`` > 0 a paged one ``[num_pages, page_size,
     num_heads_kv, head_dim]`` with an int32 ``block_table`` ``[batch, pages_per_row]``; with an
-    fp8 ``kv_dtype`` the cache is fp8 with fp32 descales per (row, KV head)."""
+    fp8 ``kv_dtype`` the cache is fp8 with fp32 descales per (row, KV head); the
+    :class:`Variant` fields (``window``, ``softcap``, ``sinks``, ``batch_invariant``) say which
+    attention the step computes."""
 
     batch: int
     seqlen_k: int
@@ -90,6 +134,24 @@ class Case:
     dtype: str = "bf16"
     page_size: int = 0          # 0: dense
     kv_dtype: str = SAME_KV     # a KV_DTYPES name; "same": q's dtype
+    window: int = -1            # keys left of the query; -1: no window
+    softcap: float = 0.0        # 0: off
+    sinks: bool = False         # one fp32 sink logit per q head
+    batch_invariant: bool = False
+
+    @property
+    def variant(self) -> Variant:
+        return Variant(self.window, self.softcap, self.sinks, self.batch_invariant)
+
+    @property
+    def window_size(self) -> tuple[int, int]:
+        """``flashsplit.decode``'s ``window_size``: ``(window, 0)``, or ``(-1, -1)`` without a window."""
+        return (self.window, 0) if self.window >= 0 else (-1, -1)
+
+    @property
+    def visible_keys(self) -> int:
+        """Keys the query of a full row sees: ``seqlen_k``, or ``window + 1`` under a shorter window."""
+        return min(self.seqlen_k, self.window + 1) if self.window >= 0 else self.seqlen_k
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -145,11 +207,18 @@ class Case:
         return 2 * self.batch * self.seqlen_k * self.num_heads_kv * self.head_dim * self.kv_itemsize
 
     @property
+    def read_kv_bytes(self) -> int:
+        """Bytes of K and V the query can see (``kv_bytes``, or the window's keys only)."""
+        return self.kv_bytes * self.visible_keys // self.seqlen_k if self.seqlen_k else 0
+
+    @property
     def meta_bytes(self) -> int:
-        """Bytes of the block table (int32) and the fp32 k/v descales ``[B, H_kv]`` a call reads."""
+        """Bytes of the block table (int32), the fp32 k/v descales ``[B, H_kv]`` and the fp32
+        sinks ``[H_q]`` a call reads."""
         table = 4 * self.batch * self.pages_per_row
         descales = 2 * 4 * self.batch * self.num_heads_kv if self.fp8 else 0
-        return table + descales
+        sinks = 4 * self.num_heads if self.sinks else 0
+        return table + descales + sinks
 
     @property
     def q_bytes(self) -> int:
@@ -157,8 +226,9 @@ class Case:
 
     @property
     def moved_bytes(self) -> int:
-        """KV read + block table / descales read + q read + output written: the bytes a GB/s figure counts."""
-        return self.kv_bytes + self.meta_bytes + 2 * self.q_bytes
+        """KV the query sees + block table / descales / sinks + q read + output written: the bytes
+        a GB/s figure counts (under a window, the window's keys only: all a decode must read)."""
+        return self.read_kv_bytes + self.meta_bytes + 2 * self.q_bytes
 
     @property
     def heads(self) -> str:
@@ -166,7 +236,9 @@ class Case:
 
     def label(self) -> str:
         fmt = (f" paged/{self.page_size}" if self.paged else "") + (f" kv={self.kv}" if self.fp8 else "")
-        return f"B={self.batch} L_k={format_seqlen(self.seqlen_k)} H={self.heads} d={self.head_dim} {self.dtype}{fmt}"
+        variant = "" if self.variant.plain else f" {self.variant.label}"
+        return (f"B={self.batch} L_k={format_seqlen(self.seqlen_k)} H={self.heads} d={self.head_dim} "
+                f"{self.dtype}{fmt}{variant}")
 
 
 @dataclass(frozen=True)
@@ -296,6 +368,58 @@ def parse_kv_dtype_list(text: str) -> list[str]:
     return out
 
 
+def parse_window(text: str) -> int:
+    """``--window``: keys left of the query, ``-1`` or ``none`` for no window."""
+    t = str(text).strip().lower()
+    if t == "none":
+        return -1
+    try:
+        value = int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a window of keys >= 0, or -1 / none for no window, "
+                                         f"got {text!r}") from None
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"expected a window of keys >= 0, or -1 / none for no window, got {text!r}")
+    return value
+
+
+def parse_window_list(text: str) -> list[int]:
+    """``"none,128"`` -> ``[-1, 128]``."""
+    return [parse_window(p) for p in _split_list(text)]
+
+
+def parse_softcap_list(text: str) -> list[float]:
+    """``"0,30"`` -> ``[0.0, 30.0]`` (``--softcap``: finite values >= 0, 0 = off)."""
+    out = []
+    for part in _split_list(text):
+        try:
+            value = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a softcap >= 0 (0 = off), got {part!r}") from None
+        if not (value >= 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"expected a finite softcap >= 0 (0 = off), got {part!r}")
+        out.append(value)
+    return out
+
+
+_SWITCHES = {"on": True, "off": False}
+
+
+def parse_switch(text: str) -> bool:
+    """``--sinks`` / ``--batch-invariant`` values: ``on`` or ``off``."""
+    name = str(text).strip().lower()
+    if name not in _SWITCHES:
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return _SWITCHES[name]
+
+
+def switch_values(values) -> list[bool]:
+    """An ``nargs="*"`` switch as the values to run: absent (None) -> off; bare -> on; else as given."""
+    if values is None:
+        return [False]
+    return list(dict.fromkeys(values)) if values else [True]
+
+
 def flatten(lists) -> list[int]:
     """Flatten ``nargs="+"`` values of list-typed options, keeping order, dropping repeats."""
     seen: list[int] = []
@@ -309,26 +433,63 @@ def flatten(lists) -> list[int]:
 # -- grid ------------------------------------------------------------------------------------
 
 def rotation_count(set_bytes: int, l2_bytes: int = DEFAULT_L2_BYTES, mem_cap_bytes: float = math.inf,
-                   factor: float = L2_FACTOR) -> int:
+                   factor: float = L2_FACTOR, touched_bytes: int | None = None) -> int:
     """How many input sets a timed loop cycles through so the KV is never served from L2.
 
-    The smallest ``R`` with ``R * set_bytes > factor * l2_bytes``, capped by how many sets fit
-    in ``mem_cap_bytes`` (never below 1: a single set bigger than 3x the L2 cannot stay cached).
+    The smallest ``R`` with ``R * touched_bytes > factor * l2_bytes`` (``touched_bytes``: what one
+    call reads of a set, by default all ``set_bytes``), capped by how many sets of ``set_bytes``
+    fit in ``mem_cap_bytes`` (never below 1: a single set bigger than 3x the L2 cannot stay cached).
 
     Worked example, 60 MiB L2: B = 1, 32/8 heads, d = 128, 1k keys is a 4.2 MB set, so
-    R = floor(188.7 MB / 4.2 MB) + 1 = 45; at 16k keys (67 MB) R = 3; at 128k keys R = 1.
+    R = floor(188.7 MB / 4.2 MB) + 1 = 45; at 16k keys (67 MB) R = 3; at 128k keys (537 MB)
+    R = 1. A 128-key window over those 128k keys reads 0.54 MB of each set: R = 352, or the 149
+    sets that fit in 80 GB.
     """
     if set_bytes <= 0:
         raise ValueError(f"set_bytes: expected a positive byte count, got {set_bytes}")
-    wanted = int(factor * l2_bytes // set_bytes) + 1
+    touched = set_bytes if touched_bytes is None else touched_bytes
+    if touched <= 0:
+        raise ValueError(f"touched_bytes: expected a positive byte count, got {touched_bytes}")
+    wanted = int(factor * l2_bytes // touched) + 1
     fits = int(mem_cap_bytes // set_bytes) if math.isfinite(mem_cap_bytes) else wanted
     return max(1, min(wanted, fits))
 
 
 def set_bytes(case: Case) -> int:
-    """Device bytes of one input set (K, V, q, descales; pages are rounded up to whole pages)."""
+    """Device bytes of one input set (K, V, q, descales, sinks; pages are rounded up to whole pages)."""
     kv = case.kv_bytes * case.capacity // case.seqlen_k if case.seqlen_k else 0
     return kv + case.meta_bytes + case.q_bytes
+
+
+def touched_bytes(case: Case) -> int:
+    """Bytes of one input set a call reads: all of it, or under a window the window's keys only."""
+    if case.window < 0:
+        return set_bytes(case)
+    return case.read_kv_bytes + case.meta_bytes + case.q_bytes
+
+
+def case_rotation(case: Case, l2_bytes: int = DEFAULT_L2_BYTES, mem_cap_bytes: float = math.inf) -> int:
+    """:func:`rotation_count` for ``case``: enough sets that the bytes its calls read exceed 3x
+    the L2, as many as fit in ``mem_cap_bytes``."""
+    return rotation_count(set_bytes(case), l2_bytes, mem_cap_bytes, touched_bytes=touched_bytes(case))
+
+
+def rotation_note(case: Case, sets: int, l2_bytes: int = DEFAULT_L2_BYTES) -> str:
+    """A warning when the memory cap left too few sets: their read bytes do not exceed 3x the L2
+    (a short window over a long cache), so calls may read some KV from L2 ("" when they do)."""
+    read = sets * touched_bytes(case)
+    if read > L2_FACTOR * l2_bytes:
+        return ""
+    return (f"{sets} set(s) read {read / 1e6:.0f} MB per rotation, under {L2_FACTOR:g}x the "
+            f"{l2_bytes / 2**20:.0f} MiB L2 (memory cap): some KV may be served from L2")
+
+
+def variant_list(windows=(-1,), softcaps=(0.0,), sinks=(False,), batch_invariant=(False,),
+                 baseline: bool = False) -> list[Variant]:
+    """Every combination of the values, in order (window outermost); with ``baseline`` the plain
+    variant comes first, so each variant has what it is compared with."""
+    variants = [Variant(w, float(c), s, b) for w in windows for c in softcaps for s in sinks for b in batch_invariant]
+    return list(dict.fromkeys(([PLAIN] if baseline else []) + variants))
 
 
 def format_list(page_sizes=(0,), kv_dtypes=(SAME_KV,), baseline: bool = False) -> list[tuple[int, str]]:
@@ -343,13 +504,15 @@ def format_list(page_sizes=(0,), kv_dtypes=(SAME_KV,), baseline: bool = False) -
 
 
 def build_grid(batches, seqlens, shape: Shape, dtype: str = "bf16", mem_cap_bytes: float = DEFAULT_MEM_CAP_GB * 1e9,
-               l2_bytes: int = DEFAULT_L2_BYTES, formats=(DENSE_FORMAT,)) -> tuple[list[Case], list[SkippedCell]]:
-    """The cells to run (batch-major, then seqlen, then cache format) and the cells skipped by
-    the memory cap.
+               l2_bytes: int = DEFAULT_L2_BYTES, formats=(DENSE_FORMAT,),
+               variants=(PLAIN,)) -> tuple[list[Case], list[SkippedCell]]:
+    """The cells to run (batch-major, then seqlen, then cache format, then variant) and the
+    cells skipped by the memory cap.
 
-    ``formats`` are ``(page_size, kv_dtype)`` pairs (see :func:`format_list`). A cell is skipped
-    when its KV times its rotation count exceeds ``mem_cap_bytes`` (the rotation count is
-    capped by memory, so this means one set alone does not fit).
+    ``formats`` are ``(page_size, kv_dtype)`` pairs (see :func:`format_list`), ``variants``
+    :class:`Variant` s (see :func:`variant_list`). A cell is skipped when its KV times its
+    rotation count exceeds ``mem_cap_bytes`` (the rotation count is capped by memory, so this
+    means one set alone does not fit).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
@@ -358,15 +521,18 @@ def build_grid(batches, seqlens, shape: Shape, dtype: str = "bf16", mem_cap_byte
             raise ValueError(f"page_size: expected an int >= 0 (0 = dense), got {page_size!r}")
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype: expected one of {list(KV_DTYPES)}, got {kv_dtype!r}")
+    for v in variants:
+        if not isinstance(v, Variant):
+            raise TypeError(f"variants: expected Variant instances, got {type(v).__name__}")
     cases: list[Case] = []
     skipped: list[SkippedCell] = []
     for batch in batches:
         for seqlen in seqlens:
-            for page_size, kv_dtype in formats:
+            for (page_size, kv_dtype), v in ((f, v) for f in formats for v in variants):
                 case = Case(batch, seqlen, shape.num_heads, shape.num_heads_kv, shape.head_dim, dtype, page_size,
-                            kv_dtype)
+                            kv_dtype, v.window, v.softcap, v.sinks, v.batch_invariant)
                 nbytes = set_bytes(case)
-                sets = rotation_count(nbytes, l2_bytes, mem_cap_bytes)
+                sets = case_rotation(case, l2_bytes, mem_cap_bytes)
                 if nbytes * sets > mem_cap_bytes:
                     skipped.append(SkippedCell(case, f"KV {case.kv_bytes / 1e9:.1f} GB x {sets} set(s) exceeds the "
                                                      f"{mem_cap_bytes / 1e9:.0f} GB memory cap (--mem-cap-gb)"))

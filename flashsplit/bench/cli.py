@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 
 from .cases import (DEFAULT_BATCHES, DEFAULT_MEM_CAP_GB, DEFAULT_PRESET, DEFAULT_SEQLENS, KV_DTYPES, L2_FACTOR,
-                    PRESETS, SAME_KV, Shape, build_grid, flatten, format_list, format_seqlen, parse_head_dim,
-                    parse_heads, parse_int_list, parse_kv_dtype_list, parse_page_size_list, parse_positive_int,
-                    parse_seqlen, parse_seqlen_list, parse_splits)
+                    PLAIN, PRESETS, SAME_KV, SINK_MEAN, Shape, Variant, build_grid, flatten, format_list,
+                    format_seqlen, parse_head_dim, parse_heads, parse_int_list, parse_kv_dtype_list,
+                    parse_page_size_list, parse_positive_int, parse_seqlen, parse_seqlen_list, parse_softcap_list,
+                    parse_splits, parse_switch, parse_window_list, switch_values, variant_list)
 from .contenders import contender_names
 
 NO_GPU_MESSAGE = ("flashsplit bench: error: timing needs a CUDA GPU and none was found; without one, --dry-run "
@@ -35,6 +36,11 @@ examples:
                                                     # paged vs dense time per flashsplit contender
   flashsplit bench --compare-formats --kv-dtype fp8e4m3 --batch 1 16 --seqlen 16k 128k
                                                     # fp8 vs bf16 speedup
+  flashsplit bench --preset gpt-oss-20b --window 128 --sinks --compare-variants --seqlen 129 4k 128k
+                                                    # gpt-oss's windowed layers vs plain decode (and a
+                                                    # plain 129-key cache: the keys the window sees)
+  flashsplit bench --softcap 0 50 --batch-invariant off on --contenders triton,flash-attn3
+                                                    # softcap and batch-invariant variants, FA3 alongside
   flashsplit bench --dry-run                        # no GPU needed: cells, contenders, planned splits
   flashsplit bench --from-json a.json b.json --plot ab.png   # re-render saved runs, merged (no GPU needed)
 """
@@ -43,6 +49,11 @@ FORMATS_NOTE = ("cache formats: paged caches hold every row's pages in one shuff
                 "block table, shared by the rotation sets); fp8 caches are quantized from normal 16-bit values "
                 "with fp32 scales per (row, KV head); GB/s counts the cache's own bytes (1 per fp8 element) plus "
                 "block table and scales")
+
+VARIANTS_NOTE = (f"attention variants: a window of w keys is window_size=(w, 0) (the causal sliding window; at "
+                 f"L_q = 1 the same keys as (w, -1)), and GB/s counts the keys it sees, min(L_k, w + 1) per row, with "
+                 f"rotation sets sized by those keys; sinks are fp32 N({SINK_MEAN:g}, 1), one per q head; the "
+                 f"reference check computes the variant")
 
 
 def _parse_contenders(text: str) -> list[str]:
@@ -88,6 +99,24 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                           "(16-key pages <= 1.10x dense time, 1-key pages <= 1.25x, fp8 >= 1.7x faster at 128k keys; "
                           "default contenders: the flashsplit ones)")
 
+    var = parser.add_argument_group("attention variants (flashsplit runs them; peers without them are skipped)")
+    var.add_argument("--window", type=parse_window_list, nargs="+", metavar="LEFT",
+                     help="sliding windows: keys left of the query, -1 or none = no window; passed as "
+                          "window_size=(LEFT, 0), the causal sliding window (at L_q = 1 the same keys as (LEFT, -1)); "
+                          "several values run each (default none)")
+    var.add_argument("--softcap", type=parse_softcap_list, nargs="+", metavar="X",
+                     help="softcap of the scores (Gemma 2 uses 50), 0 = off; several values run each (default 0)")
+    var.add_argument("--sinks", type=parse_switch, nargs="*", metavar="on|off",
+                     help=f"attention sinks (gpt-oss): one random fp32 logit per q head, N({SINK_MEAN:g}, 1); "
+                          "bare: on; 'off on' runs both")
+    var.add_argument("--batch-invariant", type=parse_switch, nargs="*", metavar="on|off",
+                     help="decode with batch_invariant=True (fixed-length splits; FlashAttention: num_splits=1); "
+                          "bare: on; 'off on' runs both")
+    var.add_argument("--compare-variants", action="store_true",
+                     help="also run each cell as plain decode and report each variant's time / plain time per "
+                          "contender (for a window of w, also / a plain (w + 1)-key cache where --seqlen lists "
+                          "w + 1; default contenders: the flashsplit ones)")
+
     grid = parser.add_argument_group("grid")
     grid.add_argument("--batch", type=parse_int_list, nargs="+", metavar="B",
                       help=f"batch sizes, space or comma separated (default {' '.join(map(str, DEFAULT_BATCHES))})")
@@ -126,7 +155,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     out = parser.add_argument_group("output")
     out.add_argument("--json", metavar="FILE", help="write the report (header, rows, sweep) as JSON")
     out.add_argument("--csv", metavar="FILE", help="write the rows as CSV (with --sweep-splits also FILE.sweep.csv, "
-                                                   "with --compare-formats also FILE.formats.csv)")
+                                                   "with --compare-formats also FILE.formats.csv, with "
+                                                   "--compare-variants also FILE.variants.csv)")
     out.add_argument("--plot", metavar="FILE.png", help="latency plots (needs matplotlib: pip install 'flashsplit[plot]')")
     out.add_argument("--plot-seqlen", type=parse_seqlen, metavar="L", help="L_k of the latency-vs-batch panel")
     return parser
@@ -138,8 +168,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         "bench", help="benchmark flashsplit against torch SDPA, FlexAttention, FlashInfer and FlashAttention "
                       "on a GPU (or list the grid without one)",
         description="Benchmark flashsplit decode attention against torch SDPA (flash, cuDNN), FlexAttention, "
-                    "FlashInfer and FlashAttention: device us per call (CUDA-graph replay), eager us, GB/s. "
-                    "Timing needs a CUDA GPU; --dry-run and --from-json do not.",
+                    "FlashInfer and FlashAttention: device us per call (CUDA-graph replay), eager us, GB/s, over "
+                    "cache formats (paged, fp8) and attention variants (sliding window, softcap, sinks, "
+                    "batch-invariant). Timing needs a CUDA GPU; --dry-run and --from-json do not.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     configure_parser(parser)
     parser.set_defaults(func=run_bench_command)
@@ -174,19 +205,29 @@ def resolve_formats(args: argparse.Namespace) -> list[tuple[int, str]]:
     return format_list(page_sizes, kv_dtypes, baseline=args.compare_formats)
 
 
+def resolve_variants(args: argparse.Namespace) -> list[Variant]:
+    """The attention variants to run: every --window x --softcap x --sinks x --batch-invariant
+    combination, with ``--compare-variants`` preceded by the plain decode they are compared with."""
+    windows = flatten(args.window) if args.window else [-1]
+    softcaps = flatten(args.softcap) if args.softcap else [0.0]
+    return variant_list(windows, softcaps, switch_values(args.sinks), switch_values(args.batch_invariant),
+                        baseline=args.compare_variants)
+
+
 def resolve_grid(args: argparse.Namespace, l2_bytes: int):
     batches = flatten(args.batch) if args.batch else list(DEFAULT_BATCHES)
     seqlens = flatten(args.seqlen) if args.seqlen else list(DEFAULT_SEQLENS)
     return build_grid(batches, seqlens, resolve_shape(args), args.dtype, args.mem_cap_gb * 1e9, l2_bytes,
-                      formats=resolve_formats(args))
+                      formats=resolve_formats(args), variants=resolve_variants(args))
 
 
 def resolve_contenders(args: argparse.Namespace):
-    """The contenders asked for; with ``--compare-formats`` and no ``--contenders``, the flashsplit ones."""
+    """The contenders asked for; with ``--compare-formats`` or ``--compare-variants`` and no
+    ``--contenders``, the flashsplit ones."""
     from .contenders import select_contenders
 
     chosen = select_contenders(args.contenders, flex=not args.no_flex)
-    if args.compare_formats and not args.contenders:
+    if (args.compare_formats or args.compare_variants) and not args.contenders:
         chosen = [c for c in chosen if c.family == "flashsplit"]
     return chosen
 
@@ -196,6 +237,15 @@ def _options_error(args: argparse.Namespace) -> str | None:
         return "--compare-formats and --sweep-splits do not combine (a sweep has many rows per format)"
     if args.compare_formats and resolve_formats(args) == [(0, SAME_KV)]:
         return "--compare-formats needs a format to compare: --page-size N (N > 0) and/or --kv-dtype fp8e4m3|fp8e5m2"
+    if args.compare_variants and args.sweep_splits:
+        return "--compare-variants and --sweep-splits do not combine (a sweep has many rows per variant)"
+    variants = resolve_variants(args)
+    if args.compare_variants and variants == [PLAIN]:
+        return ("--compare-variants needs a variant to compare: --window LEFT (LEFT >= 0), --softcap X (X > 0), "
+                "--sinks and/or --batch-invariant")
+    if args.sweep_splits and any(v.batch_invariant for v in variants):
+        return ("--sweep-splits and --batch-invariant do not combine (batch-invariant decode fixes the split length, "
+                "so num_splits cannot be swept)")
     return None
 
 
@@ -229,6 +279,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
         if args.compare_formats:
             console.print(f"  --compare-formats would compare {[c.name for c in contenders]} across "
                           + ", ".join(cases_formats(cases)))
+        if args.compare_variants:
+            console.print(f"  --compare-variants would compare {[c.name for c in contenders]} on "
+                          + ", ".join(cases_variants(cases)) + " against plain decode")
         if args.sweep_splits:
             from .sweep import sweep_backends
 
@@ -246,6 +299,11 @@ def run_bench_command(args: argparse.Namespace) -> int:
 def cases_formats(cases) -> list[str]:
     """The distinct cache formats among ``cases``, as labels, in order."""
     return list(dict.fromkeys(c.format_label for c in cases))
+
+
+def cases_variants(cases) -> list[str]:
+    """The distinct attention variants among ``cases`` other than plain, as labels, in order."""
+    return list(dict.fromkeys(c.variant.label for c in cases if not c.variant.plain))
 
 
 class _RichProgress:
@@ -288,6 +346,7 @@ def _run_on_gpu(args: argparse.Namespace) -> int:
     from .runner import RunOptions, run_grid
     from .sweep import sweep_backends, sweep_grid
     from .timing import TimingConfig
+    from .variants import compare_variants
 
     if args.plot and not matplotlib_available():  # fail before spending GPU time
         print(MATPLOTLIB_MISSING, file=sys.stderr)
@@ -311,6 +370,8 @@ def _run_on_gpu(args: argparse.Namespace) -> int:
     )
     if any(c.paged or c.fp8 for c in cases):
         header.notes.append(FORMATS_NOTE)
+    if any(not c.variant.plain for c in cases):
+        header.notes.append(VARIANTS_NOTE)
     runnable = []
     for c in contenders:
         reason = c.available()
@@ -347,14 +408,16 @@ def _run_on_gpu(args: argparse.Namespace) -> int:
             report.rows = run_grid(cases, runnable, device, header.ceiling_bw, options, _RichProgress(bar, task))
     if args.compare_formats:
         report.formats = compare_formats(report.rows)
+    if args.compare_variants:
+        report.variants = compare_variants(report.rows)
     render_report(console, report, skipped)
     code = _write_outputs(args, report)
     return 1 if code or any(r.status == WRONG for r in report.rows) else 0
 
 
 def load_reports(paths: list[str]):
-    """One report of the saved ``--json`` reports at ``paths``: their rows, sweeps and format
-    comparisons in order, under the first file's header (a note names the files merged).
+    """One report of the saved ``--json`` reports at ``paths``: their rows, sweeps, format and
+    variant comparisons in order, under the first file's header (a note names the files merged).
 
     Raises ``ValueError`` naming the file that cannot be read or is not a bench report."""
     import json
@@ -380,6 +443,7 @@ def load_reports(paths: list[str]):
         merged.rows += other.rows
         merged.sweep += other.sweep
         merged.formats += other.formats
+        merged.variants += other.variants
     if len(paths) > 1:
         merged.header.notes.append(f"merged from {len(paths)} reports: {', '.join(paths)}")
     return merged
@@ -403,7 +467,7 @@ def _render_saved(args: argparse.Namespace) -> int:
 
 def _write_outputs(args: argparse.Namespace, report) -> int:
     from .render import write_plot
-    from .rows import FormatComparison, SweepSummary, report_to_json, rows_to_csv, to_csv
+    from .rows import FormatComparison, SweepSummary, VariantComparison, report_to_json, rows_to_csv, to_csv
 
     code = 0
     try:
@@ -415,6 +479,8 @@ def _write_outputs(args: argparse.Namespace, report) -> int:
                 Path(args.csv).with_suffix(".sweep.csv").write_text(to_csv(report.sweep, SweepSummary))
             if report.formats:
                 Path(args.csv).with_suffix(".formats.csv").write_text(to_csv(report.formats, FormatComparison))
+            if report.variants:
+                Path(args.csv).with_suffix(".variants.csv").write_text(to_csv(report.variants, VariantComparison))
     except OSError as e:
         print(f"could not write output: {e}", file=sys.stderr)
         code = 1

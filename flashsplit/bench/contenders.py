@@ -19,6 +19,7 @@ import abc
 import contextlib
 import functools
 import importlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -29,6 +30,29 @@ from .device import cuda_available, synchronize
 from .inputs import InputSets
 
 NO_GPU_REASON = "needs a CUDA GPU; none found"
+
+#: Attention-variant features (:class:`~.cases.Variant` field names) and their names in reasons.
+VARIANT_FEATURES = {"window": "sliding-window", "softcap": "softcap", "sinks": "sinks",
+                    "batch_invariant": "batch-invariant"}
+
+
+def case_features(case: Case) -> list[str]:
+    """The :data:`VARIANT_FEATURES` keys ``case`` uses (empty for plain attention)."""
+    used = {"window": case.window >= 0, "softcap": case.softcap > 0, "sinks": case.sinks,
+            "batch_invariant": case.batch_invariant}
+    return [f for f in VARIANT_FEATURES if used[f]]
+
+
+def _no_input(library: str, features: list[str], where: str = "in the bench's call") -> str:
+    return f"{library} has no {'/'.join(VARIANT_FEATURES[f] for f in features)} input {where}"
+
+
+def _signature_params(fn) -> frozenset | None:
+    """The parameter names of ``fn`` (None when its signature cannot be read, e.g. a C builtin)."""
+    try:
+        return frozenset(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
 
 
 class Unsupported(Exception):
@@ -72,6 +96,8 @@ class Contender(abc.ABC):
     library: str = ""
     #: Cache formats taken besides a dense 16-bit cache: a subset of {"paged", "fp8"}.
     formats: frozenset = frozenset()
+    #: Attention variants taken besides plain attention: a subset of :data:`VARIANT_FEATURES`.
+    variants: frozenset = frozenset()
 
     def format_reason(self, case: Case) -> str | None:
         """Why this contender cannot take ``case``'s cache format (None: it can)."""
@@ -79,6 +105,11 @@ class Contender(abc.ABC):
         if not missing:
             return None
         return f"{self.library or self.name} has no {'/'.join(missing)} KV input"
+
+    def variant_reason(self, case: Case) -> str | None:
+        """Why this contender cannot run ``case``'s attention variant (None: it can)."""
+        missing = [f for f in case_features(case) if f not in self.variants]
+        return _no_input(self.library or self.name, missing) if missing else None
 
     def static_reason(self) -> str | None:
         """Why this contender cannot run here regardless of the GPU (None: it can)."""
@@ -104,11 +135,14 @@ class Contender(abc.ABC):
 
 class FlashsplitContender(Contender):
     """``flashsplit.decode(..., backend=backend, num_splits=num_splits)`` (0: the heuristic), with
-    ``block_table`` / ``k_descale`` / ``v_descale`` for paged / fp8 caches (a backend that refuses
-    the format is skipped with the registry's reason)."""
+    ``block_table`` / ``k_descale`` / ``v_descale`` for paged / fp8 caches and ``window_size`` /
+    ``softcap`` / ``sinks`` / ``batch_invariant`` for a variant (a backend that refuses the format
+    or variant is skipped with the registry's reason; so is a fixed ``num_splits`` under
+    batch-invariant decode, which fixes the split length itself)."""
 
     family = "flashsplit"
     formats = frozenset({"paged", "fp8"})
+    variants = frozenset(VARIANT_FEATURES)
 
     def __init__(self, name: str, backend: str, num_splits: int = 0):
         self.name = name
@@ -129,7 +163,9 @@ class FlashsplitContender(Contender):
             return flashsplit.plan(case.batch, case.capacity, case.num_heads, case.num_heads_kv, case.head_dim,
                                    dtype=case.torch_dtype, has_cache_seqlens=True, page_size=case.page_size,
                                    kv_dtype=KV_DTYPES[case.kv_dtype], num_splits=self.num_splits,
-                                   num_sms=num_sms, device="cuda", backend=self.backend)
+                                   num_sms=num_sms, device="cuda", backend=self.backend,
+                                   window_size=case.window_size, softcap=case.softcap, has_sinks=case.sinks,
+                                   batch_invariant=case.batch_invariant)
         except ValueError as e:  # the registry's refusal carries the backend's reason
             raise Unsupported(str(e)) from None
 
@@ -141,13 +177,17 @@ class FlashsplitContender(Contender):
         the_plan = self.plan(case, num_sms)
         q, k, v, lens = inputs.q, inputs.k, inputs.v, inputs.cache_seqlens
         backend, num_splits = self.backend, self.num_splits
-        extra = [inputs.cache_kwargs(i) for i in range(len(inputs))]  # block_table, descales
+        variant = inputs.variant_kwargs()  # window_size, softcap, sinks, batch_invariant (plain: none)
+        extra = [{**inputs.cache_kwargs(i), **variant} for i in range(len(inputs))]  # + block_table, descales
 
         def run(i: int):
             return flashsplit.decode(q[i], k[i], v[i], cache_seqlens=lens, num_splits=num_splits, backend=backend,
                                      **extra[i])
 
-        return Prepared(run, num_splits=the_plan.num_splits, note=f"backend {the_plan.backend}")
+        note = f"backend {the_plan.backend}"
+        if case.window >= 0:
+            note += f"; splits cover {the_plan.span} keys"
+        return Prepared(run, num_splits=the_plan.num_splits, note=note)
 
 
 # -- torch -----------------------------------------------------------------------------------
@@ -282,12 +322,19 @@ def _import_reason(module: str) -> str | None:
 
 
 class FlashAttnContender(Contender):
-    """FlashAttention's ``flash_attn_with_kvcache`` (``flash_attn`` = FA2, ``flash_attn_interface`` = FA3)."""
+    """FlashAttention's ``flash_attn_with_kvcache`` (``flash_attn`` = FA2, ``flash_attn_interface`` = FA3).
+
+    The block table goes in as ``block_table`` (FA2) or ``page_table`` (FA3), by the signature;
+    so do the variants: ``window_size=(w, 0)``, ``softcap``, sinks (whichever of
+    :data:`SINK_PARAMS` the build has) and, for batch-invariant decode, ``num_splits=1``.
+    """
 
     family = "external"
     formats = frozenset({"paged"})
     #: FA2's paged path needs pages of a multiple of 256 keys; FA3 takes any page size.
     FA2_PAGE_MULTIPLE = 256
+    #: Names builds of flash_attn_with_kvcache give a per-q-head sink logit parameter.
+    SINK_PARAMS = ("sinks", "s_aux", "learnable_sink")
 
     def __init__(self, name: str, module: str):
         self.name = name
@@ -305,21 +352,49 @@ class FlashAttnContender(Contender):
     def static_reason(self) -> str | None:
         return _import_reason(self.module)
 
-    def prepare(self, case: Case, inputs: InputSets) -> Prepared:
-        fn = importlib.import_module(self.module).flash_attn_with_kvcache
-        q, k, v, lens = inputs.q, inputs.k, inputs.v, inputs.cache_seqlens
-        table = inputs.block_table  # None for a dense cache
+    def _function(self):
+        return importlib.import_module(self.module).flash_attn_with_kvcache
 
-        if table is None:
-            def run(i: int):
-                return fn(q[i], k[i], v[i], cache_seqlens=lens)
-        else:
-            def run(i: int):
-                return fn(q[i], k[i], v[i], cache_seqlens=lens, block_table=table)
+    def _variant_param(self, feature: str, params: frozenset) -> str | None:
+        """The keyword that carries ``feature`` in this build (None: it has none)."""
+        if feature == "sinks":
+            return next((p for p in self.SINK_PARAMS if p in params), None)
+        wanted = {"window": "window_size", "softcap": "softcap", "batch_invariant": "num_splits"}[feature]
+        return wanted if wanted in params else None
+
+    def variant_reason(self, case: Case) -> str | None:
+        features = case_features(case)
+        if not features or _import_reason(self.module):  # plain, or available() says why not
+            return None
+        params = _signature_params(self._function())
+        if params is None:
+            return f"{self.library}'s signature cannot be read, so no variant input can be passed"
+        missing = [f for f in features if self._variant_param(f, params) is None]
+        return _no_input(self.library, missing, "in this build") if missing else None
+
+    def prepare(self, case: Case, inputs: InputSets) -> Prepared:
+        fn = self._function()
+        params = _signature_params(fn) or frozenset()
+        q, k, v = inputs.q, inputs.k, inputs.v
+        kwargs = {"cache_seqlens": inputs.cache_seqlens}
+        if inputs.block_table is not None:
+            kwargs["page_table" if "page_table" in params and "block_table" not in params else "block_table"] = \
+                inputs.block_table
+        note = "num_splits chosen by the library"
+        for feature in case_features(case):
+            name = self._variant_param(feature, params)
+            if name is None:
+                raise Unsupported(_no_input(self.library, [feature], "in this build"))
+            kwargs[name] = {"window": case.window_size, "softcap": case.softcap, "sinks": inputs.sinks,
+                            "batch_invariant": 1}[feature]
+            if feature == "batch_invariant":
+                note = "num_splits=1 (one split per row: batch-invariant by construction)"
+
+        def run(i: int):
+            return fn(q[i], k[i], v[i], **kwargs)
 
         # Some versions return (out, lse); the check wants the output only.
-        return Prepared(run, to_bshd=lambda o: o[0] if isinstance(o, (tuple, list)) else o,
-                        note="num_splits chosen by the library")
+        return Prepared(run, to_bshd=lambda o: o[0] if isinstance(o, (tuple, list)) else o, note=note)
 
 
 class FlashInferContender(Contender):
@@ -334,6 +409,8 @@ class FlashInferContender(Contender):
     family = "external"
     name = "flashinfer"
     formats = frozenset({"paged"})
+    #: Variant features and the ``plan`` keyword that carries each (where the release has it).
+    PLAN_PARAMS = {"window": "window_left", "softcap": "logits_soft_cap"}
     PAGE_SIZE = 16
     WORKSPACE_BYTES = 128 * 1024 * 1024
 
@@ -345,6 +422,28 @@ class FlashInferContender(Contender):
 
     def static_reason(self) -> str | None:
         return _import_reason("flashinfer")
+
+    def variant_reason(self, case: Case) -> str | None:
+        features = case_features(case)
+        unsupported = [f for f in features if f not in self.PLAN_PARAMS]
+        if unsupported:
+            return _no_input("flashinfer", unsupported, "in the bench's call (BatchDecodeWithPagedKVCacheWrapper)")
+        if not features or _import_reason("flashinfer"):  # plain, or available() says why not
+            return None
+        import flashinfer
+
+        params = _signature_params(flashinfer.BatchDecodeWithPagedKVCacheWrapper.plan) or frozenset()
+        missing = [f for f in features if self.PLAN_PARAMS[f] not in params]
+        return _no_input("flashinfer", missing, "in this release's decode plan()") if missing else None
+
+    def _plan_variant(self, case: Case) -> dict:
+        """``plan`` keywords of ``case``'s window and softcap (empty for plain attention)."""
+        kwargs = {}
+        if case.window >= 0:
+            kwargs["window_left"] = case.window
+        if case.softcap > 0:
+            kwargs["logits_soft_cap"] = case.softcap
+        return kwargs
 
     def prepare(self, case: Case, inputs: InputSets) -> Prepared:
         import flashinfer
@@ -366,10 +465,12 @@ class FlashInferContender(Contender):
         indptr = torch.arange(batch + 1, dtype=torch.int32, device=device) * pages_per_row
         last_page_len = torch.full((batch,), last, dtype=torch.int32, device=device)
         args = (indptr, indices, last_page_len, case.num_heads, case.num_heads_kv, case.head_dim, page)
+        variant = self._plan_variant(case)
         try:
-            wrapper.plan(*args, pos_encoding_mode="NONE", q_data_type=case.torch_dtype, kv_data_type=case.torch_dtype)
+            wrapper.plan(*args, pos_encoding_mode="NONE", q_data_type=case.torch_dtype, kv_data_type=case.torch_dtype,
+                         **variant)
         except TypeError:  # older releases name the dtype argument data_type
-            wrapper.plan(*args, pos_encoding_mode="NONE", data_type=case.torch_dtype)
+            wrapper.plan(*args, pos_encoding_mode="NONE", data_type=case.torch_dtype, **variant)
         paged_shape = (batch * pages_per_row, page, case.num_heads_kv, case.head_dim)
         kv = [(k.view(paged_shape), v.view(paged_shape)) for k, v in zip(inputs.k, inputs.v)]  # paged: no-op views
         qs = [q[:, 0] for q in inputs.q]  # [B, H, D]

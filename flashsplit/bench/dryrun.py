@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .cases import Case, SkippedCell, rotation_count, set_bytes
+from .cases import Case, SkippedCell, case_rotation, rotation_note
 from .contenders import Contender, Unsupported
 from .device import DeviceInfo
 
@@ -18,16 +18,22 @@ class ContenderStatus:
 
 @dataclass
 class PlannedCell:
-    """One cell: its rotation count, per flashsplit contender the planned split count (an int)
-    or why the backend cannot run it (a str), which backend each of them would run and the
-    selection rule behind it (``"cute (swapped-operands)"``), and per other contender that
-    cannot take the cell's cache format (paged, fp8) why not."""
+    """One cell: its rotation count (and ``rotation_note``, a warning when the memory cap left
+    too few sets to keep the KV out of L2), per flashsplit contender the planned split count (an
+    int) or why the backend cannot run it (a str), the keys its splits cover (``spans``: under a
+    window, ``SplitPlan.span``), which backend each of them would run and the selection rule
+    behind it (``"cute (swapped-operands)"``), and per other contender that cannot take the
+    cell's cache format (paged, fp8) or attention variant (window, softcap, sinks,
+    batch-invariant) why not."""
 
     case: Case
     sets: int
     plans: dict[str, int | str] = field(default_factory=dict)
     backends: dict[str, str] = field(default_factory=dict)
+    spans: dict[str, int] = field(default_factory=dict)
     format_skips: dict[str, str] = field(default_factory=dict)
+    variant_skips: dict[str, str] = field(default_factory=dict)
+    rotation_note: str = ""
 
 
 @dataclass
@@ -45,17 +51,23 @@ def build_dry_run(cases: list[Case], skipped: list[SkippedCell], contenders: lis
     planners = [c for c in contenders if c.family == "flashsplit" and c.name in runnable]
     cells = []
     for case in cases:
-        cell = PlannedCell(case, rotation_count(set_bytes(case), device.l2_bytes, mem_cap_bytes))
+        sets = case_rotation(case, device.l2_bytes, mem_cap_bytes)
+        cell = PlannedCell(case, sets, rotation_note=rotation_note(case, sets, device.l2_bytes))
         for c in planners:
             try:
                 plan = c.plan(case, device.num_sms)
                 cell.plans[c.name] = plan.num_splits
                 cell.backends[c.name] = f"{plan.backend} ({plan.rule})"
+                cell.spans[c.name] = plan.span
             except Unsupported as e:
                 cell.plans[c.name] = str(e)
         for c in contenders:
-            reason = c.format_reason(case) if c.name in runnable else None
+            if c.name not in runnable:
+                continue
+            reason = c.format_reason(case)
             if reason is not None:
                 cell.format_skips[c.name] = reason
+            elif c.variant_reason(case) is not None:  # the runner asks in this order too
+                cell.variant_skips[c.name] = c.variant_reason(case)
         cells.append(cell)
     return DryRun(device, statuses, cells, skipped)

@@ -1,6 +1,7 @@
 """``--compare-formats``: paged and fp8 caches against their dense / 16-bit baselines.
 
-Pure functions over :class:`~.rows.BenchRow` s (no GPU): for each contender and grid cell,
+Pure functions over :class:`~.rows.BenchRow` s (no GPU): for each contender, grid cell and
+attention variant,
 
 - a paged format (page size p, cache dtype k) is compared with the dense cache of dtype k:
   ``ratio`` = paged time / dense time (the cost of paging);
@@ -27,7 +28,8 @@ FP8_TARGET_MIN_SEQLEN = 131072
 
 
 def _cell(r: BenchRow) -> tuple:
-    return (r.contender, r.batch, r.seqlen_k, r.num_heads, r.num_heads_kv, r.head_dim, r.dtype)
+    """Contender, cell and attention variant: what a format and its baseline share."""
+    return (r.contender, r.batch, r.seqlen_k, r.num_heads, r.num_heads_kv, r.head_dim, r.dtype, r.variant)
 
 
 def _timed(r: BenchRow) -> bool:
@@ -47,8 +49,9 @@ def _backend(r: BenchRow) -> str | None:
 def compare(kind: str, row: BenchRow, base: BenchRow) -> FormatComparison:
     """One comparison of ``row`` (the format) with ``base`` (its baseline), same contender and cell."""
     c = FormatComparison(row.contender, row.batch, row.seqlen_k, row.num_heads, row.num_heads_kv, row.head_dim,
-                         row.dtype, kind, page_size=row.page_size, kv_dtype=row.kv, base_page_size=base.page_size,
-                         base_kv_dtype=base.kv)
+                         row.dtype, kind, page_size=row.page_size, kv_dtype=row.kv, window=row.window,
+                         softcap=row.softcap, sinks=row.sinks, batch_invariant=row.batch_invariant,
+                         base_page_size=base.page_size, base_kv_dtype=base.kv)
     if kind == "paged" and row.page_size in PAGED_TARGETS:
         c.target = f"paged/dense <= {PAGED_TARGETS[row.page_size]:.2f}"
     elif kind == "fp8" and row.seqlen_k >= FP8_TARGET_MIN_SEQLEN:

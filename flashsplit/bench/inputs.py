@@ -10,6 +10,9 @@ Cache formats (see :class:`~.cases.Case`):
 - fp8: the cache quantized from 16-bit normal values with one fp32 scale per (row, KV head)
   (:func:`flashsplit.testing.quantize_fp8`), passed as ``k_descale`` / ``v_descale``.
 
+A case with ``sinks`` also gets one fp32 sink logit per q head, N(:data:`~.cases.SINK_MEAN`, 1),
+shared by every set (learned weights, like the block table, do not change between calls).
+
 Paged and fp8 caches are written in chunks of batch rows straight into their final tensors,
 so no dense 16-bit copy of the whole cache is ever held; the reference check gathers and
 dequantizes the rows it checks (:meth:`InputSets.reference_kv`).
@@ -23,7 +26,7 @@ import torch
 
 from ..reference import dequantize, gather_paged
 from ..testing import quantize_fp8
-from .cases import Case
+from .cases import SINK_MEAN, Case
 
 #: Largest fp32 chunk of cache rows generated at once for a paged or fp8 cache (quantizing
 #: takes a few fp32 temporaries of this size).
@@ -38,7 +41,7 @@ class InputSets:
     ``[B, L_k, H_kv, D]`` (flashsplit's and FlashAttention's layout) or paged ``[num_pages,
     page_size, H_kv, D]`` with ``block_table`` int32 ``[B, pages_per_row]`` (shared by every
     set); for fp8 ``k_descale[i]``/``v_descale[i]`` fp32 ``[B, H_kv]``. ``cache_seqlens`` int32
-    ``[B]`` (every row full).
+    ``[B]`` (every row full). ``sinks`` fp32 ``[H]`` when the case has sinks (shared by every set).
     """
 
     case: Case
@@ -49,6 +52,7 @@ class InputSets:
     block_table: torch.Tensor | None = None
     k_descale: list[torch.Tensor] | None = None
     v_descale: list[torch.Tensor] | None = None
+    sinks: torch.Tensor | None = None
     #: float64 reference outputs of set 0, by batch row (filled by :mod:`.check`, shared by
     #: every contender and every num_splits of a sweep).
     ref_cache: dict = field(default_factory=dict, repr=False)
@@ -65,6 +69,21 @@ class InputSets:
         if self.k_descale is not None:
             kwargs["k_descale"] = self.k_descale[i]
             kwargs["v_descale"] = self.v_descale[i]
+        return kwargs
+
+    def variant_kwargs(self) -> dict:
+        """``flashsplit.decode`` keyword arguments for the case's attention variant
+        (``window_size``, ``softcap``, ``sinks``, ``batch_invariant``; empty for plain attention,
+        so a plain cell times exactly the plain call)."""
+        case, kwargs = self.case, {}
+        if case.window >= 0:
+            kwargs["window_size"] = case.window_size
+        if case.softcap > 0:
+            kwargs["softcap"] = case.softcap
+        if self.sinks is not None:
+            kwargs["sinks"] = self.sinks
+        if case.batch_invariant:
+            kwargs["batch_invariant"] = True
         return kwargs
 
     def reference_kv(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,7 +180,8 @@ def make_cache(case: Case, randn, table: torch.Tensor | None, device) -> tuple[t
 
 def make_inputs(case: Case, num_sets: int, device: str | torch.device = "cuda", seed: int = 0) -> InputSets:
     """``num_sets`` independent standard-normal input sets for ``case`` (a dense 16-bit case
-    draws exactly what it always did for a given seed)."""
+    draws exactly what it always did for a given seed; the sinks are drawn after the sets, so a
+    case with sinks has the q, k and v of the same case without)."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     dtype = case.torch_dtype
@@ -181,5 +201,8 @@ def make_inputs(case: Case, num_sets: int, device: str | torch.device = "cuda", 
         k_scales.append(k_scale)
         v_scales.append(v_scale)
     lens = torch.full((case.batch,), case.seqlen_k, dtype=torch.int32, device=device)
+    sinks = None
+    if case.sinks:
+        sinks = torch.randn((case.num_heads,), generator=gen, device=device, dtype=torch.float32) + SINK_MEAN
     return InputSets(case, qs, ks, vs, lens, block_table=table,
-                     k_descale=k_scales if case.fp8 else None, v_descale=v_scales if case.fp8 else None)
+                     k_descale=k_scales if case.fp8 else None, v_descale=v_scales if case.fp8 else None, sinks=sinks)

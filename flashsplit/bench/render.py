@@ -13,7 +13,8 @@ from rich.table import Table
 
 from .cases import SkippedCell, format_label, format_seqlen
 from .dryrun import DryRun
-from .rows import ERROR, OK, SKIPPED, WRONG, BenchRow, FormatComparison, Report, RunHeader, SweepSummary
+from .rows import (ERROR, OK, SKIPPED, WRONG, BenchRow, FormatComparison, Report, RunHeader, SweepSummary,
+                   VariantComparison)
 
 _STATUS_STYLE = {OK: "", SKIPPED: "dim", WRONG: "bold red", ERROR: "red"}
 
@@ -37,18 +38,20 @@ def render_header(console: Console, header: RunHeader) -> None:
 def rows_table(rows: list[BenchRow], title: str = "decode attention, per call") -> Table:
     table = Table(title=title, header_style="bold")
     for name, justify in (("contender", "left"), ("B", "right"), ("L_k", "right"), ("heads", "right"),
-                          ("d", "right"), ("dtype", "left"), ("cache", "left"), ("splits", "right"), ("device us", "right"),
+                          ("d", "right"), ("dtype", "left"), ("cache", "left"), ("variant", "left"), ("splits", "right"),
+                          ("device us", "right"),
                           ("eager us", "right"), ("method", "left"), ("GB/s", "right"), ("% sheet", "right"),
                           ("% ceil", "right"), ("rel err", "right"), ("note", "left")):
         table.add_column(name, justify=justify, overflow="fold")
     previous = None
     for r in rows:
-        cell = (r.batch, r.seqlen_k, r.heads, r.head_dim, r.dtype, r.page_size, r.kv)
+        cell = (r.batch, r.seqlen_k, r.heads, r.head_dim, r.dtype, r.page_size, r.kv, r.variant)
         if previous is not None and cell != previous:
             table.add_section()
         previous = cell
         table.add_row(r.contender, str(r.batch), format_seqlen(r.seqlen_k), r.heads, str(r.head_dim), r.dtype,
-                      format_label(r.page_size, r.kv), _f(r.num_splits, "{}"), _f(r.device_us), _f(r.eager_us), r.method,
+                      format_label(r.page_size, r.kv), r.variant_label, _f(r.num_splits, "{}"), _f(r.device_us),
+                      _f(r.eager_us), r.method,
                       _f(r.gbps, "{:.0f}"), _f(r.pct_datasheet, "{:.0f}%"), _f(r.pct_ceiling, "{:.0f}%"), _f(r.rel_err, "{:.1e}"),
                       r.note if r.status == OK else f"{r.status}: {r.note}", style=_STATUS_STYLE.get(r.status, ""))
     return table
@@ -56,13 +59,14 @@ def rows_table(rows: list[BenchRow], title: str = "decode attention, per call") 
 
 def sweep_table(summaries: list[SweepSummary]) -> Table:
     table = Table(title="num_splits heuristic vs best measured", header_style="bold")
-    for name in ("contender", "B", "L_k", "heads", "d", "cache", "heuristic", "heuristic us", "best", "best us", "gap",
-                 "note"):
-        table.add_column(name, justify="left" if name in ("contender", "cache", "note") else "right")
+    for name in ("contender", "B", "L_k", "heads", "d", "cache", "variant", "heuristic", "heuristic us", "best",
+                 "best us", "gap", "note"):
+        table.add_column(name, justify="left" if name in ("contender", "cache", "variant", "note") else "right")
     for s in summaries:
         gap_style = "" if s.gap_pct is None or s.gap_pct < 5 else "yellow" if s.gap_pct < 15 else "red"
         table.add_row(s.contender, str(s.batch), format_seqlen(s.seqlen_k), f"{s.num_heads}/{s.num_heads_kv}",
-                      str(s.head_dim), format_label(s.page_size, s.kv_dtype or s.dtype), _f(s.heuristic_splits, "{}"),
+                      str(s.head_dim), format_label(s.page_size, s.kv_dtype or s.dtype), s.variant_label,
+                      _f(s.heuristic_splits, "{}"),
                       _f(s.heuristic_us), _f(s.best_splits, "{}"), _f(s.best_us), _f(s.gap_pct, "{:.1f}%"), s.note,
                       style=gap_style)
     return table
@@ -71,18 +75,35 @@ def sweep_table(summaries: list[SweepSummary]) -> Table:
 def formats_table(comparisons: list[FormatComparison]) -> Table:
     """``--compare-formats``: paged / dense time and 16-bit / fp8 speedup, against the targets of :mod:`.formats`."""
     table = Table(title="cache formats: paged vs dense time, fp8 vs 16-bit speedup", header_style="bold")
-    for name in ("contender", "B", "L_k", "heads", "d", "cache", "vs", "us", "vs us", "paged/dense", "speedup",
-                 "target", "met", "note"):
-        table.add_column(name, justify="left" if name in ("contender", "cache", "vs", "target", "note") else "right",
-                         overflow="fold")
+    for name in ("contender", "B", "L_k", "heads", "d", "cache", "vs", "variant", "us", "vs us", "paged/dense",
+                 "speedup", "target", "met", "note"):
+        table.add_column(name, justify="left" if name in ("contender", "cache", "vs", "variant", "target", "note")
+                         else "right", overflow="fold")
     for c in comparisons:
         met = "-" if c.met is None else "yes" if c.met else "NO"
         style = "" if c.met is None else "green" if c.met else "red"
         table.add_row(c.contender, str(c.batch), format_seqlen(c.seqlen_k), f"{c.num_heads}/{c.num_heads_kv}",
                       str(c.head_dim), format_label(c.page_size, c.kv_dtype or c.dtype),
-                      format_label(c.base_page_size, c.base_kv_dtype or c.dtype), _f(c.us), _f(c.base_us),
+                      format_label(c.base_page_size, c.base_kv_dtype or c.dtype), c.variant_label, _f(c.us),
+                      _f(c.base_us),
                       _f(c.ratio, "{:.3f}") if c.kind == "paged" else "",
                       _f(c.speedup, "{:.2f}x") if c.kind == "fp8" else "", c.target or "-", met, c.note, style=style)
+    return table
+
+
+def variants_table(comparisons: list[VariantComparison]) -> Table:
+    """``--compare-variants``: variant time / plain time of the same cell (and for a window of w,
+    / the plain time of a (w + 1)-key cache where the grid has one), per contender."""
+    table = Table(title="attention variants: time against plain decode", header_style="bold")
+    for name in ("contender", "B", "L_k", "heads", "d", "cache", "variant", "us", "plain us", "variant/plain",
+                 "w+1 keys", "w+1 us", "variant/(w+1)", "note"):
+        table.add_column(name, justify="left" if name in ("contender", "cache", "variant", "note") else "right",
+                         overflow="fold")
+    for c in comparisons:
+        table.add_row(c.contender, str(c.batch), format_seqlen(c.seqlen_k), f"{c.num_heads}/{c.num_heads_kv}",
+                      str(c.head_dim), format_label(c.page_size, c.kv_dtype or c.dtype), c.variant_label, _f(c.us),
+                      _f(c.base_us), _f(c.ratio, "{:.3f}"), format_seqlen(c.short_seqlen) if c.short_seqlen else "-",
+                      _f(c.short_us), _f(c.short_ratio, "{:.3f}"), c.note)
     return table
 
 
@@ -99,17 +120,21 @@ def render_report(console: Console, report: Report, skipped: list[SkippedCell] =
         console.print(sweep_table(report.sweep))
     if report.formats:
         console.print(formats_table(report.formats))
+    if report.variants:
+        console.print(variants_table(report.variants))
     render_skipped_cells(console, list(skipped))
     counts = Counter(r.status for r in report.rows)
     console.print("  rows: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) if counts else "  no rows")
 
 
 def _planned(cell, name: str) -> str:
-    """A dry-run cell of contender ``name``: its split count (with auto's backend and rule), or why not."""
+    """A dry-run cell of contender ``name``: its split count (under a window, with the keys the
+    splits cover; for auto, with its backend and rule), or why not."""
     plan = cell.plans[name]
     if not isinstance(plan, int):
         return f"no: {plan}"
-    return f"{plan} {cell.backends[name]}" if name == "auto" else str(plan)
+    text = f"{plan} over {cell.spans[name]}" if cell.case.window >= 0 else str(plan)
+    return f"{text} {cell.backends[name]}" if name == "auto" else text
 
 
 def render_dry_run(console: Console, dry: DryRun) -> None:
@@ -125,23 +150,28 @@ def render_dry_run(console: Console, dry: DryRun) -> None:
                            style="" if c.reason is None else "dim")
     console.print(contenders)
     planners = [c.name for c in dry.contenders if c.family == "flashsplit" and c.reason is None]
-    cells = Table(title="cells (flashsplit columns: planned num_splits; auto: and the backend, by its rule)",
-                  header_style="bold")
-    for name in ("B", "L_k", "heads", "d", "dtype", "cache", "KV MB", "sets", *planners):
-        cells.add_column(name, justify="left" if name == "cache" else "right", overflow="fold")
+    cells = Table(title="cells (flashsplit columns: planned num_splits, under a window 'N over S': N splits "
+                        "covering S keys; auto: and the backend, by its rule)", header_style="bold")
+    for name in ("B", "L_k", "heads", "d", "dtype", "cache", "variant", "KV MB", "sets", *planners):
+        cells.add_column(name, justify="left" if name in ("cache", "variant") else "right", overflow="fold")
     for cell in dry.cells:
         case = cell.case
         plans = [_planned(cell, p) for p in planners]
         cells.add_row(str(case.batch), format_seqlen(case.seqlen_k), case.heads, str(case.head_dim), case.dtype,
-                      case.format_label, f"{case.kv_bytes / 1e6:.1f}", str(cell.sets), *plans)
+                      case.format_label, case.variant.label, f"{case.kv_bytes / 1e6:.1f}", str(cell.sets), *plans)
     console.print(cells)
-    format_skips: dict[tuple[str, str], list[str]] = {}
+    skips: dict[tuple[str, str], list[str]] = {}
     for cell in dry.cells:
         for name, reason in cell.format_skips.items():
-            format_skips.setdefault((name, reason), []).append(cell.case.format_label)
-    for (name, reason), labels in format_skips.items():
+            skips.setdefault((name, reason), []).append(cell.case.format_label)
+        for name, reason in cell.variant_skips.items():
+            skips.setdefault((name, reason), []).append(cell.case.variant.label)
+    for (name, reason), labels in skips.items():
         console.print(f"  {name} skipped on {len(labels)} {', '.join(dict.fromkeys(labels))} cell(s): {reason}",
                       style="dim")
+    for cell in dry.cells:
+        if cell.rotation_note:
+            console.print(f"  cell {cell.case.label()}: {cell.rotation_note}", style="yellow")
     render_skipped_cells(console, dry.skipped)
     console.print(f"  {len(dry.cells)} cell(s) x {sum(c.reason is None for c in dry.contenders)} contender(s) "
                   f"would run; {len(dry.skipped)} cell(s) skipped by the memory cap")
@@ -186,6 +216,14 @@ def _pyplot():
     return plt
 
 
+def line_label(row: BenchRow, rows: list[BenchRow]) -> str:
+    """A plot line's name: the contender, tagged with the row's cache format and attention variant
+    where ``rows`` hold several of them (so lines of different formats or variants never merge)."""
+    tags = [format_label(row.page_size, row.kv)] if len({(r.page_size, r.kv) for r in rows}) > 1 else []
+    tags += [row.variant_label] if len({r.variant for r in rows}) > 1 else []
+    return f"{row.contender} [{', '.join(tags)}]" if tags else row.contender
+
+
 def write_plot(report: Report, path: str, fixed_seqlen: int | None = None) -> None:
     """Two panels: latency vs L_k at the smallest batch, latency vs batch at a fixed L_k, one
     line per contender (for a ``--sweep-splits`` report: latency vs num_splits, see
@@ -200,10 +238,8 @@ def write_plot(report: Report, path: str, fixed_seqlen: int | None = None) -> No
     rows = [r for r in report.rows if r.status == OK and r.device_us is not None]
     batch, seqlen = plot_choices(rows, fixed_seqlen)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
-    several = len({(r.page_size, r.kv) for r in rows}) > 1
-
     def line_name(r: BenchRow) -> str:
-        return f"{r.contender} [{format_label(r.page_size, r.kv)}]" if several else r.contender
+        return line_label(r, rows)
 
     contenders = list(dict.fromkeys(line_name(r) for r in rows))
     for name in contenders:
@@ -234,14 +270,19 @@ def write_sweep_plot(report: Report, path: str) -> None:
     plt = _pyplot()
     rows = [r for r in report.rows if r.status == OK and r.device_us is not None and r.num_splits]
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    heuristics = {(s.contender, s.batch, s.seqlen_k, s.page_size, s.kv_dtype or s.dtype): s.heuristic_splits
+    heuristics = {(s.contender, s.batch, s.seqlen_k, s.page_size, s.kv_dtype or s.dtype, s.variant): s.heuristic_splits
                   for s in report.sweep}
     several = len({(r.page_size, r.kv) for r in rows}) > 1
-    keys = list(dict.fromkeys((r.contender, r.batch, r.seqlen_k, r.page_size, r.kv) for r in rows))
+    variants = len({r.variant for r in rows}) > 1
+
+    def key_of(r: BenchRow) -> tuple:
+        return (r.contender, r.batch, r.seqlen_k, r.page_size, r.kv, r.variant)
+
+    keys = list(dict.fromkeys(key_of(r) for r in rows))
     for key in keys:
-        points = sorted((r.num_splits, r.device_us) for r in rows
-                        if (r.contender, r.batch, r.seqlen_k, r.page_size, r.kv) == key)
-        fmt = f" [{format_label(key[3], key[4])}]" if several else ""
+        points = sorted((r.num_splits, r.device_us) for r in rows if key_of(r) == key)
+        tags = ([format_label(key[3], key[4])] if several else []) + ([key[5].label] if variants else [])
+        fmt = f" [{', '.join(tags)}]" if tags else ""
         (line,) = ax.plot(*zip(*points), marker=".", label=f"{key[0]} B={key[1]} L_k={format_seqlen(key[2])}{fmt}")
         chosen = [p for p in points if p[0] == heuristics.get(key)]
         if chosen:

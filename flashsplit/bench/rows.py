@@ -1,8 +1,11 @@
 """Bench results as plain dataclasses, and their JSON / CSV forms (renderer-independent).
 
 A :class:`Report` is a :class:`RunHeader` (the machine and the ceilings), the
-:class:`BenchRow` list, for ``--sweep-splits`` the :class:`SweepSummary` list, and for
-``--compare-formats`` the :class:`FormatComparison` list.
+:class:`BenchRow` list, for ``--sweep-splits`` the :class:`SweepSummary` list, for
+``--compare-formats`` the :class:`FormatComparison` list and for ``--compare-variants`` the
+:class:`VariantComparison` list. Every row type names its cell by the :class:`CellFields`, its
+cache format (``page_size``, ``kv_dtype``) and its attention variant (``window``, ``softcap``,
+``sinks``, ``batch_invariant``; reports written before variants existed read back as plain).
 ``report_from_json(report_to_json(r)) == r`` and ``rows_from_csv(rows_to_csv(rows)) == rows``.
 """
 
@@ -14,6 +17,8 @@ import io
 import json
 import typing
 from dataclasses import dataclass, field
+
+from .cases import Variant, variant_label
 
 #: Row statuses. "wrong": ran but failed the reference check (not timed).
 OK, SKIPPED, WRONG, ERROR = "ok", "skipped", "wrong", "error"
@@ -32,12 +37,33 @@ class CellFields:
     dtype: str
 
 
+class VariantFields:
+    """What the row types with ``window``, ``softcap``, ``sinks`` and ``batch_invariant`` fields share."""
+
+    window: int
+    softcap: float
+    sinks: bool
+    batch_invariant: bool
+
+    @property
+    def variant(self) -> Variant:
+        return Variant(self.window, self.softcap, self.sinks, self.batch_invariant)
+
+    @property
+    def variant_label(self) -> str:
+        return variant_label(self.window, self.softcap, self.sinks, self.batch_invariant)
+
+
 @dataclass
-class BenchRow(CellFields):
+class BenchRow(CellFields, VariantFields):
     """One contender on one case. Times in microseconds per call; None where not measured."""
 
     page_size: int = 0                # keys per page of a paged cache; 0: dense
     kv_dtype: str = ""                # the cache's dtype ("bf16", "fp8e4m3", ...); "" means dtype
+    window: int = -1                  # attention variant: keys left of the query (-1: none),
+    softcap: float = 0.0              # softcap (0: off), sinks, batch-invariant decode
+    sinks: bool = False
+    batch_invariant: bool = False
     status: str = OK
     num_splits: int | None = None     # flashsplit contenders: from flashsplit.plan
     device_us: float | None = None
@@ -60,11 +86,15 @@ class BenchRow(CellFields):
 
 
 @dataclass
-class SweepSummary(CellFields):
+class SweepSummary(CellFields, VariantFields):
     """``--sweep-splits`` for one flashsplit backend on one case: heuristic vs best measured."""
 
     page_size: int = 0
     kv_dtype: str = ""
+    window: int = -1
+    softcap: float = 0.0
+    sinks: bool = False
+    batch_invariant: bool = False
     heuristic_splits: int | None = None
     heuristic_us: float | None = None
     best_splits: int | None = None
@@ -74,7 +104,7 @@ class SweepSummary(CellFields):
 
 
 @dataclass
-class FormatComparison(CellFields):
+class FormatComparison(CellFields, VariantFields):
     """``--compare-formats``: one flashsplit contender on one cell, a cache format against its baseline.
 
     ``kind`` "paged": a paged cache against the dense one of the same dtype (``ratio`` = paged
@@ -86,6 +116,10 @@ class FormatComparison(CellFields):
     kind: str                         # "paged" or "fp8"
     page_size: int = 0                # the format measured
     kv_dtype: str = ""
+    window: int = -1                  # the variant both were run with
+    softcap: float = 0.0
+    sinks: bool = False
+    batch_invariant: bool = False
     base_page_size: int = 0           # the format it is compared with
     base_kv_dtype: str = ""
     us: float | None = None           # device us of the format
@@ -94,6 +128,29 @@ class FormatComparison(CellFields):
     speedup: float | None = None      # base_us / us
     target: str = ""                  # e.g. "paged/dense <= 1.10"; "" where no target is set
     met: bool | None = None
+    note: str = ""
+
+
+@dataclass
+class VariantComparison(CellFields, VariantFields):
+    """``--compare-variants``: one contender on one cell and cache format, an attention variant
+    against the plain decode of the same cell (``ratio`` = variant time / plain time). For a
+    window of ``w``, also against the plain decode of a ``w + 1``-key cache (the keys the
+    window sees), where the grid has that cell: ``short_seqlen``, ``short_us``, ``short_ratio``.
+    """
+
+    page_size: int = 0
+    kv_dtype: str = ""
+    window: int = -1                  # the variant measured
+    softcap: float = 0.0
+    sinks: bool = False
+    batch_invariant: bool = False
+    us: float | None = None           # device us of the variant
+    base_us: float | None = None      # device us of the plain decode, same cell
+    ratio: float | None = None        # us / base_us
+    short_seqlen: int = 0             # w + 1 for a window of w (0: no window)
+    short_us: float | None = None     # device us of the plain decode of short_seqlen keys
+    short_ratio: float | None = None  # us / short_us
     note: str = ""
 
 
@@ -121,6 +178,7 @@ class Report:
     rows: list[BenchRow] = field(default_factory=list)
     sweep: list[SweepSummary] = field(default_factory=list)
     formats: list[FormatComparison] = field(default_factory=list)
+    variants: list[VariantComparison] = field(default_factory=list)
 
 
 # -- conversions -----------------------------------------------------------------------------
@@ -167,6 +225,7 @@ def report_to_json(report: Report) -> str:
         "rows": [{k: _json_safe(v) for k, v in dataclasses.asdict(r).items()} for r in report.rows],
         "sweep": [{k: _json_safe(v) for k, v in dataclasses.asdict(s).items()} for s in report.sweep],
         "formats": [{k: _json_safe(v) for k, v in dataclasses.asdict(c).items()} for c in report.formats],
+        "variants": [{k: _json_safe(v) for k, v in dataclasses.asdict(c).items()} for c in report.variants],
     }
     return json.dumps(payload, indent=2)
 
@@ -176,7 +235,8 @@ def report_from_json(text: str) -> Report:
     header = from_dict(RunHeader, payload.get("header", {}))
     return Report(header, [from_dict(BenchRow, r) for r in payload.get("rows", [])],
                   [from_dict(SweepSummary, s) for s in payload.get("sweep", [])],
-                  [from_dict(FormatComparison, c) for c in payload.get("formats", [])])
+                  [from_dict(FormatComparison, c) for c in payload.get("formats", [])],
+                  [from_dict(VariantComparison, c) for c in payload.get("variants", [])])
 
 
 def to_csv(items: list, cls) -> str:

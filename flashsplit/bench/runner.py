@@ -2,7 +2,8 @@
 
 One failing contender never stops the run: its exception becomes the row's ``error`` status
 and note. Inputs are made once per case and shared by every contender. A contender that cannot
-take a case's cache format (paged, fp8) is skipped with its reason before anything runs.
+take a case's cache format (paged, fp8) or attention variant (window, softcap, sinks,
+batch-invariant) is skipped with its reason before anything runs.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from .cases import Case, rotation_count, set_bytes
+from .cases import Case, case_rotation, rotation_note
 from .check import check_output
 from .contenders import Contender, Unsupported
 from .device import DeviceInfo, synchronize
@@ -55,7 +56,8 @@ def _short(e: BaseException, limit: int = 160) -> str:
 
 def empty_row(contender: str, case: Case, **kw) -> BenchRow:
     return BenchRow(contender, case.batch, case.seqlen_k, case.num_heads, case.num_heads_kv, case.head_dim,
-                    case.dtype, case.page_size, case.kv, **kw)
+                    case.dtype, case.page_size, case.kv, case.window, case.softcap, case.sinks, case.batch_invariant,
+                    **kw)
 
 
 def fill_bandwidth(row: BenchRow, case: Case, device: DeviceInfo, ceiling_bw: float | None) -> None:
@@ -76,8 +78,8 @@ def bench_one(contender: Contender, case: Case, inputs: InputSets, device: Devic
               ceiling_bw: float | None, options: RunOptions) -> BenchRow:
     """Prepare, check against the reference (set 0), then time one contender on one case."""
     row = empty_row(contender.name, case, sets=len(inputs))
-    reason = contender.format_reason(case)
-    if reason is not None:  # never time it on another format instead
+    reason = contender.format_reason(case) or contender.variant_reason(case)
+    if reason is not None:  # never time it on another format or variant instead
         row.status, row.note = SKIPPED, reason
         return row
     prepared = None
@@ -114,9 +116,10 @@ def bench_one(contender: Contender, case: Case, inputs: InputSets, device: Devic
 def run_case(case: Case, contenders: list[Contender], device: DeviceInfo, ceiling_bw: float | None,
              options: RunOptions, progress: Progress | None = None,
              body: Callable[[InputSets], list[BenchRow]] | None = None) -> list[BenchRow]:
-    """Make the case's input sets, run ``body`` (default: every contender) on them, free them."""
+    """Make the case's input sets, run ``body`` (default: every contender) on them, free them.
+    Rows of a case with too few sets to keep its KV out of L2 say so (:func:`~.cases.rotation_note`)."""
     progress = progress or Progress()
-    sets = rotation_count(set_bytes(case), device.l2_bytes, options.mem_cap_bytes)
+    sets = case_rotation(case, device.l2_bytes, options.mem_cap_bytes)
     try:
         inputs = make_inputs(case, sets, device="cuda" if device.is_cuda else "cpu", seed=options.seed)
     except Exception as e:  # typically out of memory: every contender of this case fails alike
@@ -128,13 +131,18 @@ def run_case(case: Case, contenders: list[Contender], device: DeviceInfo, ceilin
         return rows
     try:
         if body is not None:
-            return body(inputs)
-        rows = []
-        for contender in contenders:
-            progress.start(f"{contender.name} {case.label()}")
-            row = bench_one(contender, case, inputs, device, ceiling_bw, options)
-            rows.append(row)
-            progress.advance(row)
+            rows = body(inputs)
+        else:
+            rows = []
+            for contender in contenders:
+                progress.start(f"{contender.name} {case.label()}")
+                row = bench_one(contender, case, inputs, device, ceiling_bw, options)
+                rows.append(row)
+                progress.advance(row)
+        note = rotation_note(case, sets, device.l2_bytes)
+        for r in rows:
+            if note and r.status == OK:
+                r.note = _join(r.note, note)
         return rows
     finally:
         del inputs

@@ -24,10 +24,15 @@ def sweep_backends(contenders: list[Contender]) -> list[FlashsplitContender]:
             if isinstance(c, FlashsplitContender) and c.backend != "auto" and c.num_splits == 0]
 
 
+def _summary(contender: str, case: Case, **kw) -> SweepSummary:
+    return SweepSummary(contender, case.batch, case.seqlen_k, case.num_heads, case.num_heads_kv, case.head_dim,
+                        case.dtype, case.page_size, case.kv, case.window, case.softcap, case.sinks,
+                        case.batch_invariant, **kw)
+
+
 def summarize(contender: str, case: Case, heuristic: int | None, rows: list[BenchRow]) -> SweepSummary:
     """Heuristic vs best measured split count among ``rows`` (one per num_splits)."""
-    summary = SweepSummary(contender, case.batch, case.seqlen_k, case.num_heads, case.num_heads_kv,
-                           case.head_dim, case.dtype, case.page_size, case.kv, heuristic_splits=heuristic)
+    summary = _summary(contender, case, heuristic_splits=heuristic)
     timed = [r for r in rows if r.status == OK and r.device_us is not None]
     if not timed:
         summary.note = "no split count ran"
@@ -59,9 +64,7 @@ def sweep_case(case: Case, backends: list[FlashsplitContender], splits: list[int
             try:
                 heuristic = backend.plan(case, device.num_sms).num_splits
             except Unsupported as e:
-                summaries.append(SweepSummary(backend.name, case.batch, case.seqlen_k, case.num_heads,
-                                              case.num_heads_kv, case.head_dim, case.dtype, case.page_size, case.kv,
-                                              note=str(e)))
+                summaries.append(_summary(backend.name, case, note=str(e)))
                 continue
             backend_rows = []
             for s in sorted(set(splits) | {heuristic}):

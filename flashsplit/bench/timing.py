@@ -129,17 +129,23 @@ def time_events(run: Callable[[int], object], num_sets: int, config: TimingConfi
 
 def time_eager(run: Callable[[int], object], num_sets: int, config: TimingConfig, calls: int) -> float:
     """Host + device microseconds per call without a graph: wall clock around ``calls``
-    back-to-back calls and one final synchronize, divided by the call count (median of repeats)."""
-    for i in range(min(calls, max(3, num_sets))):
+    back-to-back calls and one final synchronize, divided by the call count (median of repeats).
+
+    The set index runs on across warm-up and samples: with more sets than calls per sample (a
+    short window over a long cache rotates hundreds of sets), each sample reads sets the
+    previous one did not, as the graph replays do."""
+    warm = min(calls, max(3, num_sets))
+    for i in range(warm):
         run(i % num_sets)
     torch.cuda.synchronize()
-    samples = []
+    samples, next_set = [], warm
     for _ in range(config.eager_repeats):
         t0 = time.perf_counter()
-        for i in range(calls):
+        for i in range(next_set, next_set + calls):
             run(i % num_sets)
         torch.cuda.synchronize()
         samples.append((time.perf_counter() - t0) * 1e6 / calls)
+        next_set += calls
     return statistics.median(samples)
 
 
