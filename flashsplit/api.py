@@ -69,7 +69,7 @@ def plan(
     if not isinstance(has_sinks, bool) or not isinstance(batch_invariant, bool):
         raise TypeError(f"has_sinks, batch_invariant: expected bools, got {has_sinks!r}, {batch_invariant!r}")
     if batch_invariant and num_splits:
-        raise ValueError(f"num_splits: batch_invariant=True fixes the split length; expected 0, got {num_splits}")
+        raise ValueError(f"num_splits: batch_invariant=True splits each row by its own length; expected 0, got {num_splits}")
     problem = DecodeProblem(
         batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_heads=num_heads, num_heads_kv=num_heads_kv,
         head_dim=head_dim, dtype=dtype, causal=causal, has_cache_seqlens=has_cache_seqlens, device_type=device.type,
@@ -144,8 +144,8 @@ def decode(
             returned one) counting ``exp(sink)`` once. A query that sees no key gets O = 0 and
             LSE = its sink.
         batch_invariant: each row's output and LSE are bitwise the same whatever the batch it is
-            decoded in (other rows, their lengths, its position): every row is cut into splits
-            of a fixed length (:data:`flashsplit.plan.BATCH_INVARIANT_SPLIT` keys) and merged in a
+            decoded in (other rows, their lengths, its position): each row is split by its own
+            length alone (:func:`flashsplit.plan.tokens_per_split`) and its splits merged in a
             fixed order, on kernel configurations that do not depend on the batch. Per backend;
             ``num_splits`` must then be 0.
         backend: ``"auto"`` (the best backend that supports the problem), ``"triton"`` or ``"cute"``.

@@ -15,7 +15,8 @@ import torch
 
 from . import registry
 from .call import DecodeOptions, DecodeTensors
-from .plan import SPLIT_GRANULE, SplitPlan, cdiv, choose_num_splits, tokens_per_split
+from .plan import (BATCH_INVARIANT_MIN_SPLIT, BATCH_INVARIANT_SPLITS, SPLIT_GRANULE, SplitPlan, cdiv, choose_num_splits,
+                   splits_used, tokens_per_split)
 from .problem import DecodeProblem
 from .validation import check_decode_inputs, check_lse_out, check_softmax_scale
 from .registry import Backend, select
@@ -29,10 +30,11 @@ def make_plan(problem: DecodeProblem, backend: Backend, rule: str, backend_reaso
     row_blocks = cdiv(problem.packed_rows, block_m)
     work_units = problem.work_units(block_m)
     units_per_sm = backend.units_per_sm(problem)
-    span, fixed = problem.span, problem.fixed_split
-    if fixed:
-        num_splits = max(1, cdiv(span, fixed))
-        split_reason = f"batch-invariant: every row in splits of {fixed} keys"
+    span, invariant = problem.span, problem.batch_invariant
+    if invariant:
+        num_splits = max(1, splits_used(span, 0, invariant=True))
+        split_reason = (f"batch-invariant: each row in up to {BATCH_INVARIANT_SPLITS} splits of "
+                        f">= {BATCH_INVARIANT_MIN_SPLIT} keys, from its own length")
     elif num_splits == 0:
         num_splits, split_reason = choose_num_splits(work_units, span, num_sms, units_per_sm)
     else:
@@ -44,7 +46,7 @@ def make_plan(problem: DecodeProblem, backend: Backend, rule: str, backend_reaso
         num_splits=num_splits,
         split_reason=split_reason,
         granule=SPLIT_GRANULE,
-        tokens_per_split=tokens_per_split(span, num_splits, fixed=fixed),
+        tokens_per_split=tokens_per_split(span, num_splits, invariant=invariant),
         block_m=block_m,
         row_blocks=row_blocks,
         work_units=work_units,
@@ -56,7 +58,7 @@ def make_plan(problem: DecodeProblem, backend: Backend, rule: str, backend_reaso
         span=span,
         seqlen_q=problem.seqlen_q,
         window_left=problem.window_left,
-        fixed_split=fixed,
+        batch_invariant=invariant,
     )
 
 

@@ -16,8 +16,9 @@ last key: no split is empty while the row has keys left. The first key is 0, or 
 window bound (``window_left = w``) the first key any of the ``L_q`` queries can see, rounded down
 to the granule: ``first = floor(max(n - L_q - w, 0) / G) * G``, and the splits divide the
 ``n - first`` keys from there (a 4k window over a 128k cache is split like a 4k cache). A
-batch-invariant decode fixes ``tokens_per_split`` at :data:`BATCH_INVARIANT_SPLIT` keys instead, so a
-row's splits depend on its own length only. Worked example, ``G = 128``, ``S = 4``,
+batch-invariant decode divides each row's span into :data:`BATCH_INVARIANT_SPLITS` splits of at
+least :data:`BATCH_INVARIANT_MIN_SPLIT` keys instead of the launch's split count, so a row's splits
+depend on its own length only, never on the batch it is decoded in. Worked example, ``G = 128``, ``S = 4``,
 ``n = 1000``: ceil(1000 / 128) = 8 granules, 2 per split, 256 tokens per split; the splits
 cover [0, 256), [256, 512), [512, 768), [768, 1000). With ``n = 300``: 3 granules, 1 per
 split; [0, 128), [128, 256), [256, 300) and split 3 is empty (LSE = -inf).
@@ -37,12 +38,13 @@ from dataclasses import dataclass
 SPLIT_GRANULE = 128
 #: The most splits ``decode`` accepts (and the combine kernels are built for).
 MAX_SPLITS = 256
-#: Keys per split of a batch-invariant decode (``decode(..., batch_invariant=True)``): every row is
-#: cut into splits of this many keys whatever the batch, so its result is the same bit for bit.
-#: 512 keys keep B = 1 x 16k at the heuristic's split count (32 splits of 512 keys, 32/8 heads).
-BATCH_INVARIANT_SPLIT = 512
-#: The most splits a batch-invariant decode launches (``BATCH_INVARIANT_SPLIT`` x this keys: 2M).
-MAX_INVARIANT_SPLITS = 4096
+#: A batch-invariant decode (``decode(..., batch_invariant=True)``) cuts each row into this many
+#: splits of at least ``BATCH_INVARIANT_MIN_SPLIT`` keys, from the row's own length alone, so its
+#: result is the same bit for bit in any batch. 32 splits are what the heuristic picks for B = 1 with
+#: 8 KV heads on 132 SMs (16k keys: 32 of 512; 128k: 32 of 4096), so a lone row loses nothing.
+#: With a fixed 512-key split, B = 1 x 128k took 174.8 us vs 127.6 (H200, 32/8 heads, bf16).
+BATCH_INVARIANT_SPLITS = 32
+BATCH_INVARIANT_MIN_SPLIT = 512
 #: SM count used when planning for a device that has none (the CPU interpreter, dry runs): an H200's.
 DEFAULT_NUM_SMS = 132
 #: FA3's rule: with this fraction of the machine already busy without splitting, do not split.
@@ -70,11 +72,16 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def tokens_per_split(seqlen: int, num_splits: int, granule: int = SPLIT_GRANULE, fixed: int = 0) -> int:
+def tokens_per_split(seqlen: int, num_splits: int, granule: int = SPLIT_GRANULE, invariant: bool = False) -> int:
     """Keys per split for a row whose splits cover ``seqlen`` keys (a multiple of ``granule``; 0
-    if empty), or ``fixed`` when that is set (a batch-invariant decode)."""
-    if fixed:
-        return fixed
+    if empty). ``invariant`` (batch-invariant decode): from the row's length alone, as
+    :data:`BATCH_INVARIANT_SPLITS` splits of at least :data:`BATCH_INVARIANT_MIN_SPLIT` keys.
+
+    >>> tokens_per_split(1000, 4), tokens_per_split(131072, 2, invariant=True), tokens_per_split(1000, 2, invariant=True)
+    (256, 4096, 512)
+    """
+    if invariant:
+        return max(BATCH_INVARIANT_MIN_SPLIT, cdiv(cdiv(seqlen, granule), BATCH_INVARIANT_SPLITS) * granule)
     return cdiv(cdiv(seqlen, granule), num_splits) * granule
 
 
@@ -91,10 +98,10 @@ def first_key(seqlen: int, seqlen_q: int = 1, window_left: int = -1, granule: in
 
 
 def split_bounds(seqlen: int, num_splits: int, granule: int = SPLIT_GRANULE, *, seqlen_q: int = 1,
-                 window_left: int = -1, fixed: int = 0) -> list[tuple[int, int]]:
+                 window_left: int = -1, invariant: bool = False) -> list[tuple[int, int]]:
     """``[(start, end), ...]`` for each of the ``num_splits`` splits of a row of ``seqlen`` keys
     (end <= start: empty); ``seqlen_q`` / ``window_left`` place the row's first key
-    (:func:`first_key`), ``fixed`` > 0 fixes the split length (batch-invariant decode).
+    (:func:`first_key`), ``invariant``: the batch-invariant split length (:func:`tokens_per_split`).
 
     >>> split_bounds(1000, 4)
     [(0, 256), (256, 512), (512, 768), (768, 1000)]
@@ -104,17 +111,17 @@ def split_bounds(seqlen: int, num_splits: int, granule: int = SPLIT_GRANULE, *, 
     [(640, 896), (896, 1000)]
     """
     first = first_key(seqlen, seqlen_q, window_left, granule)
-    tps = tokens_per_split(seqlen - first, num_splits, granule, fixed)
+    tps = tokens_per_split(seqlen - first, num_splits, granule, invariant)
     return [(first + s * tps, min(first + (s + 1) * tps, seqlen)) for s in range(num_splits)]
 
 
 def splits_used(seqlen: int, num_splits: int, granule: int = SPLIT_GRANULE, *, seqlen_q: int = 1,
-                window_left: int = -1, fixed: int = 0) -> int:
+                window_left: int = -1, invariant: bool = False) -> int:
     """How many of the splits hold at least one key of a row of ``seqlen`` keys."""
     span = seqlen - first_key(seqlen, seqlen_q, window_left, granule)
     if span <= 0:
         return 0
-    return cdiv(span, tokens_per_split(span, num_splits, granule, fixed))
+    return cdiv(span, tokens_per_split(span, num_splits, granule, invariant))
 
 
 def planned_span(capacity: int, seqlen_q: int = 1, window_left: int = -1, granule: int = SPLIT_GRANULE) -> int:
@@ -216,13 +223,13 @@ class SplitPlan:
     span: int = 0
     seqlen_q: int = 1
     window_left: int = -1
-    #: Keys per split of a batch-invariant decode (0: the heuristic divides each row's span).
-    fixed_split: int = 0
+    #: Batch-invariant decode: each row's splits follow from its own length (:func:`tokens_per_split`).
+    batch_invariant: bool = False
 
     def boundaries(self, seqlen: int) -> list[tuple[int, int]]:
         """Per-split ``(start, end)`` key ranges for a row holding ``seqlen`` live keys."""
         return split_bounds(seqlen, self.num_splits, self.granule, seqlen_q=self.seqlen_q,
-                            window_left=self.window_left, fixed=self.fixed_split)
+                            window_left=self.window_left, invariant=self.batch_invariant)
 
     def __str__(self) -> str:
         combine = "then a combine kernel" if self.runs_combine else "no combine (one split)"

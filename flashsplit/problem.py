@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from .plan import BATCH_INVARIANT_SPLIT, DEFAULT_NUM_SMS, planned_span
+from .plan import DEFAULT_NUM_SMS, planned_span
 from .target import GpuTarget, device_target
 
 #: Query dtypes (and 16-bit cache dtypes).
@@ -26,7 +26,7 @@ class Variant(NamedTuple):
     window_right: int = -1
     softcap: float = 0.0
     has_sinks: bool = False
-    fixed_split: int = 0
+    batch_invariant: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class DecodeProblem:
     softcap: float = 0.0
     #: A learned per-q-head logit joins each softmax's denominator (``sinks`` given).
     has_sinks: bool = False
-    #: Splits of a fixed length (:data:`flashsplit.plan.BATCH_INVARIANT_SPLIT`) and fixed kernel
+    #: Each row's splits from its own length (:func:`flashsplit.plan.tokens_per_split`) and fixed kernel
     #: configurations: a row's result does not depend on the batch it is decoded in.
     batch_invariant: bool = False
 
@@ -87,13 +87,8 @@ class DecodeProblem:
         return planned_span(self.seqlen_k, self.seqlen_q, self.window_left)
 
     @property
-    def fixed_split(self) -> int:
-        """Keys per split when batch-invariant (0: the heuristic's)."""
-        return BATCH_INVARIANT_SPLIT if self.batch_invariant else 0
-
-    @property
     def variant(self) -> Variant:
-        return Variant(self.window_left, self.window_right, self.softcap, self.has_sinks, self.fixed_split)
+        return Variant(self.window_left, self.window_right, self.softcap, self.has_sinks, self.batch_invariant)
 
     @property
     def target(self) -> GpuTarget | None:

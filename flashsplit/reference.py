@@ -106,7 +106,7 @@ def split_partials_ref(
     granule: int = SPLIT_GRANULE,
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
-    fixed_split: int = 0,
+    batch_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-split partials with the plan's boundaries (window and fixed split length included),
     in float64 math; sinks never enter partials (the combine adds them).
@@ -116,7 +116,8 @@ def split_partials_ref(
     """
     batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
     lengths = [seqlen_k] * batch if cache_seqlens is None else [int(n) for n in cache_seqlens.cpu()]
-    bounds = [split_bounds(n, num_splits, granule, seqlen_q=seqlen_q, window_left=window_size[0], fixed=fixed_split)
+    bounds = [split_bounds(n, num_splits, granule, seqlen_q=seqlen_q, window_left=window_size[0],
+                           invariant=batch_invariant)
               for n in lengths]
     outs, lses = [], []
     for s in range(num_splits):

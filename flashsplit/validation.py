@@ -14,7 +14,7 @@ import math
 import torch
 
 from .call import DecodeOptions, DecodeTensors
-from .plan import BATCH_INVARIANT_SPLIT, MAX_SPLITS
+from .plan import MAX_SPLITS
 from .problem import FP8_DTYPES, MAX_HEAD_DIM, SUPPORTED_DTYPES, DecodeProblem
 from .target import device_target
 
@@ -224,7 +224,7 @@ def check_decode_inputs(tensors: DecodeTensors, options: DecodeOptions = DecodeO
     if not isinstance(options.batch_invariant, bool):
         raise TypeError(f"batch_invariant: expected a bool, got {type(options.batch_invariant).__name__}")
     if options.batch_invariant and num_splits != 0:
-        raise ValueError(f"num_splits: batch_invariant=True fixes the split length ({BATCH_INVARIANT_SPLIT} keys); "
+        raise ValueError(f"num_splits: batch_invariant=True splits each row by its own length; "
                          f"expected 0, got {num_splits}")
     return DecodeProblem(
         batch=batch,

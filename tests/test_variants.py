@@ -13,7 +13,7 @@ from conftest import DEVICE, HAS_CUDA
 
 import flashsplit
 from flashsplit.call import DecodeOptions, DecodeTensors
-from flashsplit.plan import BATCH_INVARIANT_SPLIT, first_key, split_bounds
+from flashsplit.plan import BATCH_INVARIANT_MIN_SPLIT, first_key, split_bounds
 from flashsplit.validation import check_decode_inputs
 from flashsplit.reference import combine_ref, dequantize
 from flashsplit.registry import get
@@ -186,7 +186,9 @@ def test_batch_invariance(page_size, seqlen_q, generator):
             check_against_reference(alone[0], alone[1], q_row, k_row, v_row,
                                     torch.tensor([length], dtype=torch.int32, device=DEVICE), True, **kwargs)
     p = flashsplit.plan(16, capacity, 8, 2, 64, device=DEVICE, batch_invariant=True, backend="triton")
-    assert (p.num_splits, p.tokens_per_split) == (-(-capacity // BATCH_INVARIANT_SPLIT), BATCH_INVARIANT_SPLIT)
+    assert (p.num_splits, p.tokens_per_split) == (-(-capacity // BATCH_INVARIANT_MIN_SPLIT), BATCH_INVARIANT_MIN_SPLIT)
+    long = flashsplit.plan(16, 131072, 8, 2, 64, device=DEVICE, batch_invariant=True, backend="triton")
+    assert (long.num_splits, long.tokens_per_split) == (32, 4096)  # 32 splits of a long row
 
 
 def test_partials_with_a_window_combine_like_the_reference(generator):
@@ -225,7 +227,7 @@ def test_partials_with_a_window_combine_like_the_reference(generator):
     (dict(sinks=torch.zeros(16)[::2]), ValueError, "sinks: expected a contiguous tensor"),
     (dict(sinks=[0.0] * 8), TypeError, "sinks: expected a torch.Tensor"),
     (dict(batch_invariant=1), TypeError, "batch_invariant: expected a bool"),
-    (dict(batch_invariant=True, num_splits=4), ValueError, "batch_invariant=True fixes the split length"),
+    (dict(batch_invariant=True, num_splits=4), ValueError, "batch_invariant=True splits each row by its own length"),
 ])
 def test_bad_variant_arguments(kwargs, error, needle):
     q = torch.randn(2, 1, 8, 64, device=DEVICE).half()

@@ -94,7 +94,7 @@ def split_variants():
         yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, RIGHT_BOUND=window,
                    FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=paged, KV=kv,
                    LEFT_BOUND=window, SOFTCAP=not window, HAS_SINKS=True, MERGE_IN_LAST_SPLIT=paged,
-                   FIXED_SPLIT=0 if paged else 512 * window)
+                   INVARIANT=window and not paged)
     for rows, dim in itertools.product([1, 4, 20, 64], [64, 96, 128, 256]):
         tiles = choose_tiles(rows, dim)
         yield dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d, HAS_SEQLENS=True,
@@ -117,7 +117,7 @@ def main() -> int:
             flags.setdefault("MERGE_IN_LAST_SPLIT", False)
             for name in ("LEFT_BOUND", "SOFTCAP", "HAS_SINKS"):
                 flags.setdefault(name, False)
-            flags.setdefault("FIXED_SPLIT", 0)
+            flags.setdefault("INVARIANT", False)
             flags.setdefault("EVEN_D", True)  # head dims of a power of two (the variants above: 128)
             flags["FULL_TILES"] = flags["HAS_DESCALE"] and TritonBackend.full_tiles_fp8  # as the launcher sets it
             # fp8 V read as int16 pairs, converted by PTX cvt on sm_90 (the launcher's choice there);
@@ -164,7 +164,7 @@ def main() -> int:
             pointers = {"OUT_PARTIAL": "*fp32", "LSE_PARTIAL": "*fp32", "OUT": f"*{dtype}",
                         "SEQLENS": "*i32" if skip else None, "LSE": "*fp32" if write_lse else None, "SINKS": None}
             # BLOCK_S 32: one chunk (CHUNK_S 32) or a loop over chunks (8); decode waits on the split (PDL).
-            plain = dict(LEFT_BOUND=False, FIXED_SPLIT=0, HAS_SINKS=False)
+            plain = dict(LEFT_BOUND=False, INVARIANT=False, HAS_SINKS=False)
             compile_variant(combine_kernel, pointers, dict(BLOCK_D=block_d, BLOCK_S=32, CHUNK_S=chunk, GRANULE=128,
                                                            SKIP_SINGLE_SPLIT_ROWS=skip, WRITE_LSE=write_lse,
                                                            WAIT_FOR_PRIOR_GRID=skip, **plain),
@@ -176,13 +176,13 @@ def main() -> int:
                                                                WAIT_FOR_PRIOR_GRID=skip, **plain),
                                 num_warps=combine_warps(16, block_d))
                 count += 1
-        for window, fixed in ((True, 0), (False, 512), (True, 512)):  # windows, fixed splits, sinks
+        for window, invariant in ((True, False), (False, True), (True, True)):  # windows, invariant, sinks
             pointers = {"OUT_PARTIAL": "*fp32", "LSE_PARTIAL": "*fp32", "OUT": f"*{dtype}", "SEQLENS": "*i32",
                         "LSE": "*fp32", "SINKS": "*fp32"}
-            compile_variant(combine_kernel, pointers, dict(BLOCK_D=128, BLOCK_S=64, CHUNK_S=16, GRANULE=128,
+            compile_variant(combine_kernel, pointers, dict(BLOCK_D=128, BLOCK_S=32, CHUNK_S=32, GRANULE=128,
                                                            SKIP_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True,
                                                            WAIT_FOR_PRIOR_GRID=True, LEFT_BOUND=window,
-                                                           FIXED_SPLIT=fixed, HAS_SINKS=True), num_warps=4)
+                                                           INVARIANT=invariant, HAS_SINKS=True), num_warps=4)
             count += 1
     print(f"compiled {count} Triton kernel variants for sm_90")
     return 0

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from ..plan import DEFAULT_NUM_SMS, SPLIT_GRANULE, cdiv, device_num_sms, planned_span, splits_used, tokens_per_split
+from ..plan import (BATCH_INVARIANT_MIN_SPLIT, BATCH_INVARIANT_SPLITS, DEFAULT_NUM_SMS, SPLIT_GRANULE, cdiv,
+                    device_num_sms, planned_span, splits_used, tokens_per_split)
 from ..call import DecodeTensors
 from ..problem import FP8_DTYPES, DecodeProblem, Variant
 from ..registry import Backend
@@ -148,9 +149,10 @@ class TritonBackend(Backend):
         block_m = choose_tiles(seqlen_q * group, head_dim).block_m
         row_blocks = cdiv(seqlen_q * group, block_m)
         span = planned_span(seqlen_k, seqlen_q, variant.window_left)
+        # Batch-invariant: tiles that do not follow the capacity (a row's split length does not either).
+        split_keys = BATCH_INVARIANT_MIN_SPLIT if variant.batch_invariant else tokens_per_split(span, num_splits)
         tiles = choose_tiles(seqlen_q * group, head_dim, num_splits, num_splits * batch * num_heads_kv * row_blocks,
-                             tokens_per_split(span, num_splits, fixed=variant.fixed_split), k_descale is not None,
-                             device_num_sms(q.device.type, q.device.index))
+                             split_keys, k_descale is not None, device_num_sms(q.device.type, q.device.index))
         grid = (num_splits, batch, num_heads_kv * row_blocks)
         v_pairs = self.fp8_v_pairs and v_cache.dtype in FP8_DTYPES and _v_pairs(v_cache)
         v_arg = v_cache.view(torch.int16) if v_pairs else v_cache  # the same address: replays pass v_cache's
@@ -189,7 +191,7 @@ class TritonBackend(Backend):
             variant.window_left >= 0,  # LEFT_BOUND
             variant.softcap > 0,  # SOFTCAP
             variant.has_sinks,  # HAS_SINKS
-            variant.fixed_split,  # FIXED_SPLIT
+            variant.batch_invariant,  # INVARIANT
         )
         return launch(split_kv_kernel, grid, tensors, tail,
                       dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages))
@@ -209,8 +211,10 @@ class TritonBackend(Backend):
         tensors = (out_partial, lse_partial, cache_seqlens, out, lse, sinks if variant.has_sinks else None)
         # CHUNK_S: all splits in one chunk (one memory round trip) up to 64 fp32 registers a thread;
         # fixed splits (batch-invariant) walk chunks of 16 on 4 warps, whatever the split count.
-        invariant = variant.fixed_split > 0
-        chunk_s = 16 if invariant else min(block_s, max(8, 8192 // block_d))
+        invariant = variant.batch_invariant
+        if invariant:  # at most BATCH_INVARIANT_SPLITS splits, always merged on the same tile
+            block_s = BATCH_INVARIANT_SPLITS
+        chunk_s = block_s if invariant else min(block_s, max(8, 8192 // block_d))
         tail = (
             *out_partial.stride()[:4], *lse_partial.stride()[:3],
             *out.stride()[:3], *_strides(lse, 2),
@@ -219,10 +223,11 @@ class TritonBackend(Backend):
             SPLIT_GRANULE, skip_single_split_rows, lse is not None,
             pdl,  # WAIT_FOR_PRIOR_GRID
             variant.window_left >= 0,  # LEFT_BOUND
-            variant.fixed_split,  # FIXED_SPLIT
+            variant.batch_invariant,  # INVARIANT
             variant.has_sinks,  # HAS_SINKS
         )
-        num_warps = 4 if invariant else self.combine_num_warps or combine_warps(block_s, block_d)
+        num_warps = combine_warps(block_s, block_d) if invariant else (self.combine_num_warps
+                                                                         or combine_warps(block_s, block_d))
         return launch(combine_kernel, grid, tensors, tail, dict(num_warps=num_warps, launch_pdl=pdl))
 
     def arrivals_for(self, q: torch.Tensor) -> torch.Tensor:
@@ -277,7 +282,7 @@ class PreparedDecode:
         self.variant = variant
         # Fixed per prepared launch (its compiled kernel). Fixed splits (batch-invariant) always take
         # the combine kernel: one reduction order, whatever the split count.
-        self.merge = num_splits <= backend.merge_max_splits and not variant.fixed_split
+        self.merge = num_splits <= backend.merge_max_splits and not variant.batch_invariant
         self.split: Relaunch | None = None
         self.combine: Relaunch | None = None
         # The partials' workspace size (fp32 elements) and lse_partial's byte offset in it, set on
@@ -393,7 +398,7 @@ def _splits_launched(num_splits: int, problem: DecodeProblem) -> int:
     without partials or a combine; else ``num_splits``."""
     if not problem.has_cache_seqlens and splits_used(problem.seqlen_k, num_splits, seqlen_q=problem.seqlen_q,
                                                      window_left=problem.window_left,
-                                                     fixed=problem.fixed_split) <= 1:
+                                                     invariant=problem.batch_invariant) <= 1:
         return 1
     return num_splits
 

@@ -30,7 +30,7 @@ def combine_kernel(
     WRITE_LSE: tl.constexpr,
     WAIT_FOR_PRIOR_GRID: tl.constexpr = False,
     LEFT_BOUND: tl.constexpr = False,
-    FIXED_SPLIT: tl.constexpr = 0,
+    INVARIANT: tl.constexpr = False,
     HAS_SINKS: tl.constexpr = False,
 ):
     """Writes ``OUT[b, m, h, :]`` (OUT's dtype) and ``LSE[b, h, m]`` (fp32, natural log).
@@ -38,10 +38,9 @@ def combine_kernel(
     A row where every split is empty gets O = 0 and LSE = -inf (or, HAS_SINKS, LSE = ``SINKS[h]``:
     the sink joins every softmax once, here). With SKIP_SINGLE_SPLIT_ROWS, batch rows whose keys
     fit in one split were finished by the split kernel and are skipped (the split rule's
-    LEFT_BOUND / FIXED_SPLIT say where a row's splits start and how long they are). A split
-    count that is not one chunk (CHUNK_S < BLOCK_S) is walked in chunks of CHUNK_S in a fixed
-    order, so a row's result does not depend on how many splits the launch had (batch-invariant
-    decode uses that: only its own splits hold keys, the others add exact zeros).
+    LEFT_BOUND / INVARIANT say where a row's splits start and how long they are). A
+    batch-invariant decode launches at most BATCH_INVARIANT_SPLITS splits and merges them on one
+    fixed BLOCK_S = CHUNK_S tile, so a row's reduction order never depends on the launch.
     """
     pid = tl.program_id(0)
     h = pid % num_heads
@@ -50,7 +49,7 @@ def combine_kernel(
     if SKIP_SINGLE_SPLIT_ROWS:
         seqlen = load_seqlen(SEQLENS, b, seqlen_k)
         span = seqlen - row_first_key(seqlen, seqlen_q, window_left, GRANULE, LEFT_BOUND)
-        if row_splits_used(span, num_splits, GRANULE, FIXED_SPLIT) <= 1:
+        if row_splits_used(span, num_splits, GRANULE, INVARIANT) <= 1:
             return
     if WAIT_FOR_PRIOR_GRID:
         # Launched as a programmatic dependent of the split kernel: wait until its partials are
@@ -76,15 +75,7 @@ def combine_kernel(
         )
     lse_max = tl.max(lse_s, axis=0)
     shift = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    if FIXED_SPLIT > 0:  # the sum in chunks too: the same order of additions for any BLOCK_S
-        total = tl.zeros([], tl.float32)
-        for s0 in range(0, BLOCK_S, CHUNK_S):
-            offs_c = s0 + tl.arange(0, CHUNK_S)
-            lse_c = tl.load(lse_base + offs_c.to(tl.int64) * stride_lps, mask=offs_c < num_splits,
-                            other=float("-inf"))
-            total += tl.sum(tl.exp(lse_c - shift), axis=0)
-    else:
-        total = tl.sum(tl.exp(lse_s - shift), axis=0)
+    total = tl.sum(tl.exp(lse_s - shift), axis=0)
     has_keys = total > 0.0
     lse = tl.where(has_keys, shift + tl.log(tl.where(has_keys, total, 1.0)), float("-inf"))
 

@@ -394,7 +394,7 @@ def split_kv_kernel(
     LEFT_BOUND: tl.constexpr = False,
     SOFTCAP: tl.constexpr = False,
     HAS_SINKS: tl.constexpr = False,
-    FIXED_SPLIT: tl.constexpr = 0,
+    INVARIANT: tl.constexpr = False,
 ):
     """Attention of one split of one row's keys for one tile of packed (query, q head) rows.
 
@@ -403,7 +403,7 @@ def split_kv_kernel(
     RIGHT_BOUND (causal: ``window_right`` 0) and LEFT_BOUND switch each bound on. The row's
     splits cover only the keys some query sees (:func:`row_first_key`). SOFTCAP caps the scores
     (``softcap_log2`` = softcap * log2(e)); HAS_SINKS adds ``SINKS[hq]`` to each finished softmax;
-    FIXED_SPLIT > 0 splits every row in splits of that many keys (batch-invariant decode).
+    INVARIANT splits each row by its own length (batch-invariant decode).
 
     Writes the fp32 partial ``OUT_PARTIAL[split, b, m, hq, :]``, ``LSE_PARTIAL[split, b, hq, m]``
     (natural log, -inf when no key is visible). With FINAL_FOR_SINGLE_SPLIT_ROWS, a row whose
@@ -432,10 +432,10 @@ def split_kv_kernel(
     else:
         seqlen = seqlen_k
     first = row_first_key(seqlen, seqlen_q, window_left, GRANULE, LEFT_BOUND)
-    start, end = row_split_range(seqlen, first, split, num_splits, GRANULE, FIXED_SPLIT)
+    start, end = row_split_range(seqlen, first, split, num_splits, GRANULE, INVARIANT)
     write_final = False  # runtime: this row's keys fit in one split (decided by split 0)
     if HAS_PARTIALS and FINAL_FOR_SINGLE_SPLIT_ROWS:
-        write_final = row_splits_used(seqlen - first, num_splits, GRANULE, FIXED_SPLIT) <= 1
+        write_final = row_splits_used(seqlen - first, num_splits, GRANULE, INVARIANT) <= 1
         if write_final and split > 0:
             return
 

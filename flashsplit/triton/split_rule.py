@@ -3,12 +3,18 @@
 Both Triton kernels call these, so the split kernel and the combine agree, token for token,
 with :func:`flashsplit.plan.split_bounds`: a row's splits cover ``[first, seqlen)``, where
 ``first`` is 0, or with a left window bound the first key any query of the row can see,
-rounded down to the granule; ``FIXED_SPLIT`` > 0 (batch-invariant decode) fixes the split
-length in keys instead of dividing the span among the launch's splits.
+rounded down to the granule; INVARIANT (batch-invariant decode) splits a row by its own length
+(BATCH_INVARIANT_SPLITS splits of at least BATCH_INVARIANT_MIN_SPLIT keys) instead of dividing
+its span among the launch's splits.
 """
 
 import triton
 import triton.language as tl
+
+from ..plan import BATCH_INVARIANT_MIN_SPLIT as _MIN_SPLIT, BATCH_INVARIANT_SPLITS as _SPLITS
+
+BATCH_INVARIANT_SPLITS = tl.constexpr(_SPLITS)
+BATCH_INVARIANT_MIN_SPLIT = tl.constexpr(_MIN_SPLIT)
 
 
 @triton.jit
@@ -29,30 +35,30 @@ def row_first_key(seqlen, seqlen_q, window_left, GRANULE: tl.constexpr, LEFT_BOU
 
 
 @triton.jit
-def row_tokens_per_split(span, num_splits, GRANULE: tl.constexpr, FIXED_SPLIT: tl.constexpr):
+def row_tokens_per_split(span, num_splits, GRANULE: tl.constexpr, INVARIANT: tl.constexpr):
     """Keys per split of a row whose splits cover ``span`` keys (a multiple of GRANULE; 0 when
-    empty), or FIXED_SPLIT when that is set."""
-    if FIXED_SPLIT > 0:
-        return span * 0 + FIXED_SPLIT
+    empty); INVARIANT: :func:`flashsplit.plan.tokens_per_split`'s batch-invariant rule."""
+    n_granules = tl.cdiv(span, GRANULE)
+    if INVARIANT:
+        return tl.maximum(tl.cdiv(n_granules, BATCH_INVARIANT_SPLITS) * GRANULE, BATCH_INVARIANT_MIN_SPLIT)
     else:
-        n_granules = tl.cdiv(span, GRANULE)
         return tl.cdiv(n_granules, num_splits) * GRANULE
 
 
 @triton.jit
-def row_split_range(seqlen, first, split, num_splits, GRANULE: tl.constexpr, FIXED_SPLIT: tl.constexpr):
+def row_split_range(seqlen, first, split, num_splits, GRANULE: tl.constexpr, INVARIANT: tl.constexpr):
     """``(start, end)`` of one split of a row whose splits cover ``[first, seqlen)``; empty when
     ``end <= start``."""
-    tps = row_tokens_per_split(seqlen - first, num_splits, GRANULE, FIXED_SPLIT)
+    tps = row_tokens_per_split(seqlen - first, num_splits, GRANULE, INVARIANT)
     start = first + split * tps
     end = tl.minimum(start + tps, seqlen)
     return start, end
 
 
 @triton.jit
-def row_splits_used(span, num_splits, GRANULE: tl.constexpr, FIXED_SPLIT: tl.constexpr):
+def row_splits_used(span, num_splits, GRANULE: tl.constexpr, INVARIANT: tl.constexpr):
     """How many splits of a row covering ``span`` keys hold at least one key (0 for none)."""
-    tps = row_tokens_per_split(span, num_splits, GRANULE, FIXED_SPLIT)
+    tps = row_tokens_per_split(span, num_splits, GRANULE, INVARIANT)
     return tl.cdiv(span, tl.maximum(tps, 1))
 
 
