@@ -106,7 +106,7 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
     assert "wgmma.mma_async" in ptx
     assert ".minnctapersm" in ptx or config.units_per_sm == 1
     # A partials launch that a combine follows signals it (PDL) after its last tile, nothing else does.
-    assert ("griddepcontrol.launch_dependents" in ptx) == (config.launch_dependents != "none")
+    assert ("griddepcontrol.launch_dependents" in ptx) == config.signals_combine
     if config.gather_pages:
         # One bulk copy of a key row for K and one for V in the producer loop, completing on the
         # stage's mbarrier (no TMA tensor copies), from addresses built on block-table loads.
@@ -127,15 +127,9 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
     # wgmma); fp8 caches convert in registers.
     short = "f16" if config.fp16_operands else {"float16": "f16", "bfloat16": "bf16"}[config.dtype]
     kinds = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k(\d+)\.f32\.(\w+)\.(\w+)", ptx))
-    if config.fp8_qk:
-        # S = Q K^T in e4m3 x e4m3 k32 wgmma (three q terms x D / 32 k-blocks), P V in fp16.
-        assert kinds == {("32", "e4m3", "e4m3"), ("16", "f16", "f16")}, kinds
-        s_wgmmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32", ptx)
-        assert len(s_wgmmas) == 3 * config.head_dim // 32, len(s_wgmmas)
-    else:
-        assert kinds == {("16", short, short)}, kinds
+    assert kinds == {("16", short, short)}, kinds
     _check_swap_wgmmas(ptx, config)
-    if config.fp16_operands and not config.fp8_qk:
+    if config.fp16_operands:
         # fp8 -> fp16 is one cvt per pair: no detour through fp32 and bf16 (cvt.f32.f16 and
         # cvt.rn.bf16x2.f32 per pair in the bf16-operand kernel), and the q rows' scale is a
         # butterfly max over each row's lanes.
@@ -224,29 +218,6 @@ def _check_combine_loads_first(ptx: str, config) -> None:
     _check_row_offsets_hoisted(head)
 
 
-def _combine_signal() -> str:
-    """What a partials launch that does not merge signals its combine with (``COMBINE_PDL``)."""
-    from flashsplit.cute import configs
-
-    return "none" if configs.COMBINE_PDL == "off" else configs.COMBINE_PDL
-
-
-def test_partials_launches_signal_the_pdl_combine():
-    """Every partials launch that a combine follows signals it (``COMBINE_PDL``, after the last
-    tile), merging and final-output launches do not, and the combine is a PDL launch with it."""
-    from flashsplit.cute import configs
-
-    assert configs.COMBINE_PDL == "epilogue" and CuteBackend.combine_pdl == configs.COMBINE_PDL
-    for c in all_split_configs() + compile_check_configs():
-        expected = _combine_signal() if c.write_partials and not c.merge else "none"
-        assert c.launch_dependents == expected, c
-    assert all(c.pdl for c in all_combine_configs())
-    with pytest.raises(ValueError, match="combine_pdl: expected 'off' or one of"):
-        configs.split_config("bfloat16", 128, False, True, combine_pdl="later")
-    assert configs.split_config("bfloat16", 128, False, True, combine_pdl="entry").launch_dependents == "entry"
-    assert configs.split_config("bfloat16", 128, False, True, combine_pdl="off").launch_dependents == "none"
-
-
 def test_configs_fit_shared_memory():
     from flashsplit.cute.configs import check_smem
 
@@ -272,7 +243,7 @@ def test_all_split_configs_include_fp8():
         fp8 = [c for c in configs if c.kv_dtype == kv_dtype]
         assert len(fp8) == 48
         for c in fp8:
-            base = c.__class__(**{**c.__dict__, "kv_dtype": "same", "fp16_operands": False,
+            base = c.__class__(**{**c.__dict__, "kv_dtype": "same",
                                   "stages": {64: 3, 128: 2, 256: 3}[c.head_dim]})
             assert base in same
             assert c.stages >= base.stages
@@ -294,7 +265,7 @@ def test_subtile_configs():
     for c in sub:
         assert c.paged and c.tile_n % c.subtile_page == 0 and c.subtile_page % 8 == 0
         assert c.__class__(**{**c.__dict__, "subtile_page": 0}) in whole
-    dispatched = set(all_split_configs())  # the rest: test_fp16_operand_configs, test_merge_configs, test_one_per_sm_configs
+    dispatched = set(all_split_configs())  # the rest: test_merge_configs, test_one_per_sm_configs, ...
     checked = [c for c in compile_check_configs() if c.subtile_page and c in dispatched]
     assert {(c.kv_dtype, c.head_dim, c.subtile_page) for c in checked} == {
         (c.kv_dtype, c.head_dim, c.subtile_page) for c in sub}
@@ -339,7 +310,7 @@ def test_merge_configs():
 
     with pytest.raises(ValueError, match="merge: only for a launch that writes partials"):
         configs.split_config("bfloat16", 128, False, False, merge=True)
-    merged = [c for c in compile_check_configs() if c.merge and not _one_per_sm(c) and not _wave_or_barriers(c)]
+    merged = [c for c in compile_check_configs() if c.merge and not _one_per_sm(c) and not _wave_or_swap(c)]
     assert all(c.write_partials for c in merged)
     assert {(c.kv_dtype, c.head_dim) for c in merged if not c.paged} == {
         (kv, d) for kv in configs.KV_DTYPES for d in configs.HEAD_DIMS}
@@ -347,51 +318,10 @@ def test_merge_configs():
     assert {(c.subtile_page > 0, c.gather_pages) for c in merged if c.paged} == {
         (False, False), (True, False), (False, True)}
     for c in merged:
-        plain = c.__class__(**{**c.__dict__, "merge": False, "launch_dependents": _combine_signal()})
+        plain = c.__class__(**{**c.__dict__, "merge": False})
         assert plain in set(all_split_configs()) and c.smem_bytes == plain.smem_bytes + 16
         configs.check_smem(c)
     assert not any(c.merge for c in all_split_configs())  # the twins are listed here, not there
-
-
-def test_fp8_qk_configs():
-    """fp8 Q K^T is a compile key of e4m3 caches (dense or whole-tile pages) with fp16 PV operands,
-    off until verified on a GPU (FP8_QK_VERIFIED_ON_GPU); the compile check builds it for every
-    head dim and q dtype, and paged; three e4m3 q terms and no 16-bit K buffer in shared memory."""
-    from flashsplit.cute import configs
-
-    assert not configs.FP8_QK_VERIFIED_ON_GPU
-    assert not any(c.fp8_qk for c in all_split_configs())
-    for args in (dict(kv_dtype="float8_e5m2"), dict(kv_dtype="same"), dict(paged=True, kv_dtype="float8_e4m3fn",
-                                                                            page_size=16),
-                 dict(kv_dtype="float8_e4m3fn", fp16_operands=False)):
-        with pytest.raises(ValueError, match="fp8_qk: only for an e4m3 cache"):
-            configs.split_config("bfloat16", 128, False, True, **{"paged": False, **args}, fp8_qk=True)
-    qk = [c for c in compile_check_configs() if c.fp8_qk]
-    assert {(c.dtype, c.head_dim) for c in qk} == {(d, h) for d in configs.DTYPES for h in configs.HEAD_DIMS}
-    assert any(c.paged for c in qk)
-    for c in qk:
-        plain = c.__class__(**{**c.__dict__, "fp8_qk": False})
-        d = c.head_dim
-        assert c.smem_bytes == plain.smem_bytes + 64 * d - c.tile_n * d * 2 + (0 if plain.fp16_operands else 256)
-        configs.check_smem(c)
-
-
-def test_skip_padding_configs():
-    """Padding warps skipping the softmax is a compile key, on in every configuration the
-    dispatcher selects since it was verified on an H200 (SKIP_PADDING_VERIFIED_ON_GPU); the compile
-    check also builds the full-softmax side for every (cache type, head dim), paged, and on the
-    merging one-CTA-per-SM tile."""
-    from flashsplit.cute import configs
-
-    assert configs.SKIP_PADDING_VERIFIED_ON_GPU  # sixth session, call 1
-    assert all(c.skip_padding for c in all_split_configs())
-    assert not configs.split_config("bfloat16", 128, False, True, skip_padding=False).skip_padding
-    full = [c for c in compile_check_configs() if not c.skip_padding]
-    assert {(c.kv_dtype, c.head_dim) for c in full} == {
-        (kv, d) for kv in configs.KV_DTYPES for d in configs.HEAD_DIMS}
-    assert any(c.paged for c in full) and any(c.merge and _one_per_sm(c) for c in full)
-    for c in full:  # the same shared memory as the skipping kernel
-        assert c.smem_bytes == c.__class__(**{**c.__dict__, "skip_padding": True}).smem_bytes
 
 
 def test_one_per_sm_configs():
@@ -408,8 +338,7 @@ def test_one_per_sm_configs():
             configs.split_config(**args, one_per_sm=True)
     with pytest.raises(ValueError, match="one_per_sm: not for gathered pages"):
         configs.split_config("bfloat16", 128, False, True, True, page_size=48, one_per_sm=True)
-    deep = [c for c in compile_check_configs()
-            if _one_per_sm(c) and c.skip_padding and not c.paged and not _wave_or_barriers(c)]
+    deep = [c for c in compile_check_configs() if _one_per_sm(c) and not c.paged and not _wave_or_swap(c)]
     assert len(deep) == 9 and {(c.dtype, c.causal, c.write_partials) for c in deep} == {
         (d, ca, wp) for d in configs.DTYPES for ca in (False, True) for wp in (False, True)}
     paged = [c for c in compile_check_configs() if _one_per_sm(c) and c.paged]
@@ -417,12 +346,10 @@ def test_one_per_sm_configs():
     assert any(c.merge for c in deep) and not any(c in set(all_split_configs()) for c in deep)
 
 
-def test_one_wave_and_barrier_configs():
+def test_one_wave_configs():
     """Three stages for one-wave merging launches are a compile key of dense 16-bit d = 128
     merging launches on the two-CTA tile (still two CTAs per SM); the compile check builds them
-    for every dtype x causal. Split K/V barriers apply to 16-bit TMA loads only (staged loads
-    keep one pair per stage, whatever is asked), add 16 bytes per stage, and the compile check
-    builds the layout SPLIT_KV_BARRIERS does not select for every head dim and special tile."""
+    for every dtype x causal."""
     from flashsplit.cute import configs
 
     c = configs.split_config("bfloat16", 128, False, True, merge=True, one_wave=True)
@@ -436,18 +363,6 @@ def test_one_wave_and_barrier_configs():
     deep = [c for c in compile_check_configs() if _one_wave(c)]
     assert all(c.merge and not c.paged and not c.fp8 for c in deep)
     assert {(c.dtype, c.causal) for c in deep} >= {(d, ca) for d in configs.DTYPES for ca in (False, True)}
-    for kv_dtype, page_size in (("float8_e4m3fn", None), ("float8_e5m2", 16), ("same", 48)):
-        staged = configs.split_config("bfloat16", 128, False, True, page_size is not None, kv_dtype, page_size,
-                                      split_barriers=True)
-        assert staged.staged and not staged.split_barriers
-    joint = configs.split_config("bfloat16", 128, False, True, split_barriers=False)
-    split = configs.split_config("bfloat16", 128, False, True, split_barriers=True)
-    assert split.smem_bytes == joint.smem_bytes + 16 * joint.stages
-    other = [c for c in compile_check_configs() if c.split_barriers != configs.SPLIT_KV_BARRIERS]
-    assert {c.head_dim for c in other if not c.paged} == set(configs.HEAD_DIMS)
-    assert {c.subtile_page for c in other if c.paged} == {0, 16}
-    assert any(_one_per_sm(c) for c in other) and any(_one_wave(c) for c in other)
-    assert all(c.split_barriers == configs.SPLIT_KV_BARRIERS for c in all_split_configs() if not c.staged)
 
 
 def test_one_wave_merge_rule():
@@ -492,7 +407,7 @@ def test_one_cta_per_sm_rule():
                     (problem(4, 16384), False), (problem(1, 16384), False), (problem(4, 4096), False),
                     (problem(64, 4096), False), (problem(16, 131072), False), (problem(4, 131072), True),
                     (problem(16, 4096, head_dim=64), False), (problem(16, 4096, kv_dtype=torch.float8_e4m3fn), False),
-                    # TMA pages (ONE_PER_SM_PAGED_VERIFIED_ON_GPU); gathered pages never
+                    # TMA pages (whole-tile and sub-tile); gathered pages never
                     (problem(16, 4096, page_size=128), True), (problem(16, 4096, page_size=16), True),
                     (problem(16, 4096, page_size=48), False), (problem(4, 4096, num_heads_kv=32), True)]:
         assert backend.one_cta_per_sm(p) == deep, p
@@ -505,15 +420,13 @@ def test_one_cta_per_sm_rule():
 
 
 
-def test_cute_preferred_where_measured_faster(monkeypatch):
+def test_cute_preferred_where_measured_faster():
     """auto ranks cute above Triton for dense 16-bit d = 128 problems that take the swapped-operand
     kernel in one wave (1-8 packed rows: B = 1 x 2k/4k, B = 2 x 4k, 32/32 heads at B = 1 x 4k), or
     with >= 4 packed rows per KV head and >= 64 work units (B >= 8 with 8 KV heads) or >= 512 keys
     per split, where it was measured faster (or tied); not for one packed row in several waves
-    (32/32 heads, B = 16), other head dims or fp8 caches; and without the swapped kernel, not for
-    splits under 512 keys (B = 1 x 4k: 128 keys, B = 2 x 4k: 256) or one packed row."""
+    (32/32 heads, B = 16), other head dims or fp8 caches."""
     backend = CuteBackend()
-    monkeypatch.setattr(CuteBackend, "swap_ab", True)
 
     def rank(**kw):
         return backend.preference(_problem(device_type="cuda", **kw))[0]
@@ -530,30 +443,24 @@ def test_cute_preferred_where_measured_faster(monkeypatch):
                   dict(batch=64, seqlen_k=4096, kv_dtype=torch.float8_e4m3fn))
     for kw in not_faster:
         assert not backend.cute_measured_faster(_problem(device_type="cuda", **kw)) and rank(**kw) < 0, kw
-    monkeypatch.setattr(CuteBackend, "swap_ab", False)
-    for kw in short[:4] + not_faster:
-        assert not backend.cute_measured_faster(_problem(device_type="cuda", **kw)) and rank(**kw) < 0, kw
 
 
 def test_swap_rule():
     """The swapped-operand kernel takes 1-8 packed rows of a 16-bit cache (dense, whole-tile or
-    sub-tile pages) in one wave of the tile's CTAs per SM; not 9+ rows, fp8, gathered pages, split
-    K/V barriers or two waves; ``split_config`` refuses what it cannot build."""
+    sub-tile pages) in one wave of the tile's CTAs per SM; not 9+ rows, fp8, gathered pages or two
+    waves; ``split_config`` refuses what it cannot build."""
     from flashsplit.cute import configs
 
     backend = CuteBackend()
-    assert configs.swap_ab_applies(8, "same", None, 128, False) and configs.swap_ab_applies(1, "same", 16, 128, False)
-    assert configs.swap_ab_applies(4, "same", 128, 128, False)
-    assert not configs.swap_ab_applies(9, "same", None, 128, False)
-    assert not configs.swap_ab_applies(4, "float8_e4m3fn", None, 128, False)
-    assert not configs.swap_ab_applies(4, "same", 48, 128, False)  # gathered pages
-    assert not configs.swap_ab_applies(4, "same", None, 128, True)
-    if backend.swap_ab:
-        assert backend.swaps(4, "same", None, 128, 264, 2, "cpu")
+    assert configs.swap_ab_applies(8, "same", None, 128) and configs.swap_ab_applies(1, "same", 16, 128)
+    assert configs.swap_ab_applies(4, "same", 128, 128)
+    assert not configs.swap_ab_applies(9, "same", None, 128)
+    assert not configs.swap_ab_applies(4, "float8_e4m3fn", None, 128)
+    assert not configs.swap_ab_applies(4, "same", 48, 128)  # gathered pages
+    assert backend.swaps(4, "same", None, 128, 264, 2, "cpu")
     assert not backend.swaps(4, "same", None, 128, 265, 2, "cpu")  # (DEFAULT_NUM_SMS = 132)
     assert not backend.swaps(4, "same", None, 128, 133, 1, "cpu")
-    for kw in (dict(kv_dtype="float8_e4m3fn"), dict(split_barriers=True), dict(swap_rows=16),
-               dict(paged=True, page_size=48)):
+    for kw in (dict(kv_dtype="float8_e4m3fn"), dict(swap_rows=16), dict(paged=True, page_size=48)):
         with pytest.raises(ValueError, match="swap_rows"):
             configs.split_config("bfloat16", 128, False, True, swap_rows=kw.pop("swap_rows", 8), **kw)
     c = configs.split_config("bfloat16", 128, False, True, swap_rows=8)
@@ -567,19 +474,16 @@ def _one_per_sm(config) -> bool:
 
 
 def _one_wave(config) -> bool:
-    """A configuration with ``ONE_WAVE_STAGES`` (test_one_wave_and_barrier_configs)."""
+    """A configuration with ``ONE_WAVE_STAGES`` (test_one_wave_configs)."""
     from flashsplit.cute import configs
 
     return (config.head_dim == 128 and config.units_per_sm == 2 and config.stages == configs.ONE_WAVE_STAGES
             and not config.staged and not config.swap_rows)
 
 
-def _wave_or_barriers(config) -> bool:
-    """A one-wave configuration, one of the K/V barrier layout that ``SPLIT_KV_BARRIERS`` does
-    not select (test_one_wave_and_barrier_configs), or a swapped-operand one (test_swap_rule)."""
-    from flashsplit.cute import configs
-
-    return _one_wave(config) or config.split_barriers != configs.SPLIT_KV_BARRIERS or config.swap_rows > 0
+def _wave_or_swap(config) -> bool:
+    """A one-wave configuration (test_one_wave_configs) or a swapped-operand one (test_swap_rule)."""
+    return _one_wave(config) or config.swap_rows > 0
 
 
 def configs_tile(head_dim):
@@ -623,37 +527,26 @@ def _problem(**overrides) -> DecodeProblem:
     (dict(page_size=128), "CUDA device"),
     (dict(page_size=256, head_dim=64), "CUDA device"),
     (dict(page_size=64, head_dim=256), "CUDA device"),
-    # Pages smaller than the tile (multiples of 8 dividing it): the sub-tile kernel (GPU-verified).
+    # Pages smaller than the tile (multiples of 8 dividing it): the sub-tile kernel.
     (dict(page_size=16), "CUDA device"),
+    (dict(page_size=8), "CUDA device"),
     (dict(page_size=8, head_dim=256), "CUDA device"),
+    (dict(page_size=32, head_dim=256), "CUDA device"),
     (dict(page_size=64, head_dim=64), "CUDA device"),
-    # Any other page size: the gathered-row kernel (GPU-verified).
+    # Any other page size: the gathered-row kernel.
     (dict(page_size=1), "CUDA device"),
     (dict(page_size=24), "CUDA device"),
     (dict(page_size=48, head_dim=64), "CUDA device"),
+    # fp8 caches: dense, whole-tile, sub-tile and gathered pages.
+    (dict(kv_dtype=torch.float8_e4m3fn), "CUDA device"),
+    (dict(kv_dtype=torch.float8_e5m2, dtype=torch.float16, head_dim=256), "CUDA device"),
     (dict(page_size=128, kv_dtype=torch.float8_e4m3fn), "CUDA device"),
     (dict(page_size=16, kv_dtype=torch.float8_e4m3fn), "CUDA device"),
-])
-def test_supports_reasons_on_cpu_problems(overrides, needle, cute_paged_enabled):
-    if not _HAS_CUTLASS and needle == "CUDA device":
-        needle = "not installed"
-    reason = CuteBackend().supports(_problem(**overrides))
-    assert reason is not None and needle in reason, reason
-
-
-@pytest.mark.parametrize("overrides,needle", [
-    (dict(page_size=8), "CUDA device"),
-    (dict(page_size=16), "CUDA device"),
-    (dict(page_size=32, head_dim=256), "CUDA device"),
-    (dict(page_size=64, head_dim=64), "CUDA device"),
     (dict(page_size=8, kv_dtype=torch.float8_e5m2), "CUDA device"),
-    (dict(page_size=24), "CUDA device"),  # gathered
+    (dict(kv_dtype=torch.float8_e5m2, page_size=96, head_dim=64), "CUDA device"),
+    (dict(kv_dtype=torch.float8_e4m3fn, head_dim=96), "head_dim 96"),
 ])
-def test_supports_subtile_pages_once_enabled(overrides, needle, cute_paged_enabled, cute_subtile_enabled,
-                                             monkeypatch):
-    from flashsplit.cute import configs
-
-    monkeypatch.setattr(configs, "FP8_VERIFIED_ON_GPU", True)
+def test_supports_reasons_on_cpu_problems(overrides, needle):
     if not _HAS_CUTLASS and needle == "CUDA device":
         needle = "not installed"
     reason = CuteBackend().supports(_problem(**overrides))
@@ -662,71 +555,13 @@ def test_supports_subtile_pages_once_enabled(overrides, needle, cute_paged_enabl
 
 @pytest.mark.parametrize("overrides", [dict(page_size=1), dict(page_size=24), dict(page_size=48, head_dim=64),
                                        dict(page_size=96), dict(page_size=3, kv_dtype=torch.float8_e4m3fn)])
-def test_supports_gathered_pages_once_enabled(overrides, cute_paged_enabled, cute_gather_enabled, monkeypatch):
-    """With the gathered-row kernel switched on, any page size passes the paged checks (then
-    fails only on the CPU device); auto still ranks such pages below Triton until timed."""
-    from flashsplit.cute import configs
-
-    monkeypatch.setattr(configs, "FP8_VERIFIED_ON_GPU", True)
+def test_gathered_pages_supported_but_ranked_below_triton(overrides):
+    """Any page size passes the paged checks (then fails only on the CPU device); auto ranks
+    gathered pages below Triton (measured slower)."""
     reason = CuteBackend().supports(_problem(**overrides))
     assert reason is not None and ("CUDA device" in reason or "not installed" in reason), reason
     rank, why = CuteBackend().preference(_problem(**overrides))
     assert rank < 0 and "slower than triton" in why
-
-
-@pytest.mark.parametrize("overrides,needle", [
-    (dict(page_size=1), "page_size 1: the cute kernel needs a multiple of its 64-key tile or one of (8, 16, 32)"),
-    (dict(page_size=4), "page_size 4"),
-    (dict(page_size=96), "page_size 96"),
-    (dict(page_size=48, head_dim=64), "multiple of its 128-key tile or one of (8, 16, 32, 64)"),
-    (dict(kv_dtype=torch.float8_e5m2, page_size=96, head_dim=64), "multiple of its 128-key tile"),
-])
-def test_gathered_pages_gate_refuses_them_when_off(overrides, needle, cute_paged_enabled, monkeypatch):
-    """Switching GATHER_PAGES_VERIFIED_ON_GPU off sends other page sizes back to Triton, with the reason."""
-    from flashsplit.cute import configs
-
-    monkeypatch.setattr(configs, "GATHER_PAGES_VERIFIED_ON_GPU", False)
-    reason = CuteBackend().supports(_problem(**overrides))
-    assert reason is not None and needle in reason and "not yet verified on a GPU" in reason, reason
-
-
-def test_subtile_pages_gate_refuses_them_when_off(monkeypatch):
-    from flashsplit.cute import configs
-
-    monkeypatch.setattr(configs, "SUBTILE_PAGES_VERIFIED_ON_GPU", False)
-    for page_size in (8, 16, 32):
-        reason = CuteBackend().supports(_problem(page_size=page_size))
-        assert reason is not None and "not yet verified on a GPU" in reason
-
-
-@pytest.mark.parametrize("overrides,needle", [
-    (dict(kv_dtype=torch.float8_e4m3fn), "CUDA device"),
-    (dict(kv_dtype=torch.float8_e5m2, dtype=torch.float16, head_dim=256), "CUDA device"),
-    (dict(kv_dtype=torch.float8_e4m3fn, page_size=128), "CUDA device"),
-    (dict(kv_dtype=torch.float8_e5m2, page_size=64, head_dim=64), "CUDA device"),  # sub-tile pages
-    (dict(kv_dtype=torch.float8_e5m2, page_size=96, head_dim=64), "CUDA device"),  # gathered pages
-    (dict(kv_dtype=torch.float8_e4m3fn, head_dim=96), "head_dim 96"),
-])
-def test_supports_fp8_once_enabled(overrides, needle, cute_paged_enabled, monkeypatch):
-    from flashsplit.cute import configs
-
-    monkeypatch.setattr(configs, "FP8_VERIFIED_ON_GPU", True)
-    if not _HAS_CUTLASS and needle == "CUDA device":
-        needle = "not installed"
-    reason = CuteBackend().supports(_problem(**overrides))
-    assert reason is not None and needle in reason, reason
-
-
-@pytest.mark.parametrize("flag, overrides", [("FP8_VERIFIED_ON_GPU", dict(kv_dtype=torch.float8_e4m3fn)),
-                                            ("PAGED_VERIFIED_ON_GPU", dict(page_size=128))])
-def test_unverified_cache_formats_stay_on_triton(flag, overrides, monkeypatch):
-    """Both formats passed on the H200; switching a flag off sends that format back to Triton."""
-    from flashsplit.cute import configs
-
-    assert getattr(configs, flag) is True
-    monkeypatch.setattr(configs, flag, False)
-    reason = CuteBackend().supports(_problem(**overrides))
-    assert reason is not None and "not yet verified on a GPU" in reason
 
 
 def test_supports_reason_without_cutlass(monkeypatch):
@@ -824,15 +659,6 @@ def test_auto_takes_the_backend_measured_fastest(overrides, winner, monkeypatch)
     assert why.startswith("auto: ")
 
 
-def test_auto_keeps_subtile_pages_on_triton_while_gated(monkeypatch):
-    """With the sub-tile kernel switched off (SUBTILE_PAGES_VERIFIED_ON_GPU False), auto sends
-    small pages to Triton with cute's reason instead of failing."""
-    from flashsplit.cute import configs
-
-    monkeypatch.setattr(configs, "SUBTILE_PAGES_VERIFIED_ON_GPU", False)
-    test_auto_takes_the_backend_measured_fastest(dict(page_size=16), "triton", monkeypatch)
-
-
 def _cute_reason_off_device(real, backend, problem):
     """cute's supports() with the no-GPU/no-cutlass reasons dropped (they end the checks)."""
     reason = real(backend, problem)
@@ -842,30 +668,18 @@ def _cute_reason_off_device(real, backend, problem):
 
 
 def test_fp16_operand_configs():
-    """fp16 wgmma operands are a compile key of fp8 caches with a bf16 q only; the dispatcher's
-    configurations take the operand type FP16_OPERANDS_VERIFIED_ON_GPU selects (fp16 since the
-    fifth session), and the compile check also builds the other one for every fp8 type and head
-    dim, dense, and for whole-tile, sub-tile and gathered pages."""
+    """fp16 wgmma operands are what every fp8 cache with a bf16 q compiles to; the compile check
+    builds them for every fp8 type and head dim, dense, and for whole-tile, sub-tile and gathered
+    pages; their 256 bytes of q row scales keep two CTAs per SM where the tile wants them."""
     from flashsplit.cute import configs
 
-    chosen = configs.FP16_OPERANDS_VERIFIED_ON_GPU
-    assert chosen  # verified on the H200 (fifth session)
-    assert all(c.fp16_operands == (chosen and c.fp8 and c.dtype == "bfloat16") for c in all_split_configs())
-    with pytest.raises(ValueError, match="fp16_operands: only for an fp8 cache with a bfloat16 q"):
-        configs.split_config("float16", 128, False, True, kv_dtype="float8_e4m3fn", fp16_operands=True)
-    with pytest.raises(ValueError, match="fp16_operands"):
-        configs.split_config("bfloat16", 128, False, True, fp16_operands=True)
-    dispatched = set(all_split_configs())
-    others = [c for c in compile_check_configs()
-              if c not in dispatched and not c.merge and not _one_per_sm(c) and c.skip_padding and not c.fp8_qk
-              and not _wave_or_barriers(c)]
-    assert all(c.fp8 and c.dtype == "bfloat16" and c.fp16_operands != chosen for c in others)
-    assert {(c.kv_dtype, c.head_dim) for c in others if not c.paged} == {
+    assert all(c.fp16_operands == (c.fp8 and c.dtype == "bfloat16") for c in all_split_configs())
+    checked = [c for c in compile_check_configs() if c.fp16_operands]
+    assert {(c.kv_dtype, c.head_dim) for c in checked if not c.paged} == {
         (kv, d) for kv in configs.KV_DTYPES[1:] for d in configs.HEAD_DIMS}
-    assert {(c.subtile_page > 0, c.gather_pages) for c in others if c.paged} == {
+    assert {(c.subtile_page > 0, c.gather_pages) for c in checked if c.paged} == {
         (False, False), (True, False), (False, True)}
-    for c in compile_check_configs():  # 256 bytes of row scales, still two CTAs per SM where the tile wants them
-        if c.fp16_operands and not c.fp8_qk:  # (fp8 Q K^T keeps its row scales either way)
-            plain = c.__class__(**{**c.__dict__, "fp16_operands": False})
-            assert c.smem_bytes == plain.smem_bytes + 256
-            configs.check_smem(c)
+    for c in checked:
+        as_fp16_q = c.__class__(**{**c.__dict__, "dtype": "float16"})  # same tile, no row scales
+        assert not as_fp16_q.fp16_operands and c.smem_bytes == as_fp16_q.smem_bytes + 256
+        configs.check_smem(c)

@@ -307,12 +307,12 @@ def test_prepared_cute_launches_with_workspace_addresses(num_splits, with_lse, m
     """PreparedCuteDecode computes the static launch arguments once, then passes each launch the
     tensors' addresses, the partials at the workspace's base and after the S x rows x D outputs,
     and (no lse asked for) an lse scratch after the partial LSEs. With the in-kernel merge
-    (``configs.MERGE_VERIFIED_ON_GPU``) a launch of several splits is one split-kernel launch
-    that also gets ``out``, the lse and zeroed arrival counters; otherwise the combine follows.
-    Fakes stand in for the compiled kernels (no cutlass launch on the CPU)."""
-    from flashsplit.cute import backend as cute_backend, configs
+    (``CuteBackend.merge_max_splits`` >= the splits) a launch of several splits is one split-kernel
+    launch that also gets ``out``, the lse and zeroed arrival counters; otherwise the combine
+    follows. Fakes stand in for the compiled kernels (no cutlass launch on the CPU)."""
+    from flashsplit.cute import backend as cute_backend
 
-    monkeypatch.setattr(configs, "MERGE_VERIFIED_ON_GPU", merge)
+    monkeypatch.setattr(cute_backend.CuteBackend, "merge_max_splits", 16 if merge else 1)
     backend = cute_backend.CuteBackend()
     q, k, v = _inputs(generator, batch=2, heads=(8, 2), dim=32)
     lens = torch.tensor([300, 9], dtype=torch.int32, device=DEVICE)
@@ -321,7 +321,7 @@ def test_prepared_cute_launches_with_workspace_addresses(num_splits, with_lse, m
     setups, launches, bases, counters = [], [], [], []
 
     def split_launch(self, q_, k_, v_, seqlens, table, splits, scale, causal, o, lse_, partials, kd, vd, out_=None,
-                     one_per_sm=False, one_wave=False):
+                     one_per_sm=False, one_wave=False, swap=None):
         setups.append(("split", o.shape, lse_.shape, partials, out_ is out))
         strides = (0, 0, 0) if out_ is None else out_.stride()[:3]
         return cute_backend._SplitLaunch("split-kernel", (7,), (0, 0, 0, 0), strides, None, partials, q.dtype,

@@ -49,22 +49,13 @@ def _planned_split(problem: DecodeProblem, units: int, units_per_sm: int) -> tup
 class CuteBackend(Backend):
     name = "cute"
     priority = 10
-    #: Launches of 2..merge_max_splits splits merge in the split kernel's tail (one launch; with
-    #: ``configs.MERGE_VERIFIED_ON_GPU``), more keep the combine kernel. H200, 32/8 heads, d = 128,
+    #: Launches of 2..merge_max_splits splits merge in the split kernel's tail (one launch), more
+    #: keep the combine kernel. H200, 32/8 heads, d = 128,
     #: same runs (fifth session), merged vs combine kernel: 2 splits 67.7 vs 68.9 us (B = 16, 4k),
     #: 8 splits 23.4 vs 24.7 (B = 4, 4k), 16 splits 15.4 vs 16.1 (B = 2, 4k) and 38.3 vs 39.0
     #: (16k); 32 splits 13.1 vs 12.7 (B = 1, 4k) and 126.1 vs 125.5 (128k): one warp per row walks
     #: 32 splits in two register chunks, where the combine's 32 CTAs take one round trip each.
     merge_max_splits = 16
-    #: The combine kernel as a programmatic dependent of the split kernel: "off", or where each
-    #: split CTA signals it (``configs.LAUNCH_DEPENDENTS``: "none" = when the grid ends).
-    combine_pdl = configs.COMBINE_PDL
-    #: K and V tiles on mbarriers of their own (``configs.SplitConfig.split_barriers``).
-    split_barriers = configs.SPLIT_KV_BARRIERS
-    #: Problems of 1..``configs.SWAP_AB_ROWS`` packed rows per KV head run the swapped-operand
-    #: kernel (``configs.SplitConfig.swap_rows``) where ``configs.swap_ab_applies`` and the launch
-    #: fits one wave (``swaps``).
-    swap_ab = configs.SWAP_AB_VERIFIED_ON_GPU
 
     def __init__(self) -> None:
         self._full_seqlens: dict[tuple, torch.Tensor] = {}
@@ -79,25 +70,6 @@ class CuteBackend(Backend):
             return f"dtype {problem.dtype} is not float16 or bfloat16"
         if not problem.aligned_16b:
             return "q/k_cache/v_cache/out need 16-byte aligned pointers and strides (TMA, vector stores)"
-        if problem.paged and not configs.PAGED_VERIFIED_ON_GPU:
-            return "the paged cute kernel is compile-checked but not yet verified on a GPU; paged KV uses triton"
-        if problem.paged and not configs.paged_supported(problem.page_size, problem.head_dim):
-            tile_n = configs.split_tile(problem.head_dim)[0]
-            sub = configs.subtile_page_sizes(problem.head_dim)
-            if problem.page_size not in sub and not configs.GATHER_PAGES_VERIFIED_ON_GPU:
-                return (
-                    f"paged KV with page_size {problem.page_size}: the cute kernel needs a multiple of its "
-                    f"{tile_n}-key tile or one of {sub} (TMA boxes on 8-key swizzle atoms); its gathered-row "
-                    f"kernel for other sizes is compile-checked but not yet verified on a GPU; other pages use "
-                    f"the triton backend"
-                )
-            if problem.page_size in sub and not configs.SUBTILE_PAGES_VERIFIED_ON_GPU:
-                return (
-                    f"paged KV with page_size {problem.page_size} (smaller than the {tile_n}-key tile): the cute "
-                    f"sub-tile kernel is compile-checked but not yet verified on a GPU; such pages use triton"
-                )
-        if problem.cache_dtype in FP8_DTYPES and not configs.FP8_VERIFIED_ON_GPU:
-            return "the fp8 cute kernel is compile-checked but not yet verified on a GPU; fp8 KV uses triton"
         if problem.cache_dtype != problem.dtype and problem.cache_dtype not in _FP8_NAMES:
             return f"{problem.cache_dtype} caches are not implemented in the cute backend yet"
         if not cutlass_available():
@@ -137,7 +109,7 @@ class CuteBackend(Backend):
 
     #: ``cute_measured_faster`` holds from this many work units (batch rows x KV heads x row
     #: blocks: 4 or fewer splits per unit), or from this many keys per split. H200, 32/8 heads,
-    #: d = 128, bf16, same runs (sixth session, calls 1-6, with ``skip_padding``), us, cute vs Triton:
+    #: d = 128, bf16, same runs (sixth session, calls 1-6, padding warps skipping the softmax), us, cute vs Triton:
     #: B = 8 x 4k (64 units, 4 splits) 38.0 vs 38.9, 38.1 vs 39.0; B = 16 x 128k (128 units, 2
     #: splits) 1908.6 vs 1921.1, 1857.3 vs 1876.0, 1871.4 vs 1884.5, 1912.5 vs 1925.7; B = 32 x 4k
     #: 123.2 vs 137.9; B = 64 (512 units, 1 split) 4k 237.4 vs 238.3, 237.8 vs 238.8, 16k 938.1 vs
@@ -157,21 +129,20 @@ class CuteBackend(Backend):
     def swaps(self, packed_rows: int, kv_dtype: str, page_size: int | None, head_dim: int, ctas: int,
               units_per_sm: int, device_type: str = "cuda") -> bool:
         """Whether a launch of ``ctas`` CTAs (``units_per_sm`` per SM) takes the swapped-operand
-        kernel: ``swap_ab``, ``configs.swap_ab_applies``, and one wave. H200, 32/8 heads, d = 128,
+        kernel: ``configs.swap_ab_applies``, and one wave. H200, 32/8 heads, d = 128,
         bf16, same runs (eleventh session, call 7), us, swapped / 64 rows / Triton: one wave, B = 1
         x 4k 9.69 / 10.80 / 10.29, 16k 21.30 / 22.03 / 22.82, B = 4 x 4k 21.31 / 21.65 / 22.18, B = 16
         x 128k 1906.5 / 1917.5 / 1906.3 (32/32 heads: B = 1 x 4k 20.65 / 21.42 / 21.48, B = 4 x 4k
         62.6 / 63.8 / 65.6); two waves, where each CTA streams its keys and the tensor work hides
         behind the loads anyway: B = 64 x 4k 245.3 / 244.9 / 243.9, 16k 962.0 / 961.4 / 962.5."""
-        if not (self.swap_ab and configs.swap_ab_applies(packed_rows, kv_dtype, page_size, head_dim,
-                                                         self.split_barriers)):
+        if not configs.swap_ab_applies(packed_rows, kv_dtype, page_size, head_dim):
             return False
         return _fits_one_wave(ctas, units_per_sm, device_type)
 
     def merges(self, num_splits: int) -> bool:
         """Whether a launch of ``num_splits`` splits merges them in the split kernel's tail
-        (2..``merge_max_splits``, with ``configs.MERGE_VERIFIED_ON_GPU``) instead of a combine."""
-        return 1 < num_splits <= self.merge_max_splits and configs.MERGE_VERIFIED_ON_GPU
+        (2..``merge_max_splits``) instead of a combine."""
+        return 1 < num_splits <= self.merge_max_splits
 
     def cute_measured_faster(self, problem: DecodeProblem) -> bool:
         """A dense 16-bit cache at d = 128 that takes the swapped-operand kernel in one wave
@@ -214,7 +185,7 @@ class CuteBackend(Backend):
         ``one_per_sm_min_split_keys``..``one_per_sm_max_keys`` (where it was measured faster)."""
         if problem.head_dim != 128 or problem.cache_dtype != problem.dtype:
             return False
-        if problem.paged and not (configs.ONE_PER_SM_PAGED_VERIFIED_ON_GPU and configs.tma_pages(problem.page_size, 128)):
+        if problem.paged and not configs.tma_pages(problem.page_size, 128):
             return False
         units = problem.work_units(self.block_m(problem))
         if not _fits_one_wave(units, configs.ONE_PER_SM_TILE[2], problem.device_type):
@@ -240,12 +211,10 @@ class CuteBackend(Backend):
         return PreparedCuteDecode(self, num_splits, softmax_scale, causal, one_per_sm, one_wave)
 
     def decode(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out, lse,
-               block_table=None, k_descale=None, v_descale=None, one_per_sm: bool = False,
-               one_wave: bool = False) -> None:
-        """One decode with ``num_splits`` splits (tests; the api goes through :meth:`prepare`),
-        on the one-CTA-per-SM tile with ``one_per_sm``, with ``configs.ONE_WAVE_STAGES`` with ``one_wave``
-        (a merging launch: 2..merge_max_splits splits)."""
-        PreparedCuteDecode(self, num_splits, softmax_scale, causal, one_per_sm, one_wave)(
+               block_table=None, k_descale=None, v_descale=None) -> None:
+        """One decode with ``num_splits`` splits on the two-CTA tile (the api goes through
+        :meth:`prepare`, which also applies the one-CTA-per-SM and one-wave rules)."""
+        PreparedCuteDecode(self, num_splits, softmax_scale, causal)(
             q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse)
 
     def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
@@ -267,8 +236,7 @@ class CuteBackend(Backend):
         from .compile import compile_combine
 
         num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
-        kernel = compile_combine(configs.CombineConfig(_OUT_DTYPE_NAMES[out.dtype], head_dim,
-                                                       pdl=self.combine_pdl != "off"))
+        kernel = compile_combine(configs.CombineConfig(_OUT_DTYPE_NAMES[out.dtype], head_dim))
         static = (num_splits, batch, seqlen_q, num_heads,
                   *out_partial.stride()[:4], *lse_partial.stride(), *out.stride()[:3])
         return kernel, static
@@ -283,10 +251,11 @@ class CuteBackend(Backend):
 
     def _split_launch(self, q, k, v, cache_seqlens, block_table, num_splits, scale, causal, o, lse,
                       write_partials, k_descale=None, v_descale=None, out=None, one_per_sm=False,
-                      one_wave=False) -> _SplitLaunch:
+                      one_wave=False, swap=None) -> _SplitLaunch:
         """The compiled split kernel for this call's static facts and its static raw arguments;
         with ``out`` (partials only), the kernel's last CTA per row tile merges into it; with
-        ``one_per_sm``, the one-CTA-per-SM tile; with ``one_wave``, ``configs.ONE_WAVE_STAGES``."""
+        ``one_per_sm``, the one-CTA-per-SM tile; with ``one_wave``, ``configs.ONE_WAVE_STAGES``;
+        the swapped-operand kernel where :meth:`swaps` (``swap`` None) or ``swap`` says."""
         import math
 
         from .compile import compile_split
@@ -303,13 +272,12 @@ class CuteBackend(Backend):
             seqlen_k, max_pages = cache_len, 1
         kv_dtype = _FP8_NAMES.get(k.dtype, "same")
         tile_units = configs.ONE_PER_SM_TILE[2] if one_per_sm else configs.split_tile(head_dim)[2]
-        swap = self.swaps(seqlen_q * (num_heads // num_heads_kv), kv_dtype, cache_len if paged else None, head_dim,
-                          batch * num_heads_kv * num_splits, tile_units, q.device.type)
+        if swap is None:
+            swap = self.swaps(seqlen_q * (num_heads // num_heads_kv), kv_dtype, cache_len if paged else None,
+                              head_dim, batch * num_heads_kv * num_splits, tile_units, q.device.type)
         config = configs.split_config(_DTYPE_NAMES[q.dtype], head_dim, causal, write_partials, paged, kv_dtype,
                                       cache_len if paged else None, merge=out is not None, one_per_sm=one_per_sm,
-                                      combine_pdl=self.combine_pdl, one_wave=one_wave,
-                                      split_barriers=self.split_barriers,
-                                      swap_rows=configs.SWAP_AB_ROWS if swap else 0)
+                                      one_wave=one_wave, swap_rows=configs.SWAP_AB_ROWS if swap else 0)
         if lse.stride() != _compact_strides(lse.shape):
             raise ValueError(f"lse: expected a contiguous tensor, got strides {lse.stride()}")
         o_strides = o.stride()[:4] if write_partials else (0, *o.stride()[:3])
@@ -360,14 +328,15 @@ class PreparedCuteDecode:
     workspace (a fresh tensor while a CUDA graph is being captured) and launches through the
     kernels' FastLaunchers. Workspace layout (fp32): ``out_partial`` ``[S, B, L_q, H, D]``,
     ``lse_partial`` ``[S, B, H, L_q]`` (S > 1 only), then the lse scratch ``[B, H, L_q]``.
-    With ``configs.MERGE_VERIFIED_ON_GPU`` (when the launcher is built) a launch of 2 to
-    ``CuteBackend.merge_max_splits`` splits merges in the split kernel's tail
+    A launch of 2 to ``CuteBackend.merge_max_splits`` splits merges in the split kernel's tail
     (``SplitConfig.merge``, one launch; its arrival counters come from
-    :class:`~flashsplit.workspace.ArrivalCounters`); otherwise the combine kernel merges.
+    :class:`~flashsplit.workspace.ArrivalCounters`); otherwise the combine kernel merges. The
+    kernel: the two-CTA tile, or ``one_per_sm`` / ``one_wave`` (what :meth:`CuteBackend.prepare`
+    chose), with swapped operands where ``CuteBackend.swaps`` (``swap`` None) or ``swap`` says.
     """
 
     def __init__(self, backend: CuteBackend, num_splits: int, softmax_scale: float, causal: bool,
-                 one_per_sm: bool = False, one_wave: bool = False):
+                 one_per_sm: bool = False, one_wave: bool = False, swap: bool | None = None):
         self.backend = backend
         self.num_splits = num_splits
         self.softmax_scale = softmax_scale
@@ -378,6 +347,7 @@ class PreparedCuteDecode:
         # Fixed per prepared launch (its compiled kernel).
         self.merge = backend.merges(num_splits)
         self.one_wave = one_wave and self.merge  # configs.ONE_WAVE_STAGES (merging launches only)
+        self.swap = swap
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse) -> None:
         batch, seqlen_q, num_heads, head_dim = q.shape
@@ -425,7 +395,7 @@ class PreparedCuteDecode:
         if splits == 1:
             self.split = self.backend._split_launch(q, k_cache, v_cache, cache_seqlens, block_table, 1,
                                                     self.softmax_scale, self.causal, out, lse, False, k_descale,
-                                                    v_descale, one_per_sm=self.one_per_sm)
+                                                    v_descale, one_per_sm=self.one_per_sm, swap=self.swap)
             return
         out_partial = buffer[: partial_rows * head_dim].view(splits, batch, seqlen_q, num_heads, head_dim)
         lse_partial = buffer[partial_rows * head_dim: partial_rows * (head_dim + 1)].view(
@@ -433,7 +403,8 @@ class PreparedCuteDecode:
         self.split = self.backend._split_launch(q, k_cache, v_cache, cache_seqlens, block_table, splits,
                                                 self.softmax_scale, self.causal, out_partial, lse_partial, True,
                                                 k_descale, v_descale, out if self.merge else None,
-                                                one_per_sm=self.one_per_sm, one_wave=self.one_wave)
+                                                one_per_sm=self.one_per_sm, one_wave=self.one_wave,
+                                                swap=self.swap)
         if not self.merge:
             self.combine = self.backend._combine_launch(out_partial, lse_partial, out)
 

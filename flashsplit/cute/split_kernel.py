@@ -26,11 +26,10 @@ stage's mbarrier (``load_subtile``); the consumer is the same. Other page sizes:
 per key row into staging slots (``gather_pages``, ``load_gather``).
 
 Other compile keys (:class:`~flashsplit.cute.configs.SplitConfig`): fp8 caches land in staging
-slots the consumer converts (``convert_kv``; ``fp16_operands`` for a bf16 q; ``fp8_qk`` reads K
-as an e4m3 wgmma operand instead); ``merge`` has the last CTA of a row tile merge the partials
-(``merge_if_last``); ``skip_padding`` lets warp halves holding only padding rows skip the softmax
-(``softmax_rows``); the tile, stages and CTAs per SM come from the config (two per SM, or one
-with ``configs.ONE_PER_SM_TILE``).
+slots the consumer converts (``convert_kv``; ``fp16_operands`` for a bf16 q); ``merge`` has the
+last CTA of a row tile merge the partials (``merge_if_last``); the tile, stages and CTAs per SM
+come from the config (two per SM, or one with ``configs.ONE_PER_SM_TILE``). Warp halves holding
+only padding rows skip the softmax (``softmax_rows``).
 
 No ``setmaxnreg``: with one producer warp (not a warpgroup) the CTA holds only 160 threads, so
 two CTAs per SM already leave the consumer ~200 registers, more than it needs.
@@ -91,21 +90,14 @@ class SplitKVDecodeKernel:
         # The wgmma operands' type (q, K, V, P): q's, or fp16 for an fp8 cache with a bf16 q
         # (SplitConfig.fp16_operands: q rows scaled into fp16's range, the scores scaled back).
         self.fp16_operands = config.fp16_operands
-        # fp8 Q K^T (SplitConfig.fp8_qk): the S wgmma reads the TMA'd e4m3 K stage itself, q as
-        # three e4m3 terms (hi + mid + lo) of its pow2-scaled rows; only V is converted.
-        self.fp8_qk = config.fp8_qk
-        self.q_terms = 3 if config.fp8_qk else 1
-        self.scaled_q = config.fp16_operands or config.fp8_qk  # per-row q scale in row_scale
-        # Warp halves whose rows are all padding skip the softmax (gated).
-        self.skip_padding = config.skip_padding
+        self.scaled_q = config.fp16_operands  # per-row q scale in row_scale
         self.op_dtype = cutlass.Float16 if config.fp16_operands else self.dtype
         # Last-CTA merge (SplitConfig.merge): one warp per row, 64 fp32 of partials per lane in
         # flight (d = 128: 16 splits a round trip).
         self.merge = config.merge
         self.row_merge = RowMerge(config.head_dim, 1, 2048 // config.head_dim)
-        self.launch_dependents = config.launch_dependents
-        # K and V on mbarriers of their own (16-bit TMA loads only; configs.split_config).
-        self.split_barriers = config.split_barriers
+        # A partials launch that a combine follows signals it after its last tile (PDL).
+        self.signals_combine = config.signals_combine
         # Swapped operands for 1-8 packed rows (SplitConfig.swap_rows): the CTA's row tile is
         # swap_rows q rows (wgmma's N) instead of wgmma's M = 64.
         self.swap_rows = config.swap_rows
@@ -230,7 +222,6 @@ class SplitKVDecodeKernel:
         k_major = LayoutEnum.ROW_MAJOR
         v_major = LayoutEnum.COL_MAJOR
         op = self.op_dtype
-        qk_a, qk_b = op, op
         if cutlass.const_expr(self.swap_rows > 0):
             # S^T = K Q^T (A: the K tile, K-major; B: q's rows, K-major) and O^T = V^T P^T (A: the
             # V tile read as (d, keys), MN-major; B: P^T in shared memory, K-major). The K and V
@@ -250,17 +241,15 @@ class SplitKVDecodeKernel:
         else:
             qk_tiler = (M, N, D)
             pv_tiler = (M, D, N)
-            if cutlass.const_expr(self.fp8_qk):
-                qk_a, qk_b = cutlass.Float8E4M3FN, self.kv_dtype
             qk_mma = sm90_utils.make_trivial_tiled_mma(
-                qk_a, qk_b, k_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(), Float32, (1, 1, 1),
+                op, op, k_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(), Float32, (1, 1, 1),
                 qk_tiler[:2],
             )
             pv_mma = sm90_utils.make_trivial_tiled_mma(
                 op, op, cute.nvgpu.OperandMajorMode.K, v_major.sm90_mma_major_mode(),
                 Float32, (1, 1, 1), pv_tiler[:2], warpgroup.OperandSource.RMEM,
             )
-            q_layout = sm90_utils.make_smem_layout_a(k_major, qk_tiler, qk_a, self.q_terms)
+            q_layout = sm90_utils.make_smem_layout_a(k_major, qk_tiler, op, 1)
             k_layout = sm90_utils.make_smem_layout_b(k_major, qk_tiler, op, self.operand_stages)
             v_layout = sm90_utils.make_smem_layout_b(v_major, pv_tiler, op, self.operand_stages)
             p_layout = q_layout  # (unused: P stays in registers)
@@ -271,8 +260,6 @@ class SplitKVDecodeKernel:
         if cutlass.const_expr(self.staged):
             k_load_layout = cute.make_layout((N, D, self.stages), stride=(D, 1, N * D))
             v_load_layout = cute.make_layout((D, N, self.stages), stride=(1, D, N * D))
-            if cutlass.const_expr(self.fp8_qk):  # K lands as the fp8 wgmma B operand (swizzled)
-                k_load_layout = sm90_utils.make_smem_layout_b(k_major, qk_tiler, self.kv_dtype, self.stages)
 
         if cutlass.const_expr(self.gather_pages):
             # No TMA: a bulk-copy atom of one key row (D elements), and the caches themselves.
@@ -301,23 +288,20 @@ class SplitKVDecodeKernel:
             )
         self.k_tx_bytes = cute.size_in_bytes(self.kv_dtype, cute.slice_(k_load_layout, (None, None, 0)))
         self.v_tx_bytes = cute.size_in_bytes(self.kv_dtype, cute.slice_(v_load_layout, (None, None, 0)))
-        barrier_pairs = 2 if self.split_barriers else 1  # full/empty pairs per stage: K+V, or K and V
 
         merge = self.merge
         if cutlass.const_expr(self.staged):
             scaled_q = self.scaled_q
-            fp8_qk = self.fp8_qk
 
             @cute.struct
             class SharedStorage:
-                sQ: cute.struct.Align[cute.struct.MemRange[qk_a, cute.cosize(q_layout)], 1024]
-                if cutlass.const_expr(not fp8_qk):  # (fp8 Q K^T: the S wgmma reads sK8)
-                    sK: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(k_layout)], 1024]
+                sQ: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(q_layout)], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(k_layout)], 1024]
                 sV: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(v_layout)], 1024]
                 sK8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(k_load_layout)], 1024]
                 sV8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(v_load_layout)], 1024]
                 kv_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-                if cutlass.const_expr(scaled_q):  # each q row's score scale (fp16 operands, fp8 Q K^T)
+                if cutlass.const_expr(scaled_q):  # each q row's score scale (fp16 operands)
                     row_scale: cute.struct.MemRange[Float32, M]
                 if cutlass.const_expr(merge):  # the arrival count, broadcast to the consumer warps
                     ticket: cute.struct.MemRange[Int32, 4]
@@ -342,7 +326,7 @@ class SplitKVDecodeKernel:
                 sQ: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(q_layout)], 1024]
                 sK: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(k_layout)], 1024]
                 sV: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(v_layout)], 1024]
-                kv_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2 * barrier_pairs]
+                kv_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
                 if cutlass.const_expr(merge):  # the arrival count, broadcast to the consumer warps
                     ticket: cute.struct.MemRange[Int32, 4]
 
@@ -426,10 +410,6 @@ class SplitKVDecodeKernel:
         mOutLSE: cute.Tensor | None,
         mArrivals: cute.Tensor | None,
     ):
-        if cutlass.const_expr(self.launch_dependents == "entry"):
-            # The combine (a programmatic dependent) may be scheduled once every CTA has started;
-            # it waits (griddepcontrol.wait) for this grid's writes before reading them.
-            cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         split_idx, batch_idx, z_idx = cute.arch.block_idx()
@@ -438,20 +418,10 @@ class SplitKVDecodeKernel:
 
         smem = SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        # One pipeline for K+V stages, or (split_barriers) K's here and V's in v_pipeline; both
-        # advance with one state (same stages and phases).
-        v_pipeline = None
-        if cutlass.const_expr(self.split_barriers):
-            kv_pipeline = self.make_kv_pipeline(storage.kv_mbar.data_ptr(), self.k_tx_bytes)
-            v_pipeline = self.make_kv_pipeline(storage.kv_mbar.data_ptr() + self.stages * 2, self.v_tx_bytes)
-        else:
-            kv_pipeline = self.make_kv_pipeline(storage.kv_mbar.data_ptr(), self.k_tx_bytes + self.v_tx_bytes)
+        kv_pipeline = self.make_kv_pipeline(storage.kv_mbar.data_ptr(), self.k_tx_bytes + self.v_tx_bytes)
 
         sQ = storage.sQ.get_tensor(q_layout.outer, swizzle=q_layout.inner)
-        if cutlass.const_expr(self.fp8_qk):
-            sK = storage.sK8.get_tensor(k_load_layout.outer, swizzle=k_load_layout.inner)
-        else:
-            sK = storage.sK.get_tensor(k_layout.outer, swizzle=k_layout.inner)
+        sK = storage.sK.get_tensor(k_layout.outer, swizzle=k_layout.inner)
         sV = storage.sV.get_tensor(v_layout.outer, swizzle=v_layout.inner)
         sRowScale = None  # scaled q: each q row's score scale (1 / its power-of-two factor)
         if cutlass.const_expr(self.scaled_q):
@@ -459,8 +429,7 @@ class SplitKVDecodeKernel:
         # What the loads write: the operand stages, or the staging slots.
         sK_load, sV_load = sK, sV
         if cutlass.const_expr(self.staged):
-            if cutlass.const_expr(not self.fp8_qk):
-                sK_load = storage.sK8.get_tensor(k_load_layout)
+            sK_load = storage.sK8.get_tensor(k_load_layout)
             sV_load = storage.sV8.get_tensor(v_load_layout)
 
         # This CTA's keys, with exactly the rule of flashsplit.plan (granule 128).
@@ -482,9 +451,9 @@ class SplitKVDecodeKernel:
                                  batch_idx, kvh, first_tile, num_tiles, end)
             elif cutlass.const_expr(self.subtile_page > 0):
                 self.load_subtile(tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK_load, sV_load, kv_pipeline,
-                                  v_pipeline, batch_idx, kvh, first_tile, num_tiles, end)
+                                  batch_idx, kvh, first_tile, num_tiles, end)
             else:
-                self.load(tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK_load, sV_load, kv_pipeline, v_pipeline,
+                self.load(tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK_load, sV_load, kv_pipeline,
                           batch_idx, kvh, first_tile, num_tiles, tiles_per_page)
         if warp_idx < self.producer_warp:
             if cutlass.const_expr(self.swap_rows > 0):
@@ -496,20 +465,20 @@ class SplitKVDecodeKernel:
             elif cutlass.const_expr(self.fp8):
                 # k_descale folds into the (log2) softmax scale, v_descale into the output.
                 self.mma_softmax_epilogue(
-                    qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, v_pipeline, tidx, split_idx, batch_idx, kvh,
+                    qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, tidx, split_idx, batch_idx, kvh,
                     row_block, seqlen_q, group, n_keys, start, end, num_tiles, first_tile,
                     softmax_scale_log2 * mKDescale[batch_idx, kvh], sK_load, sV_load, mVDescale[batch_idx, kvh],
                     sRowScale,
                 )
             elif cutlass.const_expr(self.staged):  # gathered 16-bit rows: staged, no scales
                 self.mma_softmax_epilogue(
-                    qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, v_pipeline, tidx, split_idx, batch_idx, kvh,
+                    qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, tidx, split_idx, batch_idx, kvh,
                     row_block, seqlen_q, group, n_keys, start, end, num_tiles, first_tile, softmax_scale_log2,
                     sK_load, sV_load, None, None,
                 )
             else:
                 self.mma_softmax_epilogue(
-                    qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, v_pipeline, tidx, split_idx, batch_idx, kvh,
+                    qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, tidx, split_idx, batch_idx, kvh,
                     row_block, seqlen_q, group, n_keys, start, end, num_tiles, first_tile, softmax_scale_log2,
                     None, None, None, None,
                 )
@@ -530,15 +499,14 @@ class SplitKVDecodeKernel:
         )
 
     @cute.jit
-    def load(self, tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK, sV, kv_pipeline, v_pipeline, batch_idx, kvh,
-             first_tile, num_tiles, tiles_per_page):
+    def load(self, tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK, sV, kv_pipeline, batch_idx, kvh, first_tile,
+             num_tiles, tiles_per_page):
         """Producer warp: one K tile and one V tile per stage, by TMA.
 
         Tile ``t`` of this row is TMA tile ``(tile in cache row, cache row)``: ``(t, b)`` dense,
         ``(t % tiles_per_page, block_table[b, t // tiles_per_page])`` paged. The page id of the
         next tile is loaded before waiting for a free stage, so its latency hides behind that
         wait; only entries of tiles this split loads are read (never past the row's last page).
-        With ``v_pipeline`` (split barriers) the V tile waits for and lands on its own stage.
         """
         cpasync.prefetch_descriptor(tma_k)
         cpasync.prefetch_descriptor(tma_v)
@@ -566,16 +534,13 @@ class SplitKVDecodeKernel:
             kv_pipeline.producer_acquire(state)
             bar = kv_pipeline.producer_get_barrier(state)
             cute.copy(tma_k, tKgK[(None, tile, row)], tKsK[(None, state.index)], tma_bar_ptr=bar)
-            if cutlass.const_expr(self.split_barriers):
-                v_pipeline.producer_acquire(state)
-                bar = v_pipeline.producer_get_barrier(state)
             cute.copy(tma_v, tVgV[(None, tile, row)], tVsV[(None, state.index)], tma_bar_ptr=bar)
             kv_pipeline.producer_commit(state)
             state.advance()
 
     @cute.jit
-    def load_subtile(self, tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK, sV, kv_pipeline, v_pipeline, batch_idx,
-                     kvh, first_tile, num_tiles, end):
+    def load_subtile(self, tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK, sV, kv_pipeline, batch_idx, kvh,
+                     first_tile, num_tiles, end):
         """Producer warp, pages of P < tile_n keys: tile ``t`` is ``tile_n / P`` TMA boxes per
         tensor, box ``j`` (keys ``[t*N + j*P, t*N + (j+1)*P)``) from slot 0 of page
         ``block_table[b, t * N / P + j]`` into rows ``[j*P, (j+1)*P)`` of the stage; all land on
@@ -616,9 +581,6 @@ class SplitKVDecodeKernel:
             bar = kv_pipeline.producer_get_barrier(state)
             for j in cutlass.range_constexpr(boxes):
                 cute.copy(tma_k, tKgK[(None, pages[j])], tKsK[(None, j, 0, state.index)], tma_bar_ptr=bar)
-            if cutlass.const_expr(self.split_barriers):  # the V boxes wait for and land on their own stage
-                v_pipeline.producer_acquire(state)
-                bar = v_pipeline.producer_get_barrier(state)
             for j in cutlass.range_constexpr(boxes):
                 cute.copy(tma_v, tVgV[(None, pages[j])], tVsV[(None, 0, j, state.index)], tma_bar_ptr=bar)
             kv_pipeline.producer_commit(state)
@@ -666,15 +628,15 @@ class SplitKVDecodeKernel:
                 pages[j] = mBlockTable[batch_idx, tile * boxes + j]
 
     @cute.jit
-    def pow2_scale(self, amax, exponent: int = 13):
-        """``(2^s, 2^-s)`` with ``amax * 2^s`` in [2^exponent, 2^(exponent+1)) (fp32 bit patterns:
+    def pow2_scale(self, amax):
+        """``(2^s, 2^-s)`` with ``amax * 2^s`` in [2^13, 2^14) (fp32 bit patterns:
         exact); ``(1, 1)`` for 0 (an all-zero or masked row) or a denormal, ``s`` clamped to +-100."""
         bits = cute.make_rmem_tensor((1,), Float32)
         bits[0] = amax
         biased = (cute.recast_tensor(bits, Int32)[0] >> 23) & 0xFF  # amax in [2^(biased-127), ...)
         shift = Int32(0)
         if biased > 0:
-            shift = cutlass.max(cutlass.min(127 + exponent - biased, Int32(100)), Int32(-100))
+            shift = cutlass.max(cutlass.min(127 + 13 - biased, Int32(100)), Int32(-100))
         pows = cute.make_rmem_tensor((2,), Int32)
         pows[0] = (shift + 127) << 23
         pows[1] = (127 - shift) << 23
@@ -710,30 +672,7 @@ class SplitKVDecodeKernel:
                 hq = kvh * group + r % group
                 gsrc = cute.local_tile(mQ[m, hq, None, batch_idx], (8,), (col // 8,))
                 cute.autovec_copy(gsrc, frag)
-            if cutlass.const_expr(self.fp8_qk):
-                # e4m3 terms: rows scaled into [2^7, 2^8) (e4m3 tops out at 448); hi, mid and lo
-                # each take the previous remainder, 4 significant bits apiece (~12 in all).
-                amax = Float32(0.0)
-                for j in cutlass.range_constexpr(8):
-                    x = frag[j].to(Float32)
-                    amax = cute.arch.fmax(amax, cute.arch.fmax(x, -x))
-                for o in cutlass.range_constexpr(chunks_per_row.bit_length() - 1):
-                    amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1 << o))
-                scale, inverse = self.pow2_scale(amax, 7)
-                rest = cute.make_rmem_tensor((8,), Float32)
-                for j in cutlass.range_constexpr(8):
-                    rest[j] = frag[j].to(Float32) * scale
-                for t in cutlass.range_constexpr(self.q_terms):
-                    term = cute.make_rmem_tensor((8,), cutlass.Float8E4M3FN)
-                    term.store(rest.load().to(cutlass.Float8E4M3FN))
-                    back = cute.make_rmem_tensor((8,), Float32)
-                    back.store(term.load().to(Float32))
-                    for j in cutlass.range_constexpr(8):
-                        sQ[row, col + j, t] = term[j]
-                        rest[j] = rest[j] - back[j]
-                if chunk % chunks_per_row == 0:
-                    sRowScale[row] = inverse
-            elif cutlass.const_expr(self.fp16_operands):
+            if cutlass.const_expr(self.fp16_operands):
                 amax = Float32(0.0)
                 for j in cutlass.range_constexpr(8):
                     x = frag[j].to(Float32)
@@ -777,12 +716,11 @@ class SplitKVDecodeKernel:
             chunk = tidx + i * self.num_consumer_threads
             n = chunk // chunks_per_row
             c = chunk % chunks_per_row
-            if cutlass.const_expr(not self.fp8_qk):  # (fp8 Q K^T: the S wgmma reads fp8 K as is)
-                k8 = cute.make_rmem_tensor((16,), self.kv_dtype)
-                cute.autovec_copy(cute.local_tile(sK8[n, None, stage], (16,), (c,)), k8)
-                k16 = cute.make_rmem_tensor((16,), self.op_dtype)
-                k16.store(k8.load().to(self.op_dtype))
-                cute.autovec_copy(k16, cute.local_tile(sK[n, None, 0], (16,), (c,)))
+            k8 = cute.make_rmem_tensor((16,), self.kv_dtype)
+            cute.autovec_copy(cute.local_tile(sK8[n, None, stage], (16,), (c,)), k8)
+            k16 = cute.make_rmem_tensor((16,), self.op_dtype)
+            k16.store(k8.load().to(self.op_dtype))
+            cute.autovec_copy(k16, cute.local_tile(sK[n, None, 0], (16,), (c,)))
             v16 = cute.make_rmem_tensor((16,), self.op_dtype)
             v16.fill(0.0)
             if n < valid:
@@ -796,7 +734,7 @@ class SplitKVDecodeKernel:
 
     @cute.jit
     def mma_softmax_epilogue(
-        self, qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, v_pipeline, tidx, split_idx, batch_idx, kvh,
+        self, qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, tidx, split_idx, batch_idx, kvh,
         row_block, seqlen_q, group, n_keys, start, end, num_tiles, first_tile, softmax_scale_log2,
         sK8, sV8, v_scale, sRowScale,
     ):
@@ -832,77 +770,57 @@ class SplitKVDecodeKernel:
                 m = packed // group
                 key_limit[r] = cutlass.min(end, n_keys - seqlen_q + m + 1)
 
-        if cutlass.const_expr(self.skip_padding):
-            warp_uniform = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-            rows_here = self.tile_rows(seqlen_q, group, row_block)
+        warp_uniform = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        rows_here = self.tile_rows(seqlen_q, group, row_block)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         for i in cutlass.range(num_tiles, unroll=1):
             tile_start = (first_tile + i) * N
             kv_pipeline.consumer_wait(state)
             op_stage = state.index
-            k_stage = state.index
             if cutlass.const_expr(self.staged):
                 op_stage = 0
-                if cutlass.const_expr(not self.fp8_qk):
-                    k_stage = 0
                 # Every consumer warp has waited on its wgmmas of the previous tile (they read
                 # the operand buffers) before any overwrites them.
                 cute.arch.barrier(barrier_id=self.q_barrier_id, number_of_threads=self.num_consumer_threads)
                 self.convert_kv(sK8, sV8, sK, sV, state.index, end - tile_start, tidx)
-                if cutlass.const_expr(not self.fp8_qk):
-                    # The fp8 slot is consumed: hand it back to the producer now.
-                    kv_pipeline.consumer_release(state)
-            elif cutlass.const_expr(not self.split_barriers):
+                # The staging slot is consumed: hand it back to the producer now.
+                kv_pipeline.consumer_release(state)
+            else:
                 if tile_start + N > end:
                     self.zero_tail_v(sV, state.index, end - tile_start, tidx)
 
             acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
             warpgroup.fence()
-            for t in cutlass.range_constexpr(self.q_terms):
-                for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-                    qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0 or t != 0)
-                    cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, t], tSrK[None, None, kb, k_stage], acc_s)
+            for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, 0], tSrK[None, None, kb, op_stage], acc_s)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
-            if cutlass.const_expr(self.fp8_qk or self.split_barriers):
-                # fp8 Q K^T: K was read by the S wgmma and V converted, the fp8 slot goes back
-                # now. Split barriers: the K stage goes back (V has a barrier of its own).
-                kv_pipeline.consumer_release(state)
 
             # Mask by selection (garbage keys may be NaN: never multiply them by 0), then the
-            # online-softmax update in log2 units. skip_padding: a warp whose 8-row half holds
-            # only padding rows (past L_q x group) skips it; those rows are never written.
+            # online-softmax update in log2 units. A warp whose 8-row half holds only padding
+            # rows (past L_q x group) skips it (SplitConfig); those rows are never written.
             for r in cutlass.range_constexpr(2):
-                if cutlass.const_expr(self.skip_padding):
-                    if warp_uniform * 16 + 8 * r < rows_here:
-                        self.softmax_rows(acc_s, acc_o, row_max, row_sum, row_qk_scale, key_limit, r, tile_start,
-                                          lane)
-                else:
+                if warp_uniform * 16 + 8 * r < rows_here:
                     self.softmax_rows(acc_s, acc_o, row_max, row_sum, row_qk_scale, key_limit, r, tile_start, lane)
 
             # P (fp32 C layout) -> 16-bit A-operand registers; same element order per thread.
             tOrP = cute.make_rmem_tensor(self.p_layout(acc_s.layout), self.op_dtype)
             tOrP_as_acc = cute.make_tensor(tOrP.iterator, acc_s.layout)
-            # (skip_padding: skipped halves convert their raw scores; only padding rows read them.)
+            # (Skipped halves convert their raw scores; only padding rows read them.)
             tOrP_as_acc.store(acc_s.load().to(self.op_dtype))
 
-            if cutlass.const_expr(self.split_barriers):
-                v_pipeline.consumer_wait(state)
-                if tile_start + N > end:
-                    self.zero_tail_v(sV, state.index, end - tile_start, tidx)
             warpgroup.fence()
             pv_mma.set(warpgroup.Field.ACCUMULATE, True)
             for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
                 cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, op_stage], acc_o)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
-            if cutlass.const_expr(self.split_barriers):
-                v_pipeline.consumer_release(state)
-            elif cutlass.const_expr(not self.staged):
+            if cutlass.const_expr(not self.staged):
                 kv_pipeline.consumer_release(state)
             state.advance()
 
-        if cutlass.const_expr(self.launch_dependents == "epilogue"):
+        if cutlass.const_expr(self.signals_combine):
             cute.arch.griddepcontrol_launch_dependents()  # every tile done: only the stores remain
         self.epilogue(acc_o, row_max, row_sum, mO, mLSE, tidx, split_idx, batch_idx, kvh, row_block,
                       seqlen_q, group, num_tiles, v_scale)
@@ -981,7 +899,7 @@ class SplitKVDecodeKernel:
             kv_pipeline.consumer_release(state)
             state.advance()
 
-        if cutlass.const_expr(self.launch_dependents == "epilogue"):
+        if cutlass.const_expr(self.signals_combine):
             cute.arch.griddepcontrol_launch_dependents()  # every tile done: only the stores remain
         self.epilogue_swap(acc_o, row_max, row_sum, mO, mLSE, sRed, tidx, split_idx, batch_idx, kvh, row_block,
                            seqlen_q, group, num_tiles)
