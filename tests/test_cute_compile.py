@@ -25,6 +25,7 @@ import torch
 
 from flashsplit.cute import CuteBackend, all_combine_configs, all_split_configs
 from flashsplit.cute.configs import compile_check_configs
+from flashsplit.plan import SPLIT_GRANULE
 from flashsplit.problem import DecodeProblem
 
 _HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
@@ -223,7 +224,7 @@ def test_configs_fit_shared_memory():
 
     for config in all_split_configs():
         check_smem(config)
-        assert 128 % config.tile_n == 0
+        assert SPLIT_GRANULE % config.tile_n == 0
 
 
 def test_all_split_configs_include_paged():

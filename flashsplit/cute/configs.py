@@ -38,7 +38,7 @@ class SplitConfig:
 
     dtype: str  # "float16" | "bfloat16"
     head_dim: int
-    tile_n: int  # keys per KV tile; divides the 128-key split granule
+    tile_n: int  # keys per KV tile; divides the split granule (flashsplit.plan.SPLIT_GRANULE)
     stages: int  # K+V stages in the TMA pipeline
     causal: bool
     write_partials: bool  # fp32 partials (num_splits > 1) or the final out/lse (one split)

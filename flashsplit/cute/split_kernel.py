@@ -48,6 +48,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from ..plan import SPLIT_GRANULE
+from . import split_rule
 from .configs import SplitConfig
 from .merge import RowMerge
 
@@ -107,8 +109,8 @@ class SplitKVDecodeKernel:
     def can_implement(head_dim: int, tile_n: int) -> str | None:
         if head_dim not in (64, 128, 256):
             return f"head_dim {head_dim} is not one of 64, 128, 256"
-        if 128 % tile_n != 0 or tile_n % 64 != 0:
-            return f"tile_n {tile_n} must be 64 or 128 (a divisor of the 128-key split granule)"
+        if SPLIT_GRANULE % tile_n != 0 or tile_n % 64 != 0:
+            return f"tile_n {tile_n} must be a multiple of 64 dividing the {SPLIT_GRANULE}-key split granule"
         return None
 
     # ------------------------------------------------------------------------------------------
@@ -432,11 +434,9 @@ class SplitKVDecodeKernel:
             sK_load = storage.sK8.get_tensor(k_load_layout)
             sV_load = storage.sV8.get_tensor(v_load_layout)
 
-        # This CTA's keys, with exactly the rule of flashsplit.plan (granule 128).
-        n_keys = cutlass.min(mSeqlens[batch_idx], seqlen_k)
-        tokens_per_split = ((n_keys + 127) // 128 + num_splits - 1) // num_splits * 128
-        start = split_idx * tokens_per_split
-        end = cutlass.min(start + tokens_per_split, n_keys)
+        # This CTA's keys, with exactly the rule of flashsplit.plan.
+        n_keys = split_rule.load_seqlen(mSeqlens, batch_idx, seqlen_k)
+        start, end = split_rule.row_split_range(n_keys, split_idx, num_splits)
         num_tiles = Int32(0)
         if start < end:
             num_tiles = (end - start + self.tile_n - 1) // self.tile_n
