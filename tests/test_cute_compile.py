@@ -580,13 +580,11 @@ def test_launch_arguments(paged, fp8, page_size, monkeypatch):
     compiles cannot catch two Int32 sizes swapped): a paged launch passes the page size, page
     count, table width and row stride, and the capacity max_pages * page_size."""
     _arch_ok()  # import cutlass for sm_90a, as the compile tests do
-    import flashsplit.cute.backend as backend
     import flashsplit.cute.compile as compile_mod
     from flashsplit.cute.split_kernel import SplitKVDecodeKernel
 
     calls = []
     monkeypatch.setattr(compile_mod, "compile_split", lambda config: lambda *args: calls.append((config, args)))
-    monkeypatch.setattr(backend, "_stream", lambda: None)
     batch, heads, heads_kv, d = 3, 8, 2, 128
     q = torch.zeros(batch, 1, heads, d, dtype=torch.bfloat16)
     seqlens = torch.tensor([5, 300, 0], dtype=torch.int32)
@@ -622,6 +620,40 @@ def test_launch_arguments(paged, fp8, page_size, monkeypatch):
     if fp8:
         assert f"{k_descale.data_ptr():016x}" in str(got["k_descale_ptr"])
         assert f"{v_descale.data_ptr():016x}" in str(got["v_descale_ptr"])
+
+
+@needs_cutlass
+@pytest.mark.parametrize("kernel, schema", [("split", "SPLIT_ARGS"), ("combine", "COMBINE_ARGS")])
+def test_kernel_signatures_match_launch_schemas(kernel, schema):
+    """Each kernel's ``__call__`` takes its schema's arguments (flashsplit.cute.launch_args), in
+    order, with the annotation of each kind: what the compile placeholders, the raw tuple and
+    the fallback are built from is what the kernel declares."""
+    _arch_ok()
+    from flashsplit.cute import launch_args
+    from flashsplit.cute.combine_kernel import CombineKernel
+    from flashsplit.cute.split_kernel import SplitKVDecodeKernel
+
+    cls = {"split": SplitKVDecodeKernel, "combine": CombineKernel}[kernel]
+    params = [p for p in inspect.signature(cls.__call__).parameters.values() if p.name != "self"]
+    args = getattr(launch_args, schema)
+    assert [p.name for p in params] == [a.name for a in args]
+    annotation = {"ptr": "cute.Pointer", "i32": "Int32", "i64": "Int64", "f32": "Float32",
+                  "stream": inspect.Parameter.empty}
+    assert [p.annotation for p in params] == [annotation[a.kind] for a in args]
+    assert len(launch_args.static_names(args)) + sum(a.per_call for a in args) == len(args)
+
+
+def test_launch_packers_follow_the_schemas():
+    """The raw tuple a launch packs puts every per-call value and every static value at its
+    schema position, whatever order they are given in."""
+    from flashsplit.cute import launch_args
+
+    for args in (launch_args.SPLIT_ARGS, launch_args.COMBINE_ARGS):
+        static = launch_args.static_names(args)
+        calls = {a.name: 10_000 + i for i, a in enumerate(args) if a.per_call}
+        raw = launch_args.packer(args)(tuple(range(len(static))), **dict(reversed(calls.items())))
+        want = [calls[a.name] if a.per_call else static.index(a.name) for a in args]
+        assert list(raw) == want
 
 
 def test_backend_static_facts():

@@ -17,7 +17,7 @@ from ..plan import choose_num_splits, device_num_sms, tokens_per_split
 from ..problem import FP8_DTYPES, DecodeProblem
 from ..registry import Backend
 from ..workspace import ARRIVALS, Workspace, stream_key
-from . import configs
+from . import configs, launch_args
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _OUT_DTYPE_NAMES = {**_DTYPE_NAMES, torch.float32: "float32"}  # the combine may write fp32
@@ -228,18 +228,22 @@ class CuteBackend(Backend):
         lse_buf = lse if lse is not None else self._lse_scratch(out)
         if lse_buf.stride() != _compact_strides(lse_buf.shape):
             raise ValueError(f"lse: expected a contiguous [B, H, L_q] tensor, got strides {lse_buf.stride()}")
-        _launch_combine(self._combine_launch(out_partial, lse_partial, out), out_partial.data_ptr(),
-                        lse_partial.data_ptr(), out.data_ptr(), lse_buf.data_ptr(), _raw_stream(out), out.dtype)
+        self._combine_launch(out_partial, lse_partial, out).launch(
+            out_partial.data_ptr(), lse_partial.data_ptr(), out.data_ptr(), lse_buf.data_ptr(), _raw_stream(out))
 
-    def _combine_launch(self, out_partial, lse_partial, out) -> tuple[object, tuple]:
+    def _combine_launch(self, out_partial, lse_partial, out) -> _CombineLaunch:
         """The compiled combine for these shapes and its static raw arguments (sizes, strides)."""
         from .compile import compile_combine
 
         num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
-        kernel = compile_combine(configs.CombineConfig(_OUT_DTYPE_NAMES[out.dtype], head_dim))
-        static = (num_splits, batch, seqlen_q, num_heads,
-                  *out_partial.stride()[:4], *lse_partial.stride(), *out.stride()[:3])
-        return kernel, static
+        config = configs.CombineConfig(_OUT_DTYPE_NAMES[out.dtype], head_dim)
+        static = dict(
+            num_splits=num_splits, batch=batch, seqlen_q=seqlen_q, num_heads=num_heads,
+            **dict(zip(("op_stride_s", "op_stride_b", "op_stride_l", "op_stride_h"), out_partial.stride()[:4])),
+            **dict(zip(("lp_stride_s", "lp_stride_b", "lp_stride_h", "lp_stride_l"), lse_partial.stride())),
+            **dict(zip(("o_stride_b", "o_stride_l", "o_stride_h"), out.stride()[:3])),
+        )
+        return _CombineLaunch(compile_combine(config), static, launch_args.combine_elements(config))
 
     # ------------------------------------------------------------------ helpers
     def _launch_split(self, q, k, v, cache_seqlens, block_table, num_splits, scale, causal, o, lse,
@@ -281,19 +285,23 @@ class CuteBackend(Backend):
         if lse.stride() != _compact_strides(lse.shape):
             raise ValueError(f"lse: expected a contiguous tensor, got strides {lse.stride()}")
         o_strides = o.stride()[:4] if write_partials else (0, *o.stride()[:3])
-        # fp8 descales: one element (strides 0) or [B, H_kv]; a 16-bit launch passes lse (never read).
-        descale_strides = tuple(s for t in (k_descale, v_descale)
-                                for s in ((0, 0) if t is None or t.numel() == 1 else (t.stride(0), t.stride(1))))
-        sizes = (
-            batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, num_splits, cache_rows, cache_len, max_pages,
-            block_table.stride(0) if paged else 0,
-            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_strides,
-            scale * math.log2(math.e),
+        static = dict(
+            batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_heads=num_heads, num_heads_kv=num_heads_kv,
+            num_splits=num_splits, cache_rows=cache_rows, cache_len=cache_len, max_pages=max_pages,
+            block_table_stride_b=block_table.stride(0) if paged else 0,
+            softmax_scale_log2=scale * math.log2(math.e),
         )
-        out_strides = (0, 0, 0) if out is None else tuple(out.stride()[:3])
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            static.update(zip((f"{name}_stride_b", f"{name}_stride_l", f"{name}_stride_h"), t.stride()[:3]))
+        static.update(zip(("o_stride_s", "o_stride_b", "o_stride_l", "o_stride_h"), o_strides))
+        # fp8 descales: one element (strides 0) or [B, H_kv]; a 16-bit launch passes lse (never read).
+        for name, t in (("k_descale", k_descale), ("v_descale", v_descale)):
+            strides = (0, 0) if t is None or t.numel() == 1 else (t.stride(0), t.stride(1))
+            static.update(zip((f"{name}_stride_b", f"{name}_stride_h"), strides))
+        static.update(zip(("out_stride_b", "out_stride_l", "out_stride_h"),
+                          (0, 0, 0) if out is None else out.stride()[:3]))
         full = self._full_length(q.device, batch, seqlen_k) if cache_seqlens is None else None
-        return _SplitLaunch(compile_split(config), sizes, descale_strides, out_strides, full, write_partials,
-                            q.dtype, k.dtype)
+        return _SplitLaunch(compile_split(config), static, launch_args.split_elements(config), full)
 
     def _full_length(self, device, batch: int, seqlen_k: int) -> torch.Tensor:
         """A cached ``[batch]`` tensor of ``seqlen_k`` (cache_seqlens=None: every slot is live)."""
@@ -343,7 +351,7 @@ class PreparedCuteDecode:
         self.causal = causal
         self.one_per_sm = one_per_sm  # configs.ONE_PER_SM_TILE (the plan counted one CTA per SM)
         self.split: _SplitLaunch | None = None
-        self.combine: tuple | None = None  # (compiled combine, its static raw arguments)
+        self.combine: _CombineLaunch | None = None
         # Fixed per prepared launch (its compiled kernel).
         self.merge = backend.merges(num_splits)
         self.one_wave = one_wave and self.merge  # configs.ONE_WAVE_STAGES (merging launches only)
@@ -380,7 +388,7 @@ class PreparedCuteDecode:
         else:
             self.split.launch(q, k_cache, v_cache, op, lp, cache_seqlens, block_table, k_descale, v_descale,
                               None, stream)
-            _launch_combine(self.combine, op, lp, out_ptr, lse_ptr, stream, out.dtype)
+            self.combine.launch(op, lp, out_ptr, lse_ptr, stream)
 
     def _first_launch_setup(self, q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse,
                             buffer, partial_rows, rows) -> None:
@@ -411,17 +419,16 @@ class PreparedCuteDecode:
 
 class _SplitLaunch:
     """One split-kernel launch configuration: the compiled kernel and the raw arguments that do
-    not change between calls with the same static facts (sizes, strides, scale)."""
+    not change between calls with the same static facts (sizes, strides, scale), by the names of
+    :data:`~flashsplit.cute.launch_args.SPLIT_ARGS`."""
 
-    __slots__ = ("descale_strides", "dtype", "full_seqlens", "kernel", "kv_dtype", "out_strides", "sizes",
-                 "write_partials")
+    __slots__ = ("elements", "full_seqlens", "kernel", "static")
 
-    def __init__(self, kernel, sizes: tuple, descale_strides: tuple, out_strides: tuple, full_seqlens,
-                 write_partials: bool, dtype: torch.dtype, kv_dtype: torch.dtype):
-        self.kernel, self.sizes, self.descale_strides = kernel, sizes, descale_strides
-        self.out_strides = out_strides
-        self.full_seqlens, self.write_partials = full_seqlens, write_partials
-        self.dtype, self.kv_dtype = dtype, kv_dtype
+    def __init__(self, kernel, static: dict, elements: dict[str, str], full_seqlens):
+        self.kernel, self.elements, self.full_seqlens = kernel, elements, full_seqlens
+        self.static = tuple(static[name] for name in _SPLIT_STATIC)  # KeyError: a missing argument
+        if len(static) != len(_SPLIT_STATIC):
+            raise ValueError(f"static: unknown arguments {sorted(set(static) - set(_SPLIT_STATIC))}")
 
     def raw(self, q, k, v, o_ptr: int, lse_ptr: int, cache_seqlens, block_table, k_descale, v_descale,
             merge_into: tuple | None, stream: int) -> tuple:
@@ -433,15 +440,12 @@ class _SplitLaunch:
         as its descales, a launch that does not merge ``o_ptr``/``lse_ptr`` as the merge's."""
         seqlens = (self.full_seqlens if cache_seqlens is None else cache_seqlens).data_ptr()
         merge_out, merge_lse, arrivals = merge_into or (o_ptr, lse_ptr, lse_ptr)
-        return (
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), o_ptr, lse_ptr, seqlens,
-            seqlens if block_table is None else block_table.data_ptr(),
-            *self.sizes,
-            lse_ptr if k_descale is None else k_descale.data_ptr(),
-            lse_ptr if v_descale is None else v_descale.data_ptr(),
-            *self.descale_strides,
-            merge_out, merge_lse, arrivals, *self.out_strides,
-            stream,
+        return _pack_split(
+            self.static, q_ptr=q.data_ptr(), k_ptr=k.data_ptr(), v_ptr=v.data_ptr(), o_ptr=o_ptr, lse_ptr=lse_ptr,
+            seqlens_ptr=seqlens, block_table_ptr=seqlens if block_table is None else block_table.data_ptr(),
+            k_descale_ptr=lse_ptr if k_descale is None else k_descale.data_ptr(),
+            v_descale_ptr=lse_ptr if v_descale is None else v_descale.data_ptr(),
+            out_ptr=merge_out, out_lse_ptr=merge_lse, arrivals_ptr=arrivals, stream=stream,
         )
 
     def launch(self, q, k, v, o_ptr: int, lse_ptr: int, cache_seqlens, block_table, k_descale, v_descale,
@@ -449,47 +453,31 @@ class _SplitLaunch:
         """Launch the split kernel with :meth:`raw`'s arguments."""
         raw = self.raw(q, k, v, o_ptr, lse_ptr, cache_seqlens, block_table, k_descale, v_descale, merge_into,
                        stream)
-        _run(self.kernel, raw, lambda: self.library_args(raw))
-
-    def library_args(self, raw: tuple) -> tuple:
-        """The same arguments as CuteDSL objects (the fallback when no FastLauncher fits)."""
-        import cutlass
-
-        I32, I64 = cutlass.Int32, cutlass.Int64
-        dt, kv_dt = _cutlass_dtype(self.dtype), _cutlass_dtype(self.kv_dtype)
-        return (
-            _ptr(raw[0], dt), _ptr(raw[1], kv_dt), _ptr(raw[2], kv_dt),
-            _ptr(raw[3], cutlass.Float32, 16) if self.write_partials else _ptr(raw[3], dt, self.dtype.itemsize),
-            _ptr(raw[4], cutlass.Float32, 4), _ptr(raw[5], cutlass.Int32, 4), _ptr(raw[6], cutlass.Int32, 4),
-            *(I32(x) for x in raw[7:16]), I64(raw[16]), *(I64(x) for x in raw[17:30]), cutlass.Float32(raw[30]),
-            _ptr(raw[31], cutlass.Float32, 4), _ptr(raw[32], cutlass.Float32, 4),
-            *(I64(x) for x in raw[33:37]),
-            _ptr(raw[37], dt, 16), _ptr(raw[38], cutlass.Float32, 4), _ptr(raw[39], cutlass.Int32, 4),
-            *(I64(x) for x in raw[40:43]),
-            _stream(),
-        )
+        _run(self.kernel, raw, lambda: launch_args.cute_args(launch_args.SPLIT_ARGS, self.elements, raw))
 
 
-def _launch_combine(combine: tuple, op: int, lp: int, out_ptr: int, lse_ptr: int, stream: int,
-                    out_dtype: torch.dtype) -> None:
-    """Launch ``combine`` (compiled kernel, static raw arguments from ``_combine_launch``) on the
-    partials at ``op``/``lp``, writing ``out_ptr`` and ``lse_ptr``."""
-    kernel, static = combine
-    raw = (op, lp, out_ptr, lse_ptr, *static, stream)
-    _run(kernel, raw, lambda: _combine_library_args(raw, out_dtype))
+class _CombineLaunch:
+    """One combine launch configuration: the compiled kernel and its static raw arguments by the
+    names of :data:`~flashsplit.cute.launch_args.COMBINE_ARGS`."""
+
+    __slots__ = ("elements", "kernel", "static")
+
+    def __init__(self, kernel, static: dict, elements: dict[str, str]):
+        self.kernel, self.elements = kernel, elements
+        self.static = tuple(static[name] for name in _COMBINE_STATIC)
+        if len(static) != len(_COMBINE_STATIC):
+            raise ValueError(f"static: unknown arguments {sorted(set(static) - set(_COMBINE_STATIC))}")
+
+    def launch(self, op: int, lp: int, out_ptr: int, lse_ptr: int, stream: int) -> None:
+        """Merge the partials at ``op``/``lp`` into ``out_ptr`` and ``lse_ptr``."""
+        raw = _pack_combine(self.static, op_ptr=op, lp_ptr=lp, o_ptr=out_ptr, lse_ptr=lse_ptr, stream=stream)
+        _run(self.kernel, raw, lambda: launch_args.cute_args(launch_args.COMBINE_ARGS, self.elements, raw))
 
 
-def _combine_library_args(raw: tuple, out_dtype: torch.dtype) -> tuple:
-    """The combine's raw arguments as CuteDSL objects (the fallback when no FastLauncher fits)."""
-    import cutlass
-
-    I32, I64 = cutlass.Int32, cutlass.Int64
-    return (
-        _ptr(raw[0], cutlass.Float32, 4), _ptr(raw[1], cutlass.Float32, 4),
-        _ptr(raw[2], _cutlass_dtype(out_dtype), out_dtype.itemsize), _ptr(raw[3], cutlass.Float32, 4),
-        *(I32(x) for x in raw[4:8]), *(I64(x) for x in raw[8:18]),
-        _stream(),
-    )
+_SPLIT_STATIC = launch_args.static_names(launch_args.SPLIT_ARGS)
+_COMBINE_STATIC = launch_args.static_names(launch_args.COMBINE_ARGS)
+_pack_split = launch_args.packer(launch_args.SPLIT_ARGS)
+_pack_combine = launch_args.packer(launch_args.COMBINE_ARGS)
 
 
 def compile_cache_size() -> int:
@@ -506,22 +494,6 @@ def _compact_strides(shape) -> tuple[int, ...]:
         strides.append(acc)
         acc *= extent
     return tuple(reversed(strides))
-
-
-def _cutlass_dtype(dtype: torch.dtype):
-    import cutlass
-
-    return {
-        torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16, torch.float32: cutlass.Float32,
-        torch.float8_e4m3fn: cutlass.Float8E4M3FN, torch.float8_e5m2: cutlass.Float8E5M2,
-    }[dtype]
-
-
-def _ptr(address: int, dtype, align: int = 16):
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_ptr
-
-    return make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align)
 
 
 _LAUNCHERS: dict = {}  # compiled kernel -> FastLauncher, or None where one cannot be built
@@ -548,9 +520,3 @@ def _run(kernel, raw: tuple, library_args) -> None:
 
 def _raw_stream(t: torch.Tensor) -> int:
     return stream_key(t.get_device())[1] if t.is_cuda else 0
-
-
-def _stream():
-    from cuda.bindings import driver
-
-    return driver.CUstream(torch.cuda.current_stream().cuda_stream)
