@@ -170,7 +170,7 @@ def _check_merge(ptx: str, config) -> None:
     """Only a merging kernel counts arrivals: one acq_rel atomic add per CTA (gpu scope, PTX's
     default), after which the last CTA loads the partials as vectors (a lane's D / 32 columns),
     a whole chunk of splits before the first use, and again in the loop over further chunks."""
-    from flashsplit.cute.split_kernel import SplitKVDecodeKernel
+    from flashsplit.cute.merge_tail import MergeTail
 
     atomics = re.findall(r"atom\.[\w.:]*", ptx)
     if not config.merge:
@@ -178,7 +178,7 @@ def _check_merge(ptx: str, config) -> None:
         return
     assert len(atomics) == 1 and ".acq_rel" in atomics[0] and ".add" in atomics[0], atomics
     assert ".cta" not in atomics[0] and ".sys" not in atomics[0], atomics
-    merge = SplitKVDecodeKernel(config).row_merge
+    merge = MergeTail(config).row_merge
     vec = min(merge.cols_per_lane, 4)
     tail = ptx[ptx.index(atomics[0]):]
     loads = len(re.findall(rf"ld\.global\.v{vec}\.b32", tail)) if vec > 1 else None
