@@ -371,15 +371,13 @@ def test_one_wave_merge_rule():
     one wave (Llama-3-8B heads: B = 4 x 4k/16k, 8 splits; B = 16 x 128k, 2; B = 8 x 4k, 4), not
     for 32 combined splits (B = 1), one split (B = 64), one CTA per SM (B = 16 x 4k), d = 64,
     fp8 or paged caches."""
-    from flashsplit.cute.backend import _planned_split
-
-    backend = CuteBackend()
+    from flashsplit.cute import choice
 
     def takes(batch, seqlen_k, head_dim=128, kv_dtype=None, page_size=0):
         p = DecodeProblem(batch, 1, seqlen_k, 32, 8, head_dim, torch.bfloat16, False, True, "cuda",
                           kv_dtype=kv_dtype, page_size=page_size)
-        splits = _planned_split(p, p.work_units(64), backend.units_per_sm(p))[0]
-        return backend.one_wave_merge(p, splits), splits
+        splits = choice.planned_split(p, p.work_units(64), choice.units_per_sm(p, 132), 132)[0]
+        return choice.one_wave_merge(p, splits, 132), splits
 
     assert takes(4, 4096) == (True, 8) and takes(4, 16384) == (True, 8)
     assert takes(16, 131072) == (True, 2) and takes(8, 4096) == (True, 4)
@@ -396,6 +394,7 @@ def test_one_cta_per_sm_rule():
     x 4k for Llama-2-7B heads; not B = 1 x 16k/128k, B = 4 x 16k, B = 16 x 128k, B = 64, d = 64,
     fp8, gathered pages."""
     from flashsplit.api import _make_plan
+    from flashsplit.cute import choice
 
     backend = CuteBackend()
 
@@ -411,8 +410,8 @@ def test_one_cta_per_sm_rule():
                     # TMA pages (whole-tile and sub-tile); gathered pages never
                     (problem(16, 4096, page_size=128), True), (problem(16, 4096, page_size=16), True),
                     (problem(16, 4096, page_size=48), False), (problem(4, 4096, num_heads_kv=32), True)]:
-        assert backend.one_cta_per_sm(p) == deep, p
-        assert backend.units_per_sm(p) == (1 if deep else configs_tile(p.head_dim)[2])
+        assert choice.one_cta_per_sm(p, 132) == deep, p
+        assert backend.units_per_sm(p) == choice.units_per_sm(p, 132) == (1 if deep else configs_tile(p.head_dim)[2])
         preferred = deep or (p.paged and p.page_size != 48) or backend.cute_measured_faster(p)
         assert (backend.preference(p)[0] > 0) == preferred, p
     plan = _make_plan(problem(4, 131072), backend, "", 0, 132)
@@ -452,21 +451,43 @@ def test_swap_rule():
     waves; ``split_config`` refuses what it cannot build."""
     from flashsplit.cute import configs
 
-    backend = CuteBackend()
+    from flashsplit.cute import choice
+
     assert configs.swap_ab_applies(8, "same", None, 128) and configs.swap_ab_applies(1, "same", 16, 128)
     assert configs.swap_ab_applies(4, "same", 128, 128)
     assert not configs.swap_ab_applies(9, "same", None, 128)
     assert not configs.swap_ab_applies(4, "float8_e4m3fn", None, 128)
     assert not configs.swap_ab_applies(4, "same", 48, 128)  # gathered pages
-    assert backend.swaps(4, "same", None, 128, 264, 2, "cpu")
-    assert not backend.swaps(4, "same", None, 128, 265, 2, "cpu")  # (DEFAULT_NUM_SMS = 132)
-    assert not backend.swaps(4, "same", None, 128, 133, 1, "cpu")
+    assert choice.swaps(4, "same", None, 128, 264, 2, 132)
+    assert not choice.swaps(4, "same", None, 128, 265, 2, 132)
+    assert not choice.swaps(4, "same", None, 128, 133, 1, 132)
     for kw in (dict(kv_dtype="float8_e4m3fn"), dict(swap_rows=16), dict(paged=True, page_size=48)):
         with pytest.raises(ValueError, match="swap_rows"):
             configs.split_config("bfloat16", 128, False, True, swap_rows=kw.pop("swap_rows", 8), **kw)
     c = configs.split_config("bfloat16", 128, False, True, swap_rows=8)
     assert c.rows == 8 and c.stages == configs.SWAP_AB_STAGES and c.units_per_sm == 2
     configs.check_smem(c)
+
+
+def test_choices_plan_for_the_named_machine():
+    """The rules take the SM count they plan for: B = 16 x 4k (128 units) fits one wave of one CTA
+    per SM on 132 SMs, not on 114; 4 splits of B = 8 x 4k (256 CTAs of 4 packed rows) swap
+    operands and take the one-wave stages in one wave of 2 x 132, not in the two waves of 2 x
+    100; and a launch's choice follows the rules unless a variant is named."""
+    from flashsplit.cute import choice
+
+    p = _problem(batch=16, device_type="cuda")
+    assert choice.one_cta_per_sm(p, 132) and not choice.one_cta_per_sm(p, 114)
+    assert choice.units_per_sm(p, 132) == 1 and choice.units_per_sm(p, 114) == 2
+    assert choice.choose(p, 1, 132) == choice.LaunchChoice(one_per_sm=True, one_wave=False, merge=False, swap=True)
+    small = _problem(batch=8, seqlen_k=4096, device_type="cuda")  # 4 packed rows, 64 CTAs per split
+    assert choice.choose(small, 4, 132) == choice.LaunchChoice(False, True, True, True)
+    assert choice.choose(small, 4, 100) == choice.LaunchChoice(False, False, True, False)  # two waves
+    assert choice.choose(small, 4, 132, one_wave=False, swap=False) == choice.LaunchChoice(False, False, True, False)
+    assert choice.choose(small, 4, 132, max_splits=1) == choice.LaunchChoice(False, False, False, True)
+    assert choice.choose(small, 4, 132, one_per_sm=True).one_wave is False
+    assert choice.kv_dtype_name(_problem(kv_dtype=torch.float8_e5m2)) == "float8_e5m2"
+    assert choice.kv_dtype_name(_problem()) == "same"
 
 
 def _one_per_sm(config) -> bool:
@@ -504,7 +525,8 @@ def test_fp8_configs_keep_two_ctas_per_sm_up_to_d128():
 
 
 def test_import_does_not_import_cutlass():
-    code = "import sys, flashsplit.cute; assert 'cutlass' not in sys.modules"
+    code = ("import sys, flashsplit.cute, flashsplit.cute.choice, flashsplit.cute.launcher, "
+            "flashsplit.cute.launch_args; assert 'cutlass' not in sys.modules")
     import subprocess
 
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

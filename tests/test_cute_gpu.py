@@ -50,11 +50,18 @@ def _backend():
 
 def _decode(q, k, v, seqlens, num_splits, scale, causal, out, lse, block_table=None, k_descale=None,
             v_descale=None, backend=None, **tile):
-    """What ``CuteBackend.decode`` runs (the two-CTA tile, swapped operands where the rule takes
-    them), or with ``tile`` (``one_per_sm``, ``one_wave``, ``swap``) the launcher of that kernel."""
-    from flashsplit.cute.backend import PreparedCuteDecode
+    """What ``CuteBackend.decode`` runs (the two-CTA tile, merge and swapped operands as the rules
+    say), or with ``tile`` (``one_per_sm``, ``one_wave``, ``swap``) that kernel variant instead."""
+    from flashsplit.cute import choice
+    from flashsplit.cute.launcher import PreparedCuteDecode
+    from flashsplit.plan import device_num_sms
+    from flashsplit.problem import check_decode_inputs
 
-    PreparedCuteDecode(backend or _backend(), num_splits, scale, causal, **tile)(
+    backend = backend or _backend()
+    problem = check_decode_inputs(q, k, v, seqlens, causal, num_splits, out, block_table, k_descale, v_descale)
+    variant = choice.choose(problem, num_splits, device_num_sms("cuda"), backend.merge_max_splits,
+                            **{"one_per_sm": False, "one_wave": False, **tile})
+    PreparedCuteDecode(backend.launcher, variant, num_splits, scale, causal)(
         q, k, v, seqlens, block_table, k_descale, v_descale, out, lse)
 
 
@@ -736,7 +743,7 @@ def test_one_per_sm_paged(page_size, seqlen_q, group, causal, num_splits):
 
 
 # Three stages for merging launches in one wave (configs.ONE_WAVE_STAGES; the rule in
-# CuteBackend.one_wave_merge): the d = 128 matrix's merging launches (3 and 5 splits: empty
+# choice.one_wave_merge): the d = 128 matrix's merging launches (3 and 5 splits: empty
 # splits and rows, partial last tiles of 1/127/129 keys, L_q 1-16, groups 1-8) on that kernel.
 @pytest.mark.parametrize("case", [c for c in _cases() if c.head_dim == 128 and 1 < c.num_splits <= 16], ids=str)
 def test_one_wave_decode_matches_reference(case):
@@ -747,16 +754,19 @@ def test_one_wave_through_prepare_and_graph_replay():
     """B = 4, 8 KV heads, 4k keys: the plan's 8 splits (256 CTAs) take the 3-stage kernel; a
     captured decode follows new cache_seqlens (NaN past each row's longest length)."""
     import flashsplit
-    from flashsplit.cute.backend import CuteBackend, _planned_split
+    from flashsplit.cute import choice
+    from flashsplit.cute.backend import CuteBackend
+    from flashsplit.plan import device_num_sms
 
     case = DecodeCase(4, 1, 4096, 8, 4, 128, torch.bfloat16, (4000, 3000, 129, 1), 0)
     problem = case.problem()
     backend = CuteBackend()
-    splits = _planned_split(problem, problem.work_units(64), backend.units_per_sm(problem))[0]
-    assert splits == 8 and backend.one_wave_merge(problem, splits)
+    num_sms = device_num_sms("cuda")
+    splits = choice.planned_split(problem, problem.work_units(64), backend.units_per_sm(problem), num_sms)[0]
+    assert splits == 8 and choice.one_wave_merge(problem, splits, num_sms)
     q, k, v, seqlens = make_inputs(case, "cuda", torch.Generator().manual_seed(3))
     prepared = backend.prepare(problem, splits, 0.1, False)
-    assert prepared.one_wave and prepared.merge
+    assert prepared.tile.one_wave and prepared.tile.merge
     out = torch.full_like(q, float("nan"))
     prepared(q, k, v, seqlens, None, None, None, out, None)
     graph = torch.cuda.CUDAGraph()
@@ -784,7 +794,7 @@ def test_combine_many_splits(head_dim, num_splits):
 
 
 # Swapped operands for 1-8 packed rows (configs.SplitConfig.swap_rows: S^T = K Q^T, O^T = V^T P^T),
-# which the launches below take where CuteBackend.swaps (one wave) says.
+# which the launches below take where choice.swaps (one wave) says.
 def _swap_cases():
     """1-8 packed rows (L_q x group): one query with groups 1/4/5/8, causal L_q 2-8 with groups
     1-4 (bottom-right masks differ per column), every head dim, 1/3/17 splits, the shared

@@ -310,7 +310,8 @@ def test_prepared_cute_launches_with_workspace_addresses(num_splits, with_lse, m
     (``CuteBackend.merge_max_splits`` >= the splits) a launch of several splits is one split-kernel
     launch that also gets ``out``, the lse and zeroed arrival counters; otherwise the combine
     follows. Fakes stand in for the compiled kernels (no cutlass launch on the CPU)."""
-    from flashsplit.cute import backend as cute_backend, launch_args
+    from flashsplit.cute import backend as cute_backend, launch_args, launcher as cute_launcher
+    from flashsplit.problem import check_decode_inputs
 
     monkeypatch.setattr(cute_backend.CuteBackend, "merge_max_splits", 16 if merge else 1)
     backend = cute_backend.CuteBackend()
@@ -321,23 +322,25 @@ def test_prepared_cute_launches_with_workspace_addresses(num_splits, with_lse, m
     setups, launches, bases, counters = [], [], [], []
 
     def split_launch(self, q_, k_, v_, seqlens, table, splits, scale, causal, o, lse_, partials, kd, vd, out_=None,
-                     one_per_sm=False, one_wave=False, swap=None):
+                     one_per_sm=False, one_wave=False, swap=False):
         setups.append(("split", o.shape, lse_.shape, partials, out_ is out))
         static = {name: 7 for name in launch_args.static_names(launch_args.SPLIT_ARGS)}
-        return cute_backend._SplitLaunch("split-kernel", static, {}, None)
+        return cute_launcher.SplitLaunch("split-kernel", static, {}, None)
 
     def combine_launch(self, out_partial, lse_partial, out_):
         setups.append(("combine", out_partial.shape, lse_partial.shape))
         static = {name: 11 for name in launch_args.static_names(launch_args.COMBINE_ARGS)}
-        return cute_backend._CombineLaunch("combine-kernel", static, {})
+        return cute_launcher.CombineLaunch("combine-kernel", static, {})
 
-    monkeypatch.setattr(cute_backend.CuteBackend, "_split_launch", split_launch)
-    monkeypatch.setattr(cute_backend.CuteBackend, "_combine_launch", combine_launch)
-    monkeypatch.setattr(cute_backend, "_run", lambda kernel, raw, library_args: launches.append((kernel, raw)))
-    _record_workspace(backend._workspace, bases, monkeypatch)
-    real_counters = backend._arrivals.get
-    monkeypatch.setattr(backend._arrivals, "get", lambda *a: counters.append(real_counters(*a)) or counters[-1])
-    prepared = backend.prepare(None, num_splits, 0.2, False)
+    monkeypatch.setattr(cute_launcher.CuteLauncher, "split_launch", split_launch)
+    monkeypatch.setattr(cute_launcher.CuteLauncher, "combine_launch", combine_launch)
+    monkeypatch.setattr(cute_launcher, "_run", lambda kernel, raw, library_args: launches.append((kernel, raw)))
+    _record_workspace(backend.launcher.workspace, bases, monkeypatch)
+    real_counters = backend.launcher.arrivals.get
+    monkeypatch.setattr(backend.launcher.arrivals, "get",
+                        lambda *a: counters.append(real_counters(*a)) or counters[-1])
+    problem = check_decode_inputs(q, k, v, lens, False, num_splits, out)
+    prepared = backend.prepare(problem, num_splits, 0.2, False)
     for _ in range(2):  # the second call reuses the static arguments
         prepared(q, k, v, lens, None, None, None, out, lse)
     rows = 2 * 1 * 8
@@ -387,18 +390,20 @@ def test_prepared_cute_takes_the_planned_tile(batch, seqlen_k, deep, monkeypatch
 
     problem = DecodeProblem(batch=batch, seqlen_q=1, seqlen_k=seqlen_k, num_heads=32, num_heads_kv=8, head_dim=128,
                             dtype=torch.bfloat16, causal=False, has_cache_seqlens=True, device_type="cuda")
+    from flashsplit.cute import choice, launcher as cute_launcher
+
     backend = cute_backend.CuteBackend()
-    assert backend.one_cta_per_sm(problem) == deep
+    assert choice.one_cta_per_sm(problem, 132) == deep
     seen = []
 
     def split_launch(self, *args, one_per_sm=False, **kwargs):
         seen.append(one_per_sm)
-        return cute_backend._SplitLaunch("split-kernel", {n: 7 for n in cute_backend._SPLIT_STATIC}, {}, None)
+        return cute_launcher.SplitLaunch("split-kernel", {n: 7 for n in cute_launcher._SPLIT_STATIC}, {}, None)
 
-    monkeypatch.setattr(cute_backend.CuteBackend, "_split_launch", split_launch)
-    monkeypatch.setattr(cute_backend, "_run", lambda kernel, raw, library_args: None)
+    monkeypatch.setattr(cute_launcher.CuteLauncher, "split_launch", split_launch)
+    monkeypatch.setattr(cute_launcher, "_run", lambda kernel, raw, library_args: None)
     prepared = backend.prepare(problem, 1, 0.1, False)
-    assert prepared.one_per_sm == deep
+    assert prepared.tile.one_per_sm == deep
     q = torch.zeros(1, 1, 4, 32, dtype=torch.float16)
     k = torch.zeros(1, 64, 1, 32, dtype=torch.float16)
     prepared(q, k, k, torch.tensor([64], dtype=torch.int32), None, None, None, torch.empty_like(q), None)
