@@ -182,7 +182,7 @@ def test_first_launch_goes_through_library_then_binds():
     recorder = fastcall._capture_executor(compiled.execution_args, records, n, sizes)
     with compiled._executor_lock:
         saved = compiled._default_executor
-        compiled._default_executor = recorder  # stands in for the executor a GPU run creates
+        compiled._default_executor = recorder  # stands in for the executor a launch on a GPU creates
         try:
             launcher = fastcall.FastLauncher(compiled, sets[0])
             assert launcher._capi is None

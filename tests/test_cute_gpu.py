@@ -9,7 +9,8 @@ multiples of the KV tile: shuffled and shared pages, NaN in unused pages, garbag
 each row's last page, a block table rewritten between CUDA-graph replays), and fp8 caches
 (e4m3/e5m2 with a bf16/fp16 q, scalar and per-(row, KV head) descales, dense and paged).
 
-Run as a script for a small device-time benchmark: ``python tests/test_cute_gpu.py``.
+Run as a script for a small benchmark (device microseconds per call, CUDA-graph replay):
+``python tests/test_cute_gpu.py``; ``python tests/test_cute_gpu.py smoke`` prints errors only.
 """
 
 from __future__ import annotations

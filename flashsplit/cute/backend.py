@@ -61,20 +61,20 @@ class CuteBackend(Backend):
         return choice.BLOCK_M
 
     def preference(self, problem: DecodeProblem) -> tuple[int, str]:
-        # Measured on the H200 (docs/performance.md, 32/8 heads, d = 128): paged 16-bit caches
+        # Measured on the H200 (docs/benchmarks.md; 32/8 heads, d = 128): paged 16-bit caches
         # run at dense speed here, whole-tile pages (128: 1.00x dense) and sub-tile pages alike
         # (16: 1.00-1.01x), but 1.06-1.22x slower in Triton; dense 16-bit caches are faster here
         # where the swapped-operand kernel runs in one wave, one CTA per SM or the work units
-        # fill the machine (below; B = 1 x 4k: 9.7 vs 10.2 us since the eleventh session); fp8
-        # caches are 1.06-1.11x slower here than in Triton (sixth session).
+        # fill the machine (flashsplit.cute.choice; B = 1 x 4k: 9.7 vs 10.2 us); fp8 caches are
+        # 1.06-1.11x slower here than in Triton.
         if problem.paged and not configs.tma_pages(problem.page_size, problem.head_dim):
-            # H200, B = 1, 32/8 heads, d = 128 (fourth session): pages of 1 and 48 take 1.7-2.4x
-            # the dense time here (one bulk copy per key row), 1.11-1.18x in Triton.
+            # H200, B = 1, 32/8 heads, d = 128: pages of 1 and 48 take 1.7-2.4x the dense time
+            # here (one bulk copy per key row), 1.11-1.18x in Triton.
             return -5, "paged KV gathered row by row: measured 1.7-2.4x slower than triton (H200)"
         if problem.paged and problem.cache_dtype not in FP8_DTYPES:
             return 20, "paged 16-bit KV: the cute TMA kernel reads pages at dense speed (H200)"
         if choice.one_cta_per_sm(problem, _num_sms(problem)):
-            # H200, same runs (fifth session, calls 6-9): see choice.ONE_PER_SM_MIN_KEYS.
+            # H200: see choice.ONE_PER_SM_MIN_KEYS.
             return 5, "dense 16-bit KV in one wave of one CTA per SM: measured faster than triton (H200)"
         if self.cute_measured_faster(problem):
             return 3, ("dense 16-bit KV with 1-8 q rows per KV head in one wave (swapped operands), or GQA filling "

@@ -19,8 +19,8 @@ from . import configs
 BLOCK_M = 64
 
 #: Launches of 2..MERGE_MAX_SPLITS splits merge in the split kernel's tail (one launch), more
-#: keep the combine kernel. H200, 32/8 heads, d = 128,
-#: same runs (fifth session), merged vs combine kernel: 2 splits 67.7 vs 68.9 us (B = 16, 4k),
+#: keep the combine kernel. H200, 32/8 heads, d = 128, same runs, merged vs combine kernel:
+#: 2 splits 67.7 vs 68.9 us (B = 16, 4k),
 #: 8 splits 23.4 vs 24.7 (B = 4, 4k), 16 splits 15.4 vs 16.1 (B = 2, 4k) and 38.3 vs 39.0
 #: (16k); 32 splits 13.1 vs 12.7 (B = 1, 4k) and 126.1 vs 125.5 (128k): one warp per row walks
 #: 32 splits in two register chunks, where the combine's 32 CTAs take one round trip each.
@@ -28,25 +28,25 @@ MERGE_MAX_SPLITS = 16
 
 #: :func:`measured_faster` holds from this many work units (batch rows x KV heads x row
 #: blocks: 4 or fewer splits per unit), or from this many keys per split. H200, 32/8 heads,
-#: d = 128, bf16, same runs (sixth session, calls 1-6, padding warps skipping the softmax), us, cute vs Triton:
+#: d = 128, bf16, same runs (padding warps skipping the softmax), us, cute vs Triton:
 #: B = 8 x 4k (64 units, 4 splits) 38.0 vs 38.9, 38.1 vs 39.0; B = 16 x 128k (128 units, 2
 #: splits) 1908.6 vs 1921.1, 1857.3 vs 1876.0, 1871.4 vs 1884.5, 1912.5 vs 1925.7; B = 32 x 4k
 #: 123.2 vs 137.9; B = 64 (512 units, 1 split) 4k 237.4 vs 238.3, 237.8 vs 238.8, 16k 938.1 vs
 #: 940.8, 939.2 vs 943.4, 128k 7477.6 vs 7520.6, 7503.1 vs 7526.3; B = 1 x 128k (32 splits of
 #: 4096 keys) 126.5 vs 126.9, 123.9 vs 124.7, 124.3 vs 125.0, 124.1 vs 124.9, 126.5 vs 127.3.
-#: Splits of 512-2048 keys since the tenth session's one-wave stages and fast-math merge (call
-#: 7, two runs): B = 1 x 16k (32 splits of 512) 22.36 vs 22.71, 22.47-22.50 vs 22.66-22.72;
+#: Splits of 512-2048 keys with the one-wave stages and the fast-math merge (two runs):
+#: B = 1 x 16k (32 splits of 512) 22.36 vs 22.71, 22.47-22.50 vs 22.66-22.72;
 #: B = 4 x 4k (8 of 512) 21.84 vs 22.10, 21.86-21.89 vs 21.94-22.01; B = 4 x 16k (8 of 2048)
 #: tied: 66.21 vs 66.14, 65.88-65.89 vs 65.85-65.94. Without the swapped-operand kernel Triton
 #: leads below 512 keys per split (B = 1 x 4k, 32 splits of 128: 10.24 vs 11.48), and with one
 #: packed row per KV head in two waves (32/32 heads, B = 16 x 16k: 935.6 vs 957.7, 960.3 vs
-#: 977.8; eleventh session 959.4 vs 979.3).
+#: 977.8, 959.4 vs 979.3).
 FILL_UNITS = 64
 LONG_SPLIT_KEYS = 512
 MIN_PACKED_ROWS = 4
 
 #: Keys per CTA (as the plan splits at one CTA per SM) that :func:`one_cta_per_sm` takes: one
-#: split of 2k-32k keys, or several of 16k-32k. H200, same runs (fifth session, calls 6-9), us:
+#: split of 2k-32k keys, or several of 16k-32k. H200, same runs, us:
 #: won at one split (B = 16 x 4k 64.4-64.6 vs 66.3-67.4 for Triton, B = 16 x 16k 238.9-240.8 vs
 #: 241.8-246.0; 32/32 heads, B = 4 x 4k/16k 63.9/238.0 vs 64.8/239.7) and at 4 splits of 32k
 #: (B = 4 x 128k 469.9-476.7 vs 475.1-485.1); lost at one split of 131k keys (B = 16 x 128k
@@ -102,7 +102,7 @@ def swaps(packed_rows: int, kv_dtype: str, page_size: int | None, head_dim: int,
           num_sms: int) -> bool:
     """Whether a launch of ``ctas`` CTAs (``units_per_sm`` per SM) takes the swapped-operand
     kernel: ``configs.swap_ab_applies``, and one wave. H200, 32/8 heads, d = 128,
-    bf16, same runs (eleventh session, call 7), us, swapped / 64 rows / Triton: one wave, B = 1
+    bf16, same run, us, swapped / 64 rows / Triton: one wave, B = 1
     x 4k 9.69 / 10.80 / 10.29, 16k 21.30 / 22.03 / 22.82, B = 4 x 4k 21.31 / 21.65 / 22.18, B = 16
     x 128k 1906.5 / 1917.5 / 1906.3 (32/32 heads: B = 1 x 4k 20.65 / 21.42 / 21.48, B = 4 x 4k
     62.6 / 63.8 / 65.6); two waves, where each CTA streams its keys and the tensor work hides

@@ -163,16 +163,16 @@ def split_tile(head_dim: int) -> tuple[int, int, int]:
 #: one_per_sm=True)``; dense, or in pages the TMA reads as whole tiles or sub-tile boxes): 64-key
 #: tiles, 3 stages (96 KiB of loads in flight, 113 KiB of shared memory). Where a problem's CTAs
 #: fit one wave at one per SM it needs half the splits (or none: no merge) and each CTA streams
-#: twice the keys. H200, 32/8 heads, same runs (fifth session, calls 6 and 8), us, vs the two-CTA
+#: twice the keys. H200, 32/8 heads, same runs, us, vs the two-CTA
 #: tile: B = 16 4k 64.5 vs 68.3, 16k 240.3 vs 247.1; B = 4 128k 476.5 vs 484.5; B = 1 128k 126.4
 #: vs 127.5; but B = 16 128k 1950.0 vs 1923.2, B = 1 16k 24.2 vs 23.8, B = 4 4k 24.2 vs 23.6,
-#: B = 64 4k 247.6 vs 245.1 (``CuteBackend.one_cta_per_sm`` picks it).
+#: B = 64 4k 247.6 vs 245.1 (``choice.one_cta_per_sm`` picks it).
 ONE_PER_SM_TILE = (64, 3, 1)
 
 #: K+V stages of the two-CTA d = 128 tile (64 keys) in a launch that merges in the kernel and
 #: whose CTAs fit one wave at two per SM (``split_config(..., one_wave=True)``,
-#: ``CuteBackend.one_wave_merge``): 3 instead of 2 (2 x 113 KiB of shared memory per SM, 96 KiB
-#: of loads in flight per CTA). H200, 32/8 heads, bf16, same runs (tenth session, calls 1-3), us,
+#: ``choice.one_wave_merge``): 3 instead of 2 (2 x 113 KiB of shared memory per SM, 96 KiB
+#: of loads in flight per CTA). H200, 32/8 heads, bf16, same runs, us,
 #: 3 vs 2 stages (Triton): B = 4 x 4k (8 splits) 22.09-22.13 vs 22.81-22.87 (21.93-22.12), B = 4
 #: x 16k 65.68-66.32 vs 66.12-66.41 (65.70-66.21), B = 16 x 128k (2 splits) 1855.0-1855.1 vs
 #: 1862.7-1863.0 (1883.1-1883.6). Not taken where it was slower: two waves (B = 64 x 4k, one
