@@ -7,7 +7,9 @@ the two instructions the design rests on: ``wgmma.mma_async`` (warpgroup MMA) an
 ``cp.async.bulk.tensor`` (TMA loads); a paged kernel must also feed a page id it loaded from
 global memory (the block table) into its TMA coordinates, and a dense one must not. An fp8-cache
 kernel must still run 16-bit wgmma (q's dtype) and convert fp8 pairs in registers
-(``cvt.rn.f16x2.e4m3x2`` / ``e5m2x2``). Compile times are printed (``pytest -s``).
+(``cvt.rn.f16x2.e4m3x2`` / ``e5m2x2``). Compile times are printed (``pytest -s``). The default
+run builds a subset that covers every load mode, head dim, cache type, output kind and tile
+(:func:`default_compile_configs`, ~25 configurations); ``pytest --full`` builds all of them.
 """
 
 from __future__ import annotations
@@ -98,8 +100,60 @@ def _compiled_ptx(compile_fn, config, dump_dir) -> str:
     return _ptx(dump_dir)
 
 
+def _features(config) -> set[tuple]:
+    """What a compile-check configuration exercises: its load mode, cache type, output kind,
+    tile (two CTAs, one per SM, one-wave stages, swapped operands), dtype and mask, in the
+    combinations the default run must cover."""
+    mode = ("gathered" if config.gather_pages else "sub-tile" if config.subtile_page else
+            "pages" if config.paged else "dense")
+    output = "merge" if config.merge else "partials" if config.write_partials else "final"
+    if config.swap_rows:
+        tile = "swap"
+    elif config.head_dim == 128 and config.units_per_sm == 1:
+        tile = "one per SM"
+    elif config.merge and config.head_dim == 128 and not config.staged and config.stages == 3:
+        tile = "one wave"
+    else:
+        tile = "two CTAs"
+    return {("mode", mode, config.head_dim), ("cache", config.kv_dtype, config.head_dim),
+            ("cache", config.kv_dtype, mode), ("output", output, tile), ("output", output, mode),
+            ("tile", tile, mode), ("tile", tile, config.head_dim), ("tile", tile, config.causal),
+            ("dtype", config.dtype, config.causal), ("fp16 operands", config.fp16_operands, mode)}
+
+
+def default_compile_configs() -> list:
+    """The compile check's default run: a greedy cover (deterministic) of every feature pair
+    :func:`_features` names over :func:`compile_check_configs`; ``pytest --full`` builds all."""
+    configs = compile_check_configs()
+    wanted = set().union(*(_features(c) for c in configs))
+    chosen, covered = [], set()
+    while covered != wanted:
+        best = max(configs, key=lambda c: len(_features(c) - covered))
+        chosen.append(best)
+        covered |= _features(best)
+    return chosen
+
+
+_DEFAULT_COMPILES = set(default_compile_configs())
+
+
+def test_default_compile_check_covers_every_mode():
+    """The default run's ~two dozen configurations build every load mode at every head dim,
+    every cache type, output kind and tile, and fp16 operands."""
+    chosen = default_compile_configs()
+    assert len(chosen) <= 30 and len(set(chosen)) == len(chosen)
+    features = set().union(*(_features(c) for c in chosen))
+    assert features == set().union(*(_features(c) for c in compile_check_configs()))
+    assert {f[1] for f in features if f[0] == "mode"} == {"dense", "pages", "sub-tile", "gathered"}
+    assert {f[1] for f in features if f[0] == "tile"} == {"two CTAs", "one per SM", "one wave", "swap"}
+    assert {f[1] for f in features if f[0] == "output"} == {"final", "partials", "merge"}
+    assert {f[1] for f in features if f[0] == "cache"} == {"same", "float8_e4m3fn", "float8_e5m2"}
+    assert any(c.fp16_operands for c in chosen) and {c.head_dim for c in chosen} == {64, 128, 256}
+
+
 @needs_cutlass
-@pytest.mark.parametrize("config", compile_check_configs(), ids=str)
+@pytest.mark.parametrize("config", [c if c in _DEFAULT_COMPILES else pytest.param(c, marks=pytest.mark.full)
+                                    for c in compile_check_configs()], ids=str)
 def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
     from flashsplit.cute.compile import compile_split
 
