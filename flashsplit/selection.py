@@ -58,12 +58,6 @@ class Rule:
     applies: Callable[[DecodeProblem], bool]
 
 
-def _cute():
-    from .registry import get
-
-    return get("cute")
-
-
 def _dense_16bit_d128(problem: DecodeProblem) -> bool:
     return problem.head_dim == 128 and problem.cache_dtype == problem.dtype and not problem.paged
 
@@ -92,14 +86,18 @@ def _paged_tma(problem: DecodeProblem) -> bool:
 
 
 def _one_cta_per_sm(problem: DecodeProblem) -> bool:
-    return _cute().one_cta_per_sm(problem)
+    from .cute import choice
+
+    return choice.one_cta_per_sm(problem, problem.num_sms)
 
 
 def _swapped_operands(problem: DecodeProblem) -> bool:
+    from .cute import choice
+
     if not _dense_16bit_d128(problem):
         return False
     units, per_sm, splits = _cute_units(problem)
-    return _cute().swaps(problem.packed_rows, "same", None, 128, units * splits, per_sm, problem.num_sms)
+    return choice.swaps(problem.packed_rows, "same", None, 128, units * splits, per_sm, problem.num_sms)
 
 
 def _gqa_fills_machine(problem: DecodeProblem) -> bool:

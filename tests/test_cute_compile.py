@@ -7,7 +7,9 @@ the two instructions the design rests on: ``wgmma.mma_async`` (warpgroup MMA) an
 ``cp.async.bulk.tensor`` (TMA loads); a paged kernel must also feed a page id it loaded from
 global memory (the block table) into its TMA coordinates, and a dense one must not. An fp8-cache
 kernel must still run 16-bit wgmma (q's dtype) and convert fp8 pairs in registers
-(``cvt.rn.f16x2.e4m3x2`` / ``e5m2x2``). Compile times are printed (``pytest -s``).
+(``cvt.rn.f16x2.e4m3x2`` / ``e5m2x2``). Compile times are printed (``pytest -s``). The default
+run builds a subset that covers every load mode, head dim, cache type, output kind and tile
+(:func:`default_compile_configs`, ~25 configurations); ``pytest --full`` builds all of them.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 from flashsplit.cute import CuteBackend, all_combine_configs, all_split_configs
 from flashsplit.cute.configs import compile_check_configs
 from flashsplit import selection
+from flashsplit.plan import SPLIT_GRANULE
 from flashsplit.problem import DecodeProblem
 
 _HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
@@ -98,8 +101,60 @@ def _compiled_ptx(compile_fn, config, dump_dir) -> str:
     return _ptx(dump_dir)
 
 
+def _features(config) -> set[tuple]:
+    """What a compile-check configuration exercises: its load mode, cache type, output kind,
+    tile (two CTAs, one per SM, one-wave stages, swapped operands), dtype and mask, in the
+    combinations the default run must cover."""
+    mode = ("gathered" if config.gather_pages else "sub-tile" if config.subtile_page else
+            "pages" if config.paged else "dense")
+    output = "merge" if config.merge else "partials" if config.write_partials else "final"
+    if config.swap_rows:
+        tile = "swap"
+    elif config.head_dim == 128 and config.units_per_sm == 1:
+        tile = "one per SM"
+    elif config.merge and config.head_dim == 128 and not config.staged and config.stages == 3:
+        tile = "one wave"
+    else:
+        tile = "two CTAs"
+    return {("mode", mode, config.head_dim), ("cache", config.kv_dtype, config.head_dim),
+            ("cache", config.kv_dtype, mode), ("output", output, tile), ("output", output, mode),
+            ("tile", tile, mode), ("tile", tile, config.head_dim), ("tile", tile, config.causal),
+            ("dtype", config.dtype, config.causal), ("fp16 operands", config.fp16_operands, mode)}
+
+
+def default_compile_configs() -> list:
+    """The compile check's default run: a greedy cover (deterministic) of every feature pair
+    :func:`_features` names over :func:`compile_check_configs`; ``pytest --full`` builds all."""
+    configs = compile_check_configs()
+    wanted = set().union(*(_features(c) for c in configs))
+    chosen, covered = [], set()
+    while covered != wanted:
+        best = max(configs, key=lambda c: len(_features(c) - covered))
+        chosen.append(best)
+        covered |= _features(best)
+    return chosen
+
+
+_DEFAULT_COMPILES = set(default_compile_configs())
+
+
+def test_default_compile_check_covers_every_mode():
+    """The default run's ~two dozen configurations build every load mode at every head dim,
+    every cache type, output kind and tile, and fp16 operands."""
+    chosen = default_compile_configs()
+    assert len(chosen) <= 30 and len(set(chosen)) == len(chosen)
+    features = set().union(*(_features(c) for c in chosen))
+    assert features == set().union(*(_features(c) for c in compile_check_configs()))
+    assert {f[1] for f in features if f[0] == "mode"} == {"dense", "pages", "sub-tile", "gathered"}
+    assert {f[1] for f in features if f[0] == "tile"} == {"two CTAs", "one per SM", "one wave", "swap"}
+    assert {f[1] for f in features if f[0] == "output"} == {"final", "partials", "merge"}
+    assert {f[1] for f in features if f[0] == "cache"} == {"same", "float8_e4m3fn", "float8_e5m2"}
+    assert any(c.fp16_operands for c in chosen) and {c.head_dim for c in chosen} == {64, 128, 256}
+
+
 @needs_cutlass
-@pytest.mark.parametrize("config", compile_check_configs(), ids=str)
+@pytest.mark.parametrize("config", [c if c in _DEFAULT_COMPILES else pytest.param(c, marks=pytest.mark.full)
+                                    for c in compile_check_configs()], ids=str)
 def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
     from flashsplit.cute.compile import compile_split
 
@@ -107,7 +162,7 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
     assert "wgmma.mma_async" in ptx
     assert ".minnctapersm" in ptx or config.units_per_sm == 1
     # A partials launch that a combine follows signals it (PDL) after its last tile, nothing else does.
-    assert ("griddepcontrol.launch_dependents" in ptx) == (config.launch_dependents != "none")
+    assert ("griddepcontrol.launch_dependents" in ptx) == config.signals_combine
     if config.gather_pages:
         # One bulk copy of a key row for K and one for V in the producer loop, completing on the
         # stage's mbarrier (no TMA tensor copies), from addresses built on block-table loads.
@@ -128,15 +183,9 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
     # wgmma); fp8 caches convert in registers.
     short = "f16" if config.fp16_operands else {"float16": "f16", "bfloat16": "bf16"}[config.dtype]
     kinds = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k(\d+)\.f32\.(\w+)\.(\w+)", ptx))
-    if config.fp8_qk:
-        # S = Q K^T in e4m3 x e4m3 k32 wgmma (three q terms x D / 32 k-blocks), P V in fp16.
-        assert kinds == {("32", "e4m3", "e4m3"), ("16", "f16", "f16")}, kinds
-        s_wgmmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32", ptx)
-        assert len(s_wgmmas) == 3 * config.head_dim // 32, len(s_wgmmas)
-    else:
-        assert kinds == {("16", short, short)}, kinds
+    assert kinds == {("16", short, short)}, kinds
     _check_swap_wgmmas(ptx, config)
-    if config.fp16_operands and not config.fp8_qk:
+    if config.fp16_operands:
         # fp8 -> fp16 is one cvt per pair: no detour through fp32 and bf16 (cvt.f32.f16 and
         # cvt.rn.bf16x2.f32 per pair in the bf16-operand kernel), and the q rows' scale is a
         # butterfly max over each row's lanes.
@@ -176,7 +225,7 @@ def _check_merge(ptx: str, config) -> None:
     """Only a merging kernel counts arrivals: one acq_rel atomic add per CTA (gpu scope, PTX's
     default), after which the last CTA loads the partials as vectors (a lane's D / 32 columns),
     a whole chunk of splits before the first use, and again in the loop over further chunks."""
-    from flashsplit.cute.split_kernel import SplitKVDecodeKernel
+    from flashsplit.cute.merge_tail import MergeTail
 
     atomics = re.findall(r"atom\.[\w.:]*", ptx)
     if not config.merge:
@@ -184,7 +233,7 @@ def _check_merge(ptx: str, config) -> None:
         return
     assert len(atomics) == 1 and ".acq_rel" in atomics[0] and ".add" in atomics[0], atomics
     assert ".cta" not in atomics[0] and ".sys" not in atomics[0], atomics
-    merge = SplitKVDecodeKernel(config).row_merge
+    merge = MergeTail(config).row_merge
     vec = min(merge.cols_per_lane, 4)
     tail = ptx[ptx.index(atomics[0]):]
     loads = len(re.findall(rf"ld\.global\.v{vec}\.b32", tail)) if vec > 1 else None
@@ -225,35 +274,12 @@ def _check_combine_loads_first(ptx: str, config) -> None:
     _check_row_offsets_hoisted(head)
 
 
-def _combine_signal() -> str:
-    """What a partials launch that does not merge signals its combine with (``COMBINE_PDL``)."""
-    from flashsplit.cute import configs
-
-    return "none" if configs.COMBINE_PDL == "off" else configs.COMBINE_PDL
-
-
-def test_partials_launches_signal_the_pdl_combine():
-    """Every partials launch that a combine follows signals it (``COMBINE_PDL``, after the last
-    tile), merging and final-output launches do not, and the combine is a PDL launch with it."""
-    from flashsplit.cute import configs
-
-    assert configs.COMBINE_PDL == "epilogue" and CuteBackend.combine_pdl == configs.COMBINE_PDL
-    for c in all_split_configs() + compile_check_configs():
-        expected = _combine_signal() if c.write_partials and not c.merge else "none"
-        assert c.launch_dependents == expected, c
-    assert all(c.pdl for c in all_combine_configs())
-    with pytest.raises(ValueError, match="combine_pdl: expected 'off' or one of"):
-        configs.split_config("bfloat16", 128, False, True, combine_pdl="later")
-    assert configs.split_config("bfloat16", 128, False, True, combine_pdl="entry").launch_dependents == "entry"
-    assert configs.split_config("bfloat16", 128, False, True, combine_pdl="off").launch_dependents == "none"
-
-
 def test_configs_fit_shared_memory():
     from flashsplit.cute.configs import check_smem
 
     for config in all_split_configs():
         check_smem(config)
-        assert 128 % config.tile_n == 0
+        assert SPLIT_GRANULE % config.tile_n == 0
 
 
 def test_all_split_configs_include_paged():
@@ -273,7 +299,7 @@ def test_all_split_configs_include_fp8():
         fp8 = [c for c in configs if c.kv_dtype == kv_dtype]
         assert len(fp8) == 48
         for c in fp8:
-            base = c.__class__(**{**c.__dict__, "kv_dtype": "same", "fp16_operands": False,
+            base = c.__class__(**{**c.__dict__, "kv_dtype": "same",
                                   "stages": {64: 3, 128: 2, 256: 3}[c.head_dim]})
             assert base in same
             assert c.stages >= base.stages
@@ -295,7 +321,7 @@ def test_subtile_configs():
     for c in sub:
         assert c.paged and c.tile_n % c.subtile_page == 0 and c.subtile_page % 8 == 0
         assert c.__class__(**{**c.__dict__, "subtile_page": 0}) in whole
-    dispatched = set(all_split_configs())  # the rest: test_fp16_operand_configs, test_merge_configs, test_one_per_sm_configs
+    dispatched = set(all_split_configs())  # the rest: test_merge_configs, test_one_per_sm_configs, ...
     checked = [c for c in compile_check_configs() if c.subtile_page and c in dispatched]
     assert {(c.kv_dtype, c.head_dim, c.subtile_page) for c in checked} == {
         (c.kv_dtype, c.head_dim, c.subtile_page) for c in sub}
@@ -340,7 +366,7 @@ def test_merge_configs():
 
     with pytest.raises(ValueError, match="merge: only for a launch that writes partials"):
         configs.split_config("bfloat16", 128, False, False, merge=True)
-    merged = [c for c in compile_check_configs() if c.merge and not _one_per_sm(c) and not _wave_or_barriers(c)]
+    merged = [c for c in compile_check_configs() if c.merge and not _one_per_sm(c) and not _wave_or_swap(c)]
     assert all(c.write_partials for c in merged)
     assert {(c.kv_dtype, c.head_dim) for c in merged if not c.paged} == {
         (kv, d) for kv in configs.KV_DTYPES for d in configs.HEAD_DIMS}
@@ -348,51 +374,10 @@ def test_merge_configs():
     assert {(c.subtile_page > 0, c.gather_pages) for c in merged if c.paged} == {
         (False, False), (True, False), (False, True)}
     for c in merged:
-        plain = c.__class__(**{**c.__dict__, "merge": False, "launch_dependents": _combine_signal()})
+        plain = c.__class__(**{**c.__dict__, "merge": False})
         assert plain in set(all_split_configs()) and c.smem_bytes == plain.smem_bytes + 16
         configs.check_smem(c)
     assert not any(c.merge for c in all_split_configs())  # the twins are listed here, not there
-
-
-def test_fp8_qk_configs():
-    """fp8 Q K^T is a compile key of e4m3 caches (dense or whole-tile pages) with fp16 PV operands,
-    off until verified on a GPU (FP8_QK_VERIFIED_ON_GPU); the compile check builds it for every
-    head dim and q dtype, and paged; three e4m3 q terms and no 16-bit K buffer in shared memory."""
-    from flashsplit.cute import configs
-
-    assert not configs.FP8_QK_VERIFIED_ON_GPU
-    assert not any(c.fp8_qk for c in all_split_configs())
-    for args in (dict(kv_dtype="float8_e5m2"), dict(kv_dtype="same"), dict(paged=True, kv_dtype="float8_e4m3fn",
-                                                                            page_size=16),
-                 dict(kv_dtype="float8_e4m3fn", fp16_operands=False)):
-        with pytest.raises(ValueError, match="fp8_qk: only for an e4m3 cache"):
-            configs.split_config("bfloat16", 128, False, True, **{"paged": False, **args}, fp8_qk=True)
-    qk = [c for c in compile_check_configs() if c.fp8_qk]
-    assert {(c.dtype, c.head_dim) for c in qk} == {(d, h) for d in configs.DTYPES for h in configs.HEAD_DIMS}
-    assert any(c.paged for c in qk)
-    for c in qk:
-        plain = c.__class__(**{**c.__dict__, "fp8_qk": False})
-        d = c.head_dim
-        assert c.smem_bytes == plain.smem_bytes + 64 * d - c.tile_n * d * 2 + (0 if plain.fp16_operands else 256)
-        configs.check_smem(c)
-
-
-def test_skip_padding_configs():
-    """Padding warps skipping the softmax is a compile key, on in every configuration the
-    dispatcher selects since it was verified on an H200 (SKIP_PADDING_VERIFIED_ON_GPU); the compile
-    check also builds the full-softmax side for every (cache type, head dim), paged, and on the
-    merging one-CTA-per-SM tile."""
-    from flashsplit.cute import configs
-
-    assert configs.SKIP_PADDING_VERIFIED_ON_GPU  # sixth session, call 1
-    assert all(c.skip_padding for c in all_split_configs())
-    assert not configs.split_config("bfloat16", 128, False, True, skip_padding=False).skip_padding
-    full = [c for c in compile_check_configs() if not c.skip_padding]
-    assert {(c.kv_dtype, c.head_dim) for c in full} == {
-        (kv, d) for kv in configs.KV_DTYPES for d in configs.HEAD_DIMS}
-    assert any(c.paged for c in full) and any(c.merge and _one_per_sm(c) for c in full)
-    for c in full:  # the same shared memory as the skipping kernel
-        assert c.smem_bytes == c.__class__(**{**c.__dict__, "skip_padding": True}).smem_bytes
 
 
 def test_one_per_sm_configs():
@@ -409,8 +394,7 @@ def test_one_per_sm_configs():
             configs.split_config(**args, one_per_sm=True)
     with pytest.raises(ValueError, match="one_per_sm: not for gathered pages"):
         configs.split_config("bfloat16", 128, False, True, True, page_size=48, one_per_sm=True)
-    deep = [c for c in compile_check_configs()
-            if _one_per_sm(c) and c.skip_padding and not c.paged and not _wave_or_barriers(c)]
+    deep = [c for c in compile_check_configs() if _one_per_sm(c) and not c.paged and not _wave_or_swap(c)]
     assert len(deep) == 9 and {(c.dtype, c.causal, c.write_partials) for c in deep} == {
         (d, ca, wp) for d in configs.DTYPES for ca in (False, True) for wp in (False, True)}
     paged = [c for c in compile_check_configs() if _one_per_sm(c) and c.paged]
@@ -418,12 +402,10 @@ def test_one_per_sm_configs():
     assert any(c.merge for c in deep) and not any(c in set(all_split_configs()) for c in deep)
 
 
-def test_one_wave_and_barrier_configs():
+def test_one_wave_configs():
     """Three stages for one-wave merging launches are a compile key of dense 16-bit d = 128
     merging launches on the two-CTA tile (still two CTAs per SM); the compile check builds them
-    for every dtype x causal. Split K/V barriers apply to 16-bit TMA loads only (staged loads
-    keep one pair per stage, whatever is asked), add 16 bytes per stage, and the compile check
-    builds the layout SPLIT_KV_BARRIERS does not select for every head dim and special tile."""
+    for every dtype x causal."""
     from flashsplit.cute import configs
 
     c = configs.split_config("bfloat16", 128, False, True, merge=True, one_wave=True)
@@ -437,18 +419,6 @@ def test_one_wave_and_barrier_configs():
     deep = [c for c in compile_check_configs() if _one_wave(c)]
     assert all(c.merge and not c.paged and not c.fp8 for c in deep)
     assert {(c.dtype, c.causal) for c in deep} >= {(d, ca) for d in configs.DTYPES for ca in (False, True)}
-    for kv_dtype, page_size in (("float8_e4m3fn", None), ("float8_e5m2", 16), ("same", 48)):
-        staged = configs.split_config("bfloat16", 128, False, True, page_size is not None, kv_dtype, page_size,
-                                      split_barriers=True)
-        assert staged.staged and not staged.split_barriers
-    joint = configs.split_config("bfloat16", 128, False, True, split_barriers=False)
-    split = configs.split_config("bfloat16", 128, False, True, split_barriers=True)
-    assert split.smem_bytes == joint.smem_bytes + 16 * joint.stages
-    other = [c for c in compile_check_configs() if c.split_barriers != configs.SPLIT_KV_BARRIERS]
-    assert {c.head_dim for c in other if not c.paged} == set(configs.HEAD_DIMS)
-    assert {c.subtile_page for c in other if c.paged} == {0, 16}
-    assert any(_one_per_sm(c) for c in other) and any(_one_wave(c) for c in other)
-    assert all(c.split_barriers == configs.SPLIT_KV_BARRIERS for c in all_split_configs() if not c.staged)
 
 
 def test_one_wave_merge_rule():
@@ -456,15 +426,13 @@ def test_one_wave_merge_rule():
     one wave (Llama-3-8B heads: B = 4 x 4k/16k, 8 splits; B = 16 x 128k, 2; B = 8 x 4k, 4), not
     for 32 combined splits (B = 1), one split (B = 64), one CTA per SM (B = 16 x 4k), d = 64,
     fp8 or paged caches."""
-    from flashsplit.cute.backend import _planned_split
-
-    backend = CuteBackend()
+    from flashsplit.cute import choice
 
     def takes(batch, seqlen_k, head_dim=128, kv_dtype=None, page_size=0):
         p = DecodeProblem(batch, 1, seqlen_k, 32, 8, head_dim, torch.bfloat16, False, True, "cuda",
                           kv_dtype=kv_dtype, page_size=page_size)
-        splits = _planned_split(p, p.work_units(64), backend.units_per_sm(p))[0]
-        return backend.one_wave_merge(p, splits), splits
+        splits = choice.planned_split(p, p.work_units(64), choice.units_per_sm(p, 132), 132)[0]
+        return choice.one_wave_merge(p, splits, 132), splits
 
     assert takes(4, 4096) == (True, 8) and takes(4, 16384) == (True, 8)
     assert takes(16, 131072) == (True, 2) and takes(8, 4096) == (True, 4)
@@ -480,6 +448,7 @@ def test_one_cta_per_sm_rule():
     or several of 16k-32k: B = 16 x 4k/16k and B = 4 x 128k (4 splits) for Llama-3-8B heads, B = 4
     x 4k for Llama-2-7B heads; not B = 1 x 16k/128k, B = 4 x 16k, B = 16 x 128k, B = 64, d = 64,
     fp8, gathered pages."""
+    from flashsplit.cute import choice
     from flashsplit.dispatch import make_plan as _make_plan
 
     backend = CuteBackend()
@@ -493,11 +462,11 @@ def test_one_cta_per_sm_rule():
                     (problem(4, 16384), False), (problem(1, 16384), False), (problem(4, 4096), False),
                     (problem(64, 4096), False), (problem(16, 131072), False), (problem(4, 131072), True),
                     (problem(16, 4096, head_dim=64), False), (problem(16, 4096, kv_dtype=torch.float8_e4m3fn), False),
-                    # TMA pages (ONE_PER_SM_PAGED_VERIFIED_ON_GPU); gathered pages never
+                    # TMA pages (whole-tile and sub-tile); gathered pages never
                     (problem(16, 4096, page_size=128), True), (problem(16, 4096, page_size=16), True),
                     (problem(16, 4096, page_size=48), False), (problem(4, 4096, num_heads_kv=32), True)]:
-        assert backend.one_cta_per_sm(p) == deep, p
-        assert backend.units_per_sm(p) == (1 if deep else configs_tile(p.head_dim)[2])
+        assert choice.one_cta_per_sm(p, 132) == deep, p
+        assert backend.units_per_sm(p) == choice.units_per_sm(p, 132) == (1 if deep else configs_tile(p.head_dim)[2])
         if deep:  # auto runs cute there (paged: the paged-tma rule comes first)
             assert selection.rule_for(p).name == ("paged-tma" if p.paged else "one-cta-per-sm"), p
     plan = _make_plan(problem(4, 131072), backend, "", "", 0)
@@ -508,28 +477,47 @@ def test_one_cta_per_sm_rule():
 
 def test_swap_rule():
     """The swapped-operand kernel takes 1-8 packed rows of a 16-bit cache (dense, whole-tile or
-    sub-tile pages) in one wave of the tile's CTAs per SM; not 9+ rows, fp8, gathered pages, split
-    K/V barriers or two waves; ``split_config`` refuses what it cannot build."""
+    sub-tile pages) in one wave of the tile's CTAs per SM; not 9+ rows, fp8, gathered pages or two
+    waves; ``split_config`` refuses what it cannot build."""
     from flashsplit.cute import configs
 
-    backend = CuteBackend()
-    assert configs.swap_ab_applies(8, "same", None, 128, False) and configs.swap_ab_applies(1, "same", 16, 128, False)
-    assert configs.swap_ab_applies(4, "same", 128, 128, False)
-    assert not configs.swap_ab_applies(9, "same", None, 128, False)
-    assert not configs.swap_ab_applies(4, "float8_e4m3fn", None, 128, False)
-    assert not configs.swap_ab_applies(4, "same", 48, 128, False)  # gathered pages
-    assert not configs.swap_ab_applies(4, "same", None, 128, True)
-    if backend.swap_ab:
-        assert backend.swaps(4, "same", None, 128, 264, 2, 132)
-    assert not backend.swaps(4, "same", None, 128, 265, 2, 132)
-    assert not backend.swaps(4, "same", None, 128, 133, 1, 132)
-    for kw in (dict(kv_dtype="float8_e4m3fn"), dict(split_barriers=True), dict(swap_rows=16),
-               dict(paged=True, page_size=48)):
+    from flashsplit.cute import choice
+
+    assert configs.swap_ab_applies(8, "same", None, 128) and configs.swap_ab_applies(1, "same", 16, 128)
+    assert configs.swap_ab_applies(4, "same", 128, 128)
+    assert not configs.swap_ab_applies(9, "same", None, 128)
+    assert not configs.swap_ab_applies(4, "float8_e4m3fn", None, 128)
+    assert not configs.swap_ab_applies(4, "same", 48, 128)  # gathered pages
+    assert choice.swaps(4, "same", None, 128, 264, 2, 132)
+    assert not choice.swaps(4, "same", None, 128, 265, 2, 132)
+    assert not choice.swaps(4, "same", None, 128, 133, 1, 132)
+    for kw in (dict(kv_dtype="float8_e4m3fn"), dict(swap_rows=16), dict(paged=True, page_size=48)):
         with pytest.raises(ValueError, match="swap_rows"):
             configs.split_config("bfloat16", 128, False, True, swap_rows=kw.pop("swap_rows", 8), **kw)
     c = configs.split_config("bfloat16", 128, False, True, swap_rows=8)
     assert c.rows == 8 and c.stages == configs.SWAP_AB_STAGES and c.units_per_sm == 2
     configs.check_smem(c)
+
+
+def test_choices_plan_for_the_named_machine():
+    """The rules take the SM count they plan for: B = 16 x 4k (128 units) fits one wave of one CTA
+    per SM on 132 SMs, not on 114; 4 splits of B = 8 x 4k (256 CTAs of 4 packed rows) swap
+    operands and take the one-wave stages in one wave of 2 x 132, not in the two waves of 2 x
+    100; and a launch's choice follows the rules unless a variant is named."""
+    from flashsplit.cute import choice
+
+    p = _problem(batch=16, device_type="cuda")
+    assert choice.one_cta_per_sm(p, 132) and not choice.one_cta_per_sm(p, 114)
+    assert choice.units_per_sm(p, 132) == 1 and choice.units_per_sm(p, 114) == 2
+    assert choice.choose(p, 1, 132) == choice.LaunchChoice(one_per_sm=True, one_wave=False, merge=False, swap=True)
+    small = _problem(batch=8, seqlen_k=4096, device_type="cuda")  # 4 packed rows, 64 CTAs per split
+    assert choice.choose(small, 4, 132) == choice.LaunchChoice(False, True, True, True)
+    assert choice.choose(small, 4, 100) == choice.LaunchChoice(False, False, True, False)  # two waves
+    assert choice.choose(small, 4, 132, one_wave=False, swap=False) == choice.LaunchChoice(False, False, True, False)
+    assert choice.choose(small, 4, 132, max_splits=1) == choice.LaunchChoice(False, False, False, True)
+    assert choice.choose(small, 4, 132, one_per_sm=True).one_wave is False
+    assert choice.kv_dtype_name(_problem(kv_dtype=torch.float8_e5m2)) == "float8_e5m2"
+    assert choice.kv_dtype_name(_problem()) == "same"
 
 
 def _one_per_sm(config) -> bool:
@@ -538,19 +526,16 @@ def _one_per_sm(config) -> bool:
 
 
 def _one_wave(config) -> bool:
-    """A configuration with ``ONE_WAVE_STAGES`` (test_one_wave_and_barrier_configs)."""
+    """A configuration with ``ONE_WAVE_STAGES`` (test_one_wave_configs)."""
     from flashsplit.cute import configs
 
     return (config.head_dim == 128 and config.units_per_sm == 2 and config.stages == configs.ONE_WAVE_STAGES
             and not config.staged and not config.swap_rows)
 
 
-def _wave_or_barriers(config) -> bool:
-    """A one-wave configuration, one of the K/V barrier layout that ``SPLIT_KV_BARRIERS`` does
-    not select (test_one_wave_and_barrier_configs), or a swapped-operand one (test_swap_rule)."""
-    from flashsplit.cute import configs
-
-    return _one_wave(config) or config.split_barriers != configs.SPLIT_KV_BARRIERS or config.swap_rows > 0
+def _wave_or_swap(config) -> bool:
+    """A one-wave configuration (test_one_wave_configs) or a swapped-operand one (test_swap_rule)."""
+    return _one_wave(config) or config.swap_rows > 0
 
 
 def configs_tile(head_dim):
@@ -570,7 +555,8 @@ def test_fp8_configs_keep_two_ctas_per_sm_up_to_d128():
 
 
 def test_import_does_not_import_cutlass():
-    code = "import sys, flashsplit.cute; assert 'cutlass' not in sys.modules"
+    code = ("import sys, flashsplit.cute, flashsplit.cute.choice, flashsplit.cute.launcher, "
+            "flashsplit.cute.launch_args; assert 'cutlass' not in sys.modules")
     import subprocess
 
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
@@ -594,37 +580,26 @@ def _problem(**overrides) -> DecodeProblem:
     (dict(page_size=128), "CUDA device"),
     (dict(page_size=256, head_dim=64), "CUDA device"),
     (dict(page_size=64, head_dim=256), "CUDA device"),
-    # Pages smaller than the tile (multiples of 8 dividing it): the sub-tile kernel (GPU-verified).
+    # Pages smaller than the tile (multiples of 8 dividing it): the sub-tile kernel.
     (dict(page_size=16), "CUDA device"),
+    (dict(page_size=8), "CUDA device"),
     (dict(page_size=8, head_dim=256), "CUDA device"),
+    (dict(page_size=32, head_dim=256), "CUDA device"),
     (dict(page_size=64, head_dim=64), "CUDA device"),
-    # Any other page size: the gathered-row kernel (GPU-verified).
+    # Any other page size: the gathered-row kernel.
     (dict(page_size=1), "CUDA device"),
     (dict(page_size=24), "CUDA device"),
     (dict(page_size=48, head_dim=64), "CUDA device"),
+    # fp8 caches: dense, whole-tile, sub-tile and gathered pages.
+    (dict(kv_dtype=torch.float8_e4m3fn), "CUDA device"),
+    (dict(kv_dtype=torch.float8_e5m2, dtype=torch.float16, head_dim=256), "CUDA device"),
     (dict(page_size=128, kv_dtype=torch.float8_e4m3fn), "CUDA device"),
     (dict(page_size=16, kv_dtype=torch.float8_e4m3fn), "CUDA device"),
-])
-def test_supports_reasons_on_cpu_problems(overrides, needle, cute_paged_enabled):
-    if not _HAS_CUTLASS and needle == "CUDA device":
-        needle = "not installed"
-    reason = CuteBackend().supports(_problem(**overrides))
-    assert reason is not None and needle in reason, reason
-
-
-@pytest.mark.parametrize("overrides,needle", [
-    (dict(page_size=8), "CUDA device"),
-    (dict(page_size=16), "CUDA device"),
-    (dict(page_size=32, head_dim=256), "CUDA device"),
-    (dict(page_size=64, head_dim=64), "CUDA device"),
     (dict(page_size=8, kv_dtype=torch.float8_e5m2), "CUDA device"),
-    (dict(page_size=24), "CUDA device"),  # gathered
+    (dict(kv_dtype=torch.float8_e5m2, page_size=96, head_dim=64), "CUDA device"),
+    (dict(kv_dtype=torch.float8_e4m3fn, head_dim=96), "head_dim 96"),
 ])
-def test_supports_subtile_pages_once_enabled(overrides, needle, cute_paged_enabled, cute_subtile_enabled,
-                                             monkeypatch):
-    from flashsplit.cute import configs
-
-    monkeypatch.setattr(configs, "FP8_VERIFIED_ON_GPU", True)
+def test_supports_reasons_on_cpu_problems(overrides, needle):
     if not _HAS_CUTLASS and needle == "CUDA device":
         needle = "not installed"
     reason = CuteBackend().supports(_problem(**overrides))
@@ -633,70 +608,12 @@ def test_supports_subtile_pages_once_enabled(overrides, needle, cute_paged_enabl
 
 @pytest.mark.parametrize("overrides", [dict(page_size=1), dict(page_size=24), dict(page_size=48, head_dim=64),
                                        dict(page_size=96), dict(page_size=3, kv_dtype=torch.float8_e4m3fn)])
-def test_supports_gathered_pages_once_enabled(overrides, cute_paged_enabled, cute_gather_enabled, monkeypatch):
-    """With the gathered-row kernel switched on, any page size passes the paged checks (then
-    fails only on the CPU device); auto still ranks such pages below Triton until timed."""
-    from flashsplit.cute import configs
-
-    monkeypatch.setattr(configs, "FP8_VERIFIED_ON_GPU", True)
+def test_gathered_pages_supported_but_ranked_below_triton(overrides):
+    """Any page size passes the paged checks (then fails only on the CPU device); auto ranks
+    gathered pages below Triton (measured slower)."""
     reason = CuteBackend().supports(_problem(**overrides))
     assert reason is not None and ("CUDA device" in reason or "not installed" in reason), reason
     assert selection.rule_for(_problem(**overrides)).name == "paged-gathered"
-
-
-@pytest.mark.parametrize("overrides,needle", [
-    (dict(page_size=1), "page_size 1: the cute kernel needs a multiple of its 64-key tile or one of (8, 16, 32)"),
-    (dict(page_size=4), "page_size 4"),
-    (dict(page_size=96), "page_size 96"),
-    (dict(page_size=48, head_dim=64), "multiple of its 128-key tile or one of (8, 16, 32, 64)"),
-    (dict(kv_dtype=torch.float8_e5m2, page_size=96, head_dim=64), "multiple of its 128-key tile"),
-])
-def test_gathered_pages_gate_refuses_them_when_off(overrides, needle, cute_paged_enabled, monkeypatch):
-    """Switching GATHER_PAGES_VERIFIED_ON_GPU off sends other page sizes back to Triton, with the reason."""
-    from flashsplit.cute import configs
-
-    monkeypatch.setattr(configs, "GATHER_PAGES_VERIFIED_ON_GPU", False)
-    reason = CuteBackend().supports(_problem(**overrides))
-    assert reason is not None and needle in reason and "not yet verified on a GPU" in reason, reason
-
-
-def test_subtile_pages_gate_refuses_them_when_off(monkeypatch):
-    from flashsplit.cute import configs
-
-    monkeypatch.setattr(configs, "SUBTILE_PAGES_VERIFIED_ON_GPU", False)
-    for page_size in (8, 16, 32):
-        reason = CuteBackend().supports(_problem(page_size=page_size))
-        assert reason is not None and "not yet verified on a GPU" in reason
-
-
-@pytest.mark.parametrize("overrides,needle", [
-    (dict(kv_dtype=torch.float8_e4m3fn), "CUDA device"),
-    (dict(kv_dtype=torch.float8_e5m2, dtype=torch.float16, head_dim=256), "CUDA device"),
-    (dict(kv_dtype=torch.float8_e4m3fn, page_size=128), "CUDA device"),
-    (dict(kv_dtype=torch.float8_e5m2, page_size=64, head_dim=64), "CUDA device"),  # sub-tile pages
-    (dict(kv_dtype=torch.float8_e5m2, page_size=96, head_dim=64), "CUDA device"),  # gathered pages
-    (dict(kv_dtype=torch.float8_e4m3fn, head_dim=96), "head_dim 96"),
-])
-def test_supports_fp8_once_enabled(overrides, needle, cute_paged_enabled, monkeypatch):
-    from flashsplit.cute import configs
-
-    monkeypatch.setattr(configs, "FP8_VERIFIED_ON_GPU", True)
-    if not _HAS_CUTLASS and needle == "CUDA device":
-        needle = "not installed"
-    reason = CuteBackend().supports(_problem(**overrides))
-    assert reason is not None and needle in reason, reason
-
-
-@pytest.mark.parametrize("flag, overrides", [("FP8_VERIFIED_ON_GPU", dict(kv_dtype=torch.float8_e4m3fn)),
-                                            ("PAGED_VERIFIED_ON_GPU", dict(page_size=128))])
-def test_unverified_cache_formats_stay_on_triton(flag, overrides, monkeypatch):
-    """Both formats passed on the H200; switching a flag off sends that format back to Triton."""
-    from flashsplit.cute import configs
-
-    assert getattr(configs, flag) is True
-    monkeypatch.setattr(configs, flag, False)
-    reason = CuteBackend().supports(_problem(**overrides))
-    assert reason is not None and "not yet verified on a GPU" in reason
 
 
 def test_supports_reason_without_cutlass(monkeypatch):
@@ -714,13 +631,11 @@ def test_launch_arguments(paged, fp8, page_size, monkeypatch):
     compiles cannot catch two Int32 sizes swapped): a paged launch passes the page size, page
     count, table width and row stride, and the capacity max_pages * page_size."""
     _arch_ok()  # import cutlass for sm_90a, as the compile tests do
-    import flashsplit.cute.backend as backend
     import flashsplit.cute.compile as compile_mod
     from flashsplit.cute.split_kernel import SplitKVDecodeKernel
 
     calls = []
     monkeypatch.setattr(compile_mod, "compile_split", lambda config: lambda *args: calls.append((config, args)))
-    monkeypatch.setattr(backend, "_stream", lambda: None)
     batch, heads, heads_kv, d = 3, 8, 2, 128
     q = torch.zeros(batch, 1, heads, d, dtype=torch.bfloat16)
     seqlens = torch.tensor([5, 300, 0], dtype=torch.int32)
@@ -756,6 +671,40 @@ def test_launch_arguments(paged, fp8, page_size, monkeypatch):
     if fp8:
         assert f"{k_descale.data_ptr():016x}" in str(got["k_descale_ptr"])
         assert f"{v_descale.data_ptr():016x}" in str(got["v_descale_ptr"])
+
+
+@needs_cutlass
+@pytest.mark.parametrize("kernel, schema", [("split", "SPLIT_ARGS"), ("combine", "COMBINE_ARGS")])
+def test_kernel_signatures_match_launch_schemas(kernel, schema):
+    """Each kernel's ``__call__`` takes its schema's arguments (flashsplit.cute.launch_args), in
+    order, with the annotation of each kind: what the compile placeholders, the raw tuple and
+    the fallback are built from is what the kernel declares."""
+    _arch_ok()
+    from flashsplit.cute import launch_args
+    from flashsplit.cute.combine_kernel import CombineKernel
+    from flashsplit.cute.split_kernel import SplitKVDecodeKernel
+
+    cls = {"split": SplitKVDecodeKernel, "combine": CombineKernel}[kernel]
+    params = [p for p in inspect.signature(cls.__call__).parameters.values() if p.name != "self"]
+    args = getattr(launch_args, schema)
+    assert [p.name for p in params] == [a.name for a in args]
+    annotation = {"ptr": "cute.Pointer", "i32": "Int32", "i64": "Int64", "f32": "Float32",
+                  "stream": inspect.Parameter.empty}
+    assert [p.annotation for p in params] == [annotation[a.kind] for a in args]
+    assert len(launch_args.static_names(args)) + sum(a.per_call for a in args) == len(args)
+
+
+def test_launch_packers_follow_the_schemas():
+    """The raw tuple a launch packs puts every per-call value and every static value at its
+    schema position, whatever order they are given in."""
+    from flashsplit.cute import launch_args
+
+    for args in (launch_args.SPLIT_ARGS, launch_args.COMBINE_ARGS):
+        static = launch_args.static_names(args)
+        calls = {a.name: 10_000 + i for i, a in enumerate(args) if a.per_call}
+        raw = launch_args.packer(args)(tuple(range(len(static))), **dict(reversed(calls.items())))
+        want = [calls[a.name] if a.per_call else static.index(a.name) for a in args]
+        assert list(raw) == want
 
 
 def test_backend_static_facts():
@@ -794,15 +743,6 @@ def test_auto_takes_the_backend_measured_fastest(overrides, winner, monkeypatch)
     assert why.startswith("auto: ")
 
 
-def test_auto_keeps_subtile_pages_on_triton_while_gated(monkeypatch):
-    """With the sub-tile kernel switched off (SUBTILE_PAGES_VERIFIED_ON_GPU False), auto sends
-    small pages to Triton with cute's reason instead of failing."""
-    from flashsplit.cute import configs
-
-    monkeypatch.setattr(configs, "SUBTILE_PAGES_VERIFIED_ON_GPU", False)
-    test_auto_takes_the_backend_measured_fastest(dict(page_size=16), "triton", monkeypatch)
-
-
 def _cute_reason_off_device(real, backend, problem):
     """cute's supports() with the no-GPU/no-cutlass reasons dropped (they end the checks)."""
     reason = real(backend, problem)
@@ -812,30 +752,18 @@ def _cute_reason_off_device(real, backend, problem):
 
 
 def test_fp16_operand_configs():
-    """fp16 wgmma operands are a compile key of fp8 caches with a bf16 q only; the dispatcher's
-    configurations take the operand type FP16_OPERANDS_VERIFIED_ON_GPU selects (fp16 since the
-    fifth session), and the compile check also builds the other one for every fp8 type and head
-    dim, dense, and for whole-tile, sub-tile and gathered pages."""
+    """fp16 wgmma operands are what every fp8 cache with a bf16 q compiles to; the compile check
+    builds them for every fp8 type and head dim, dense, and for whole-tile, sub-tile and gathered
+    pages; their 256 bytes of q row scales keep two CTAs per SM where the tile wants them."""
     from flashsplit.cute import configs
 
-    chosen = configs.FP16_OPERANDS_VERIFIED_ON_GPU
-    assert chosen  # verified on the H200 (fifth session)
-    assert all(c.fp16_operands == (chosen and c.fp8 and c.dtype == "bfloat16") for c in all_split_configs())
-    with pytest.raises(ValueError, match="fp16_operands: only for an fp8 cache with a bfloat16 q"):
-        configs.split_config("float16", 128, False, True, kv_dtype="float8_e4m3fn", fp16_operands=True)
-    with pytest.raises(ValueError, match="fp16_operands"):
-        configs.split_config("bfloat16", 128, False, True, fp16_operands=True)
-    dispatched = set(all_split_configs())
-    others = [c for c in compile_check_configs()
-              if c not in dispatched and not c.merge and not _one_per_sm(c) and c.skip_padding and not c.fp8_qk
-              and not _wave_or_barriers(c)]
-    assert all(c.fp8 and c.dtype == "bfloat16" and c.fp16_operands != chosen for c in others)
-    assert {(c.kv_dtype, c.head_dim) for c in others if not c.paged} == {
+    assert all(c.fp16_operands == (c.fp8 and c.dtype == "bfloat16") for c in all_split_configs())
+    checked = [c for c in compile_check_configs() if c.fp16_operands]
+    assert {(c.kv_dtype, c.head_dim) for c in checked if not c.paged} == {
         (kv, d) for kv in configs.KV_DTYPES[1:] for d in configs.HEAD_DIMS}
-    assert {(c.subtile_page > 0, c.gather_pages) for c in others if c.paged} == {
+    assert {(c.subtile_page > 0, c.gather_pages) for c in checked if c.paged} == {
         (False, False), (True, False), (False, True)}
-    for c in compile_check_configs():  # 256 bytes of row scales, still two CTAs per SM where the tile wants them
-        if c.fp16_operands and not c.fp8_qk:  # (fp8 Q K^T keeps its row scales either way)
-            plain = c.__class__(**{**c.__dict__, "fp16_operands": False})
-            assert c.smem_bytes == plain.smem_bytes + 256
-            configs.check_smem(c)
+    for c in checked:
+        as_fp16_q = c.__class__(**{**c.__dict__, "dtype": "float16"})  # same tile, no row scales
+        assert not as_fp16_q.fp16_operands and c.smem_bytes == as_fp16_q.smem_bytes + 256
+        configs.check_smem(c)

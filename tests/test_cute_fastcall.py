@@ -80,28 +80,31 @@ def test_fastcall_matches_library(which):
 
 
 def test_backend_style_split_arguments():
-    """The split launch exactly as backend.py builds it (its pointer alignments and types)."""
-    import cutlass
-    from cuda.bindings import driver
-    from cutlass import cute
-    from cutlass.cute.runtime import make_ptr
+    """The split launch's fallback arguments exactly as the backend builds them (the schema's
+    pointer element types and alignments: 16 and 4 bytes) reach the host function as the same
+    bytes through the library's call and through the launcher."""
+    import math
 
+    from flashsplit.cute import launch_args
+    from flashsplit.cute.configs import split_config
     from flashsplit.cute.fastcall import self_check
 
-    def p(addr, dtype, align=16):
-        return make_ptr(dtype, addr, cute.AddressSpace.gmem, assumed_align=align)
-
-    I32, I64, F32 = cutlass.Int32, cutlass.Int64, cutlass.Float32
-    bf16 = cutlass.BFloat16
+    elements = launch_args.split_elements(split_config("bfloat16", 128, False, True))
 
     def args(base, s):
-        return (p(base, bf16), p(base + 0x1000, bf16), p(base + 0x2000, bf16), p(base + 0x3000, F32),
-                p(base + 0x4004, F32, 4), p(base + 0x5008, I32, 4), p(base + 0x600C, I32, 4),
-                *(I32(s * i - 3) for i in range(9)), I64(-(2**40) - s), *(I64(s * 2**33 + i) for i in range(13)),
-                F32(0.1 * s * 1.4426950408889634), p(base + 0x7000, F32, 4), p(base + 0x8000, F32, 4),
-                *(I64(s + i) for i in range(4)),
-                p(base + 0x9000, bf16), p(base + 0xA004, F32, 4), p(base + 0xB008, I32, 4),  # merge: out, lse, counters
-                *(I64(s * 4096 + i) for i in range(3)), driver.CUstream(0x7F0012340000 + s))
+        raw = []
+        for i, a in enumerate(launch_args.SPLIT_ARGS):
+            if a.kind == "ptr":  # 4-byte aligned pointers off the 16-byte grid where the schema allows
+                raw.append(base + 0x1000 * (i + 1) + (4 * (1 + i % 3) if a.align == 4 else 0))
+            elif a.kind == "i32":
+                raw.append(s * i - 3)
+            elif a.kind == "i64":
+                raw.append(-(2**40) - s if i % 5 == 0 else s * 2**33 + i)
+            elif a.kind == "f32":
+                raw.append(0.1 * s * math.log2(math.e))
+            else:
+                raw.append(0x7F0012340000 + s)
+        return launch_args.cute_args(launch_args.SPLIT_ARGS, elements, raw)
 
     self_check(_split(), [args(0x7F0000000000, 1), args(0x7E0000001000, 7), args(0x10, 2**20)])
 
@@ -179,7 +182,7 @@ def test_first_launch_goes_through_library_then_binds():
     recorder = fastcall._capture_executor(compiled.execution_args, records, n, sizes)
     with compiled._executor_lock:
         saved = compiled._default_executor
-        compiled._default_executor = recorder  # stands in for the executor a GPU run creates
+        compiled._default_executor = recorder  # stands in for the executor a launch on a GPU creates
         try:
             launcher = fastcall.FastLauncher(compiled, sets[0])
             assert launcher._capi is None

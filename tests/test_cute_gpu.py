@@ -9,7 +9,8 @@ multiples of the KV tile: shuffled and shared pages, NaN in unused pages, garbag
 each row's last page, a block table rewritten between CUDA-graph replays), and fp8 caches
 (e4m3/e5m2 with a bf16/fp16 q, scalar and per-(row, KV head) descales, dense and paged).
 
-Run as a script for a small device-time benchmark: ``python tests/test_cute_gpu.py``.
+Run as a script for a small benchmark (device microseconds per call, CUDA-graph replay):
+``python tests/test_cute_gpu.py``; ``python tests/test_cute_gpu.py smoke`` prints errors only.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import math
 
 import pytest
 import torch
+
+from flashsplit.call import DecodeTensors
 
 from flashsplit.plan import split_bounds
 from flashsplit.reference import attention_ref, split_partials_ref
@@ -48,6 +51,37 @@ def _backend():
     return CuteBackend()
 
 
+def _decode(q, k, v, seqlens, num_splits, scale, causal, out, lse, block_table=None, k_descale=None,
+            v_descale=None, backend=None, **tile):
+    """What ``CuteBackend.decode`` runs (the two-CTA tile, merge and swapped operands as the rules
+    say), or with ``tile`` (``one_per_sm``, ``one_wave``, ``swap``) that kernel variant instead."""
+    from flashsplit.call import DecodeOptions, DecodeTensors
+    from flashsplit.cute import choice
+    from flashsplit.cute.launcher import PreparedCuteDecode
+    from flashsplit.validation import check_decode_inputs
+
+    backend = backend or _backend()
+    tensors = DecodeTensors(q, k, v, out, lse, seqlens, block_table, k_descale, v_descale)
+    problem = check_decode_inputs(tensors, DecodeOptions(causal=causal, num_splits=num_splits))
+    variant = choice.choose(problem, num_splits, problem.num_sms, backend.merge_max_splits,
+                            **{"one_per_sm": False, "one_wave": False, **tile})
+    PreparedCuteDecode(backend.launcher, variant, num_splits, scale, causal)(tensors)
+
+
+@pytest.fixture
+def merge_every_split_count(monkeypatch):
+    """Every launch of several splits merges in the split kernel's tail (no combine kernel):
+    ``CuteBackend.merge_max_splits`` = MAX_SPLITS; cached backend choices are dropped before and after."""
+    from flashsplit.cute.backend import CuteBackend
+    from flashsplit.plan import MAX_SPLITS
+    from flashsplit.registry import invalidate
+
+    monkeypatch.setattr(CuteBackend, "merge_max_splits", MAX_SPLITS)
+    invalidate()
+    yield
+    invalidate()
+
+
 def _cases():
     cases = []
     for head_dim in (64, 128, 256):
@@ -63,16 +97,21 @@ def _cases():
     return cases
 
 
-@pytest.mark.parametrize("case", _cases(), ids=str)
-def test_decode_matches_reference(case, **tile):
+def _decode_and_check(case, **tile):
+    """Decode ``case`` (NaN-poisoned outputs) with :func:`_decode`, against the reference."""
     torch.manual_seed(0)
     q, k, v, seqlens = make_inputs(case, "cuda")
     scale = 1.0 / math.sqrt(case.head_dim)
     out = torch.full_like(q, float("nan"))
     lse = torch.full((case.batch, case.num_heads, case.seqlen_q), float("nan"), device="cuda")
-    _backend().decode(q, k, v, seqlens, case.num_splits, scale, case.causal, out, lse, **tile)
+    _decode(q, k, v, seqlens, case.num_splits, scale, case.causal, out, lse, **tile)
     torch.cuda.synchronize()
     check_against_reference(out, lse, q, k, v, seqlens, case.causal, scale)
+
+
+@pytest.mark.parametrize("case", _cases(), ids=str)
+def test_decode_matches_reference(case):
+    _decode_and_check(case)
 
 
 # The one-CTA-per-SM tile (configs.ONE_PER_SM_TILE: dense 16-bit caches at d = 128, 3 stages).
@@ -80,7 +119,7 @@ def test_decode_matches_reference(case, **tile):
 def test_one_per_sm_decode_matches_reference(case):
     """The d = 128 decode matrix (1/3/5/17 splits, L_q 1-16, groups 1-8, empty rows, NaN tails,
     fp16, full length) on the one-CTA-per-SM tile; launches of <= 16 splits merge in its tail."""
-    test_decode_matches_reference(case, one_per_sm=True)
+    _decode_and_check(case, one_per_sm=True)
 
 
 def test_one_per_sm_cuda_graph_capture():
@@ -88,10 +127,10 @@ def test_one_per_sm_cuda_graph_capture():
     q, k, v, seqlens = make_inputs(case, "cuda")
     out = torch.empty_like(q)
     backend = _backend()
-    backend.decode(q, k, v, seqlens, 9, 0.1, False, out, None, one_per_sm=True)
+    _decode(q, k, v, seqlens, 9, 0.1, False, out, None, backend=backend, one_per_sm=True)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        backend.decode(q, k, v, seqlens, 9, 0.1, False, out, None, one_per_sm=True)
+        _decode(q, k, v, seqlens, 9, 0.1, False, out, None, backend=backend, one_per_sm=True)
     seqlens.copy_(torch.tensor([50, 3000], dtype=torch.int32))
     graph.replay()
     torch.cuda.synchronize()
@@ -171,7 +210,7 @@ def _paged_lengths(page_size: int) -> tuple[int, ...]:
 
 @pytest.mark.parametrize("head_dim,page_size", PAGED_CASES)
 @pytest.mark.parametrize("seqlen_q,group,causal,num_splits", [(1, 4, False, 1), (1, 5, False, 3), (4, 8, True, 17)])
-def test_paged_decode_matches_reference(head_dim, page_size, seqlen_q, group, causal, num_splits, cute_paged_enabled):
+def test_paged_decode_matches_reference(head_dim, page_size, seqlen_q, group, causal, num_splits):
     """Shuffled pages, a page shared by rows 0 and 1, NaN in every slot no row uses and garbage
     block_table entries (10^6) past each row's last page: none of them may reach the output."""
     from flashsplit.testing import to_paged
@@ -188,7 +227,7 @@ def test_paged_decode_matches_reference(head_dim, page_size, seqlen_q, group, ca
 
 
 @pytest.mark.parametrize("page_size", [64, 256])
-def test_paged_full_capacity_and_partials(page_size, cute_paged_enabled):
+def test_paged_full_capacity_and_partials(page_size):
     """cache_seqlens=None: every row spans max_pages * page_size keys; partials split by split."""
     from flashsplit.testing import to_paged
 
@@ -212,7 +251,7 @@ def test_paged_full_capacity_and_partials(page_size, cute_paged_enabled):
         assert not torch.isnan(got).any() and err < 3e-2, f"split {s}: max error {err:.3g}"
 
 
-def test_paged_compile_cache_and_graph_replay_with_new_table(cute_paged_enabled):
+def test_paged_compile_cache_and_graph_replay_with_new_table():
     """Page sizes and page counts are runtime values (one paged kernel per key), and a captured
     decode follows a block_table / cache_seqlens rewritten between replays (a serving step)."""
     _check_one_kernel_across_pages([(64, (300, 70), 1024), (128, (900, 5), 1024), (256, (1024, 0), 1024)], 128)
@@ -224,7 +263,7 @@ def _decode_paged_and_check(case, q, k, v, seqlens, k_pages, v_pages, table, num
     scale = 1.0 / math.sqrt(case.head_dim)
     out = torch.full_like(q, float("nan"))
     lse = torch.full((case.batch, case.num_heads, case.seqlen_q), float("nan"), device="cuda")
-    _backend().decode(q, k_pages, v_pages, seqlens, num_splits, scale, causal, out, lse, block_table=table, **tile)
+    _decode(q, k_pages, v_pages, seqlens, num_splits, scale, causal, out, lse, block_table=table, **tile)
     torch.cuda.synchronize()
     check_against_reference(out, lse, q, k, v, seqlens, causal, scale, what=what)
 
@@ -364,68 +403,11 @@ def smoke():
             traceback.print_exc(file=sys.stdout)
 
 
-def bench_variants():
-    """Check, then time, alternative tile configs for d = 128 and d = 64 (B = 1, 32/8 heads)."""
-    import flashsplit.cute.backend as backend_mod
-    from flashsplit.cute.configs import SplitConfig, split_config
-
-    variants = [(128, 64, 2, 2), (128, 64, 3, 2), (128, 64, 6, 1), (128, 128, 3, 1),
-                (64, 128, 3, 2), (64, 64, 6, 2), (64, 128, 6, 1)]
-    original = backend_mod.configs.split_config
-    for head_dim, tile_n, stages, units in variants:
-        def pick(dtype, hd, causal, write_partials, _v=(tile_n, stages, units)):
-            if hd != head_dim:
-                return split_config(dtype, hd, causal, write_partials)
-            return SplitConfig(dtype, hd, *_v[:2], causal, write_partials, _v[2])
-        backend_mod.configs.split_config = pick
-        try:
-            for case in (DecodeCase(5, 1, 1024, 2, 4, head_dim, torch.bfloat16, LENGTHS, 3),
-                         DecodeCase(5, 4, 1024, 2, 5, head_dim, torch.bfloat16, LENGTHS, 17, True)):
-                q, k, v, seqlens = make_inputs(case, "cuda")
-                out = torch.full_like(q, float("nan"))
-                _backend().decode(q, k, v, seqlens, case.num_splits, 0.1, case.causal, out, None)
-                check_against_reference(out, None, q, k, v, seqlens, case.causal, 0.1)
-            splits = (29, 32, 33) if units == 2 else (15, 16, 17, 32)
-            for row in bench(seqlen_k=131072, head_dim=head_dim, splits=splits):
-                print((tile_n, stages, units), "B=%d Lk=%d H=%d/%d d=%d splits=%d: %.1f us, %.2f TB/s" % row, flush=True)
-            for row in bench(seqlen_k=16384, head_dim=head_dim, splits=(0,)):
-                print((tile_n, stages, units), "B=%d Lk=%d H=%d/%d d=%d splits=%d: %.1f us, %.2f TB/s" % row, flush=True)
-        except Exception as exc:  # keep going: report every variant
-            print((head_dim, tile_n, stages, units), "FAILED", repr(exc)[:300], flush=True)
-        finally:
-            backend_mod.configs.split_config = original
-
-
-def bench_split_only(seqlen_k=131072, num_splits=32, reps=20):
-    """Device microseconds of the split kernel alone (forward_partials) vs decode (with combine)."""
-    backend = _backend()
-    q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, seqlen_k, 8, 128, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    seqlens = torch.full((1,), seqlen_k, dtype=torch.int32, device="cuda")
-    backend.forward_partials(q, k, v, seqlens, num_splits, 0.1, False)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            backend.forward_partials(q, k, v, seqlens, num_splits, 0.1, False)
-    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graph.replay()
-    t0.record()
-    graph.replay()
-    t1.record()
-    torch.cuda.synchronize()
-    print("split kernel alone, 128k, %d splits: %.1f us" % (num_splits, t0.elapsed_time(t1) * 1e3 / reps), flush=True)
-
-
 if __name__ == "__main__":
     import sys
 
     if sys.argv[1:] == ["smoke"]:
         smoke()
-        raise SystemExit
-    if sys.argv[1:] == ["variants"]:
-        bench_split_only()
-        bench_variants()
         raise SystemExit
     for args in (dict(seqlen_k=131072, splits=(0, 16, 32, 48, 66, 99)), dict(seqlen_k=16384, splits=(0, 16, 33)),
                  dict(seqlen_k=4096), dict(batch=4, seqlen_k=131072), dict(batch=16, seqlen_k=16384),
@@ -463,10 +445,7 @@ def _check_fp8(out, lse, q, k8, v8, k_descale, v_descale, seqlens, causal, scale
     check_against_reference(out, lse, q, k_ref, v_ref, seqlens, causal, scale, what=what)
 
 
-@pytest.mark.parametrize("head_dim,dtype,fp8,per_head,seqlen_q,group,causal", FP8_CASES, ids=str)
-@pytest.mark.parametrize("num_splits", [1, 3, 17])
-def test_fp8_decode_matches_reference(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits,
-                                      cute_fp8_enabled):
+def _decode_fp8_and_check(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits) -> None:
     """Dense fp8 K/V (NaN past each row's length, including the converted tail of the last
     tile), lengths 0/1/tile-1/tile+1/many, against attention over ``cache * descale``."""
     lengths = (0, 1, 63, 65, 127, 129, 1000)
@@ -481,9 +460,16 @@ def test_fp8_decode_matches_reference(head_dim, dtype, fp8, per_head, seqlen_q, 
     _check_fp8(out, lse, q, k8, v8, k_descale, v_descale, seqlens, causal, scale, f"fp8 {fp8} {case}")
 
 
+@pytest.mark.parametrize("head_dim,dtype,fp8,per_head,seqlen_q,group,causal", FP8_CASES, ids=str)
+@pytest.mark.parametrize("num_splits", [1, 3, 17])
+def test_fp8_decode_matches_reference(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits):
+    """e4m3/e5m2 with bf16 q (fp16 wgmma operands: q rows scaled by powers of two) and fp16 q."""
+    _decode_fp8_and_check(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits)
+
+
 @pytest.mark.parametrize("head_dim,page_size", [(128, 64), (64, 128), (256, 128)])
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
-def test_fp8_paged_decode_matches_reference(head_dim, page_size, fp8, cute_fp8_enabled, cute_paged_enabled):
+def test_fp8_paged_decode_matches_reference(head_dim, page_size, fp8):
     """Paged fp8 caches (shuffled and shared pages, NaN in unused pages, garbage page ids)."""
     lengths = (1000, 2 * page_size + 1, page_size - 1, 129, 1, 0)
     _decode_fp8_paged_and_check(head_dim, page_size, fp8, lengths, page_size, f"paged fp8 {page_size}")
@@ -505,24 +491,11 @@ def _decode_fp8_paged_and_check(head_dim, page_size, fp8, lengths, seed, what) -
     _check_fp8(out, None, q, k8, v8, k_descale, v_descale, seqlens, False, scale, what)
 
 
-# fp16 wgmma operands for fp8 caches with a bf16 q (configs.FP16_OPERANDS_VERIFIED_ON_GPU, off
-# until these pass on an H200; the fixture switches it on here).
-@pytest.mark.parametrize("head_dim,dtype,fp8,per_head,seqlen_q,group,causal",
-                         [c for c in FP8_CASES if c[1] == torch.bfloat16], ids=str)
-@pytest.mark.parametrize("num_splits", [1, 3, 17])
-def test_fp16_operands_fp8_decode_matches_reference(head_dim, dtype, fp8, per_head, seqlen_q, group, causal,
-                                                    num_splits, cute_fp8_enabled, cute_fp16_operands_enabled):
-    from flashsplit.cute.configs import split_config
-
-    assert split_config("bfloat16", head_dim, causal, num_splits > 1, kv_dtype=str(fp8)[6:]).fp16_operands
-    test_fp8_decode_matches_reference(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits,
-                                      cute_fp8_enabled)
-
-
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_fp16_operands_scale_q_rows_of_any_magnitude(head_dim, cute_fp8_enabled, cute_fp16_operands_enabled):
+def test_fp16_operands_scale_q_rows_of_any_magnitude(head_dim):
     """Rows of q far above and below 1 (2^12, 2^-12, beyond fp16's range unscaled: 3e5 * d^0.5
-    scores), and an all-zero row, through the per-row power-of-two scaling."""
+    scores), and an all-zero row, through the per-row power-of-two scaling of the fp16 operands
+    (bf16 q, e4m3 cache)."""
     case = DecodeCase(3, 2, 1024, 2, 4, head_dim, torch.bfloat16, (1024, 300, 65), 3)
     q, k8, v8, k_descale, v_descale, seqlens, _ = _fp8_inputs(case, torch.float8_e4m3fn, True, 7)
     q[:, :, 0] *= 4096.0
@@ -538,15 +511,14 @@ def test_fp16_operands_scale_q_rows_of_any_magnitude(head_dim, cute_fp8_enabled,
 
 
 @pytest.mark.parametrize("head_dim,page_size", [(128, 64), (128, 16), (64, 24), (256, 5)])
-def test_fp16_operands_fp8_paged(head_dim, page_size, cute_fp8_enabled, cute_paged_enabled,
-                                 cute_fp16_operands_enabled):
+def test_fp16_operands_fp8_paged(head_dim, page_size):
     """Whole-tile, sub-tile and gathered pages with fp16 operands (bf16 q, e4m3, per-head descales)."""
     lengths = (1000, 2 * page_size + 1, 129, 1, 0)
     _decode_fp8_paged_and_check(head_dim, page_size, torch.float8_e4m3fn, lengths, page_size + 11,
                                 f"fp16 operands, pages of {page_size}")
 
 
-def test_fp8_through_decode_api(cute_fp8_enabled):
+def test_fp8_through_decode_api():
     """``flashsplit.decode(backend="cute")`` on an fp8 cache, scalar descales, several splits."""
     import flashsplit
 
@@ -558,9 +530,7 @@ def test_fp8_through_decode_api(cute_fp8_enabled):
     _check_fp8(out, lse, q, k8, v8, k_descale, v_descale, seqlens, False, 1.0 / math.sqrt(128), "decode api")
 
 
-# Pages smaller than the KV tile (sub-tile paging: tile_n / P TMA boxes per K/V tile). These tests
-# verified the kernel behind configs.SUBTILE_PAGES_VERIFIED_ON_GPU (on since they passed on the
-# H200); the fixture keeps them running if the gate is switched off again.
+# Pages smaller than the KV tile (sub-tile paging: tile_n / P TMA boxes per K/V tile).
 SUBTILE_CASES = [(128, 8), (128, 16), (128, 32), (64, 8), (64, 16), (64, 32), (64, 64), (256, 8), (256, 16),
                  (256, 32)]
 
@@ -587,8 +557,7 @@ def _subtile_inputs(head_dim, page_size, seqlen_q, group, causal, num_splits, se
 
 @pytest.mark.parametrize("head_dim,page_size", SUBTILE_CASES)
 @pytest.mark.parametrize("seqlen_q,group,causal,num_splits", [(1, 4, False, 1), (1, 5, False, 3), (4, 8, True, 17)])
-def test_subtile_paged_decode_matches_reference(head_dim, page_size, seqlen_q, group, causal, num_splits,
-                                                cute_paged_enabled, cute_subtile_enabled):
+def test_subtile_paged_decode_matches_reference(head_dim, page_size, seqlen_q, group, causal, num_splits):
     """Pages of 8/16/32 (d=64 also 64) keys: shuffled pages, a page shared by rows 0 and 1, NaN
     in every slot no row uses and garbage block_table entries (10^6) past each row's last page."""
     case, q, k, v, seqlens, k_pages, v_pages, table = _subtile_inputs(
@@ -598,7 +567,7 @@ def test_subtile_paged_decode_matches_reference(head_dim, page_size, seqlen_q, g
 
 
 @pytest.mark.parametrize("head_dim,page_size", [(128, 8), (128, 32), (64, 16), (256, 16)])
-def test_subtile_paged_partials_split_by_split(head_dim, page_size, cute_paged_enabled, cute_subtile_enabled):
+def test_subtile_paged_partials_split_by_split(head_dim, page_size):
     case, q, k, v, seqlens, k_pages, v_pages, table = _subtile_inputs(head_dim, page_size, 1, 4, False, 17, 11)
     scale = 1.0 / math.sqrt(head_dim)
     out_p, lse_p = _backend().forward_partials(q, k_pages, v_pages, seqlens, 17, scale, False, block_table=table)
@@ -613,7 +582,7 @@ def test_subtile_paged_partials_split_by_split(head_dim, page_size, cute_paged_e
 
 
 @pytest.mark.parametrize("page_size", [8, 16, 32])
-def test_subtile_paged_narrow_table_full_capacity(page_size, cute_paged_enabled, cute_subtile_enabled):
+def test_subtile_paged_narrow_table_full_capacity(page_size):
     """A block table exactly as wide as the longest row's pages (its last tile is partial, so a
     kernel reading entries of boxes past the row's end would read past the table), the long row
     last in memory; and cache_seqlens=None (every row spans the table)."""
@@ -649,8 +618,7 @@ def test_subtile_paged_narrow_table_full_capacity(page_size, cute_paged_enabled,
     pytest.param(64, 48, id="gather-64-48"), pytest.param(256, 7, id="gather-256-7"),
 ])
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
-def test_small_page_fp8_paged_decode_matches_reference(head_dim, page_size, fp8, cute_fp8_enabled, cute_paged_enabled,
-                                                       cute_subtile_enabled, cute_gather_enabled):
+def test_small_page_fp8_paged_decode_matches_reference(head_dim, page_size, fp8):
     """fp8 caches with pages smaller than the tile: sub-boxes (8/16/32 keys) or gathered rows
     (any other size) into the fp8 staging slots."""
     from flashsplit.cute.configs import split_tile
@@ -659,13 +627,13 @@ def test_small_page_fp8_paged_decode_matches_reference(head_dim, page_size, fp8,
     _decode_fp8_paged_and_check(head_dim, page_size, fp8, lengths, page_size + head_dim, f"fp8 pages of {page_size}")
 
 
-def test_subtile_compile_cache_and_graph_replay_with_new_table(cute_paged_enabled, cute_subtile_enabled):
+def test_subtile_compile_cache_and_graph_replay_with_new_table():
     """One kernel per sub-tile page size (page counts stay runtime values), and a captured decode
     follows a block_table / cache_seqlens rewritten between replays."""
     _check_one_kernel_across_pages([(16, (300, 70), 512), (16, (900, 5), 1024), (16, (1024, 0), 2048)], 8)
 
 
-def test_subtile_through_decode_api(cute_paged_enabled, cute_subtile_enabled):
+def test_subtile_through_decode_api():
     """``flashsplit.decode(backend="cute")`` on 16-key pages."""
     import flashsplit
     from flashsplit.testing import to_paged
@@ -682,8 +650,7 @@ def test_subtile_through_decode_api(cute_paged_enabled, cute_subtile_enabled):
 
 
 # Pages the cute kernel gathers row by row (neither whole-tile nor sub-tile sizes: one bulk copy
-# per key row into the staging slots). Until these pass on an H200, configs.
-# GATHER_PAGES_VERIFIED_ON_GPU keeps such pages on Triton; the fixture switches it on here.
+# per key row into the staging slots).
 GATHER_CASES = [(128, 1), (128, 3), (128, 24), (128, 48), (128, 96), (64, 5), (64, 48), (64, 200), (256, 7),
                 (256, 40)]
 
@@ -691,8 +658,7 @@ GATHER_CASES = [(128, 1), (128, 3), (128, 24), (128, 48), (128, 96), (64, 5), (6
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim,page_size", GATHER_CASES)
 @pytest.mark.parametrize("seqlen_q,group,causal,num_splits", [(1, 4, False, 1), (1, 5, False, 3), (4, 8, True, 17)])
-def test_gather_paged_decode_matches_reference(dtype, head_dim, page_size, seqlen_q, group, causal, num_splits,
-                                               cute_paged_enabled, cute_gather_enabled):
+def test_gather_paged_decode_matches_reference(dtype, head_dim, page_size, seqlen_q, group, causal, num_splits):
     """Shuffled pages of any size, a page shared by rows 0 and 1, NaN in every slot no row uses
     and garbage block_table entries (10^6) past each row's last page."""
     case, q, k, v, seqlens, k_pages, v_pages, table = _subtile_inputs(
@@ -701,32 +667,32 @@ def test_gather_paged_decode_matches_reference(dtype, head_dim, page_size, seqle
                             f"gathered paged {page_size} {case}")
 
 
-def test_gather_one_kernel_for_every_page_size_and_graph_replay(cute_paged_enabled, cute_gather_enabled):
+def test_gather_one_kernel_for_every_page_size_and_graph_replay():
     """The gathered kernel's page size is a runtime value (pages of 1, 3, 24 and 48 share one
     compiled kernel), and a captured decode follows a rewritten block table."""
     _check_one_kernel_across_pages([(p, (700, 65), 1024) for p in (1, 3, 24, 48)], 5)
 
 
-# The split kernel's last-CTA merge (configs.MERGE_VERIFIED_ON_GPU, off until these pass on an
-# H200; the fixture switches it on): every launch of several splits below is one kernel.
+# The split kernel's last-CTA merge: launches of 2..CuteBackend.merge_max_splits splits merge
+# by default; merge_every_split_count makes every launch of several splits below one kernel.
 @pytest.mark.parametrize("case", [c for c in _cases() if c.num_splits > 1], ids=str)
-def test_merge_decode_matches_reference(case, cute_merge_enabled):
+def test_merge_decode_matches_reference(case, merge_every_split_count):
     """The decode matrix with 3, 5 and 17 splits: empty rows and empty splits (lengths 0/1),
     1-128 packed rows per KV head (one warp merges rows w, w + 4, ...; two row tiles at 16 x 8)."""
-    test_decode_matches_reference(case)
+    _decode_and_check(case)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("num_splits", [32, 64, 256])
-def test_merge_many_splits(head_dim, num_splits, cute_merge_enabled):
+def test_merge_many_splits(head_dim, num_splits, merge_every_split_count):
     """Split counts past one register chunk (d = 128: 16 splits a round trip) and past the 32
     LSEs a lane holds per register; the longest row fills all 256 splits of 128 keys."""
     lengths = (32768, 5000, 129)
     case = DecodeCase(len(lengths), 1, 32768, 2, 4, head_dim, torch.bfloat16, lengths, num_splits)
-    test_decode_matches_reference(case)
+    _decode_and_check(case)
 
 
-def test_merge_counters_reset_between_calls_and_streams(cute_merge_enabled):
+def test_merge_counters_reset_between_calls_and_streams():
     """The last CTA sets each arrival counter back to 0: back-to-back calls (new inputs, other
     split counts, another stream) all match the reference."""
     backend = _backend()
@@ -741,26 +707,20 @@ def test_merge_counters_reset_between_calls_and_streams(cute_merge_enabled):
         check_against_reference(out, None, q, k, v, seqlens, False, 0.1, what=f"call {i}")
 
 
-def test_merge_cuda_graph_capture(cute_merge_enabled):
-    test_cuda_graph_capture()
-
-
 @pytest.mark.parametrize("head_dim,dtype,fp8,per_head,seqlen_q,group,causal", FP8_CASES[:4], ids=str)
 @pytest.mark.parametrize("num_splits", [3, 17])
-def test_merge_fp8(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits, cute_fp8_enabled,
-                   cute_merge_enabled):
-    test_fp8_decode_matches_reference(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits,
-                                      cute_fp8_enabled)
+def test_merge_fp8(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits, merge_every_split_count):
+    _decode_fp8_and_check(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits)
 
 
 @pytest.mark.parametrize("page_size", [128, 16, 48])
-def test_merge_paged(page_size, cute_paged_enabled, cute_merge_enabled):
+def test_merge_paged(page_size, merge_every_split_count):
     """Whole-tile, sub-tile and gathered pages with the merge (17 splits, 4 x 8 packed rows)."""
     case, q, k, v, seqlens, k_pages, v_pages, table = _subtile_inputs(128, page_size, 4, 8, True, 17, page_size)
     _decode_paged_and_check(case, q, k, v, seqlens, k_pages, v_pages, table, 17, True, f"merged pages of {page_size}")
 
 
-def test_merge_through_decode_api(cute_merge_enabled):
+def test_merge_through_decode_api(merge_every_split_count):
     """flashsplit.decode(backend="cute") with the heuristic's split count (B = 1, 32 splits at 8k
     keys for 8 KV heads) and lse returned."""
     import flashsplit
@@ -775,40 +735,10 @@ def test_merge_through_decode_api(cute_merge_enabled):
     check_against_reference(out, lse, q, k, v, None, False, 1.0 / math.sqrt(128))
 
 
-# e4m3 Q K^T from the TMA'd fp8 K stage, q as three e4m3 terms (configs.FP8_QK_VERIFIED_ON_GPU: off,
-# see configs; the fixture switches it on for e4m3 caches). Sixth session, H200: 19 of these 21 passed.
-@pytest.mark.parametrize("head_dim,dtype,fp8,per_head,seqlen_q,group,causal",
-                         [c for c in FP8_CASES if c[2] == torch.float8_e4m3fn], ids=str)
-@pytest.mark.parametrize("num_splits", [1, 3, 17])
-def test_fp8_qk_decode_matches_reference(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits,
-                                         cute_fp8_enabled, cute_fp8_qk_enabled):
-    """e4m3 caches with NaN tails (the S wgmma multiplies them: masked by selection), lengths
-    0/1/63/65/127/129/1000, bf16 and fp16 q, scalar and per-head descales."""
-    test_fp8_decode_matches_reference(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits,
-                                      cute_fp8_enabled)
-
-
-@pytest.mark.xfail(reason="H200, sixth session: at d = 64 and 256 the LSE of a q row of 3e5 (scores ~1e4) was 1e-3 "
-                          "to 2.4e-3 off in relative terms (three e4m3 q terms); d = 128 passed", strict=False)
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_fp8_qk_scales_q_rows_of_any_magnitude(head_dim, cute_fp8_enabled, cute_fp16_operands_enabled,
-                                               cute_fp8_qk_enabled):
-    """q rows of 2^12, 2^-12, 3e5 and 0 through the e4m3 terms' power-of-two row scaling."""
-    test_fp16_operands_scale_q_rows_of_any_magnitude(head_dim, cute_fp8_enabled, cute_fp16_operands_enabled)
-
-
-@pytest.mark.parametrize("head_dim,page_size", [(128, 64), (64, 128), (256, 128)])
-def test_fp8_qk_paged(head_dim, page_size, cute_fp8_enabled, cute_paged_enabled, cute_fp8_qk_enabled):
-    """Whole-tile pages (shuffled, shared, NaN in unused pages, garbage ids past each row)."""
-    _decode_fp8_paged_and_check(head_dim, page_size, torch.float8_e4m3fn, (1000, 2 * page_size + 1, 129, 1, 0),
-                                page_size + 5, f"fp8 Q K^T, pages of {page_size}")
-
-
-# The one-CTA-per-SM tile over TMA pages (configs.ONE_PER_SM_PAGED_VERIFIED_ON_GPU: verified with
-# these on an H200 in the sixth session; the rule takes such pages since).
+# The one-CTA-per-SM tile over TMA pages (whole-tile and sub-tile).
 @pytest.mark.parametrize("page_size", [128, 64, 16, 8])
 @pytest.mark.parametrize("seqlen_q,group,causal,num_splits", [(1, 4, False, 1), (1, 5, False, 3), (4, 8, True, 17)])
-def test_one_per_sm_paged(page_size, seqlen_q, group, causal, num_splits, cute_paged_enabled):
+def test_one_per_sm_paged(page_size, seqlen_q, group, causal, num_splits):
     case, q, k, v, seqlens, k_pages, v_pages, table = _subtile_inputs(128, page_size, seqlen_q, group, causal,
                                                                       num_splits, page_size + num_splits)
     _decode_paged_and_check(case, q, k, v, seqlens, k_pages, v_pages, table, num_splits, causal,
@@ -816,32 +746,35 @@ def test_one_per_sm_paged(page_size, seqlen_q, group, causal, num_splits, cute_p
 
 
 # Three stages for merging launches in one wave (configs.ONE_WAVE_STAGES; the rule in
-# CuteBackend.one_wave_merge): the d = 128 matrix's merging launches (3 and 5 splits: empty
+# choice.one_wave_merge): the d = 128 matrix's merging launches (3 and 5 splits: empty
 # splits and rows, partial last tiles of 1/127/129 keys, L_q 1-16, groups 1-8) on that kernel.
 @pytest.mark.parametrize("case", [c for c in _cases() if c.head_dim == 128 and 1 < c.num_splits <= 16], ids=str)
 def test_one_wave_decode_matches_reference(case):
-    test_decode_matches_reference(case, one_wave=True)
+    _decode_and_check(case, one_wave=True)
 
 
 def test_one_wave_through_prepare_and_graph_replay():
     """B = 4, 8 KV heads, 4k keys: the plan's 8 splits (256 CTAs) take the 3-stage kernel; a
     captured decode follows new cache_seqlens (NaN past each row's longest length)."""
     import flashsplit
-    from flashsplit.cute.backend import CuteBackend, _planned_split
+    from flashsplit.cute import choice
+    from flashsplit.cute.backend import CuteBackend
+    from flashsplit.plan import device_num_sms
 
     case = DecodeCase(4, 1, 4096, 8, 4, 128, torch.bfloat16, (4000, 3000, 129, 1), 0)
     problem = case.problem()
     backend = CuteBackend()
-    splits = _planned_split(problem, problem.work_units(64), backend.units_per_sm(problem))[0]
-    assert splits == 8 and backend.one_wave_merge(problem, splits)
+    num_sms = device_num_sms("cuda")
+    splits = choice.planned_split(problem, problem.work_units(64), backend.units_per_sm(problem), num_sms)[0]
+    assert splits == 8 and choice.one_wave_merge(problem, splits, num_sms)
     q, k, v, seqlens = make_inputs(case, "cuda", torch.Generator().manual_seed(3))
-    prepared = backend.prepare(problem, splits, 0.1, False)
-    assert prepared.one_wave and prepared.merge
+    prepared = backend.prepare(problem, splits, 0.1)
+    assert prepared.tile.one_wave and prepared.tile.merge
     out = torch.full_like(q, float("nan"))
-    prepared(q, k, v, seqlens, None, None, None, out, None)
+    prepared(DecodeTensors(q, k, v, out, None, seqlens))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        prepared(q, k, v, seqlens, None, None, None, out, None)
+        prepared(DecodeTensors(q, k, v, out, None, seqlens))
     for lengths in ((4000, 3000, 129, 1), (1, 0, 128, 1), (3999, 2999, 0, 0)):
         seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
         out.fill_(float("nan"))
@@ -853,41 +786,6 @@ def test_one_wave_through_prepare_and_graph_replay():
     check_against_reference(out2, None, q, k, v, seqlens, False, 1.0 / math.sqrt(128))
 
 
-@pytest.fixture
-def cute_other_barriers(monkeypatch):
-    """The K/V barrier layout ``configs.SPLIT_KV_BARRIERS`` does not select (one full/empty pair
-    per K+V stage, or one each for K and V)."""
-    from flashsplit.cute import configs
-    from flashsplit.cute.backend import CuteBackend
-
-    monkeypatch.setattr(CuteBackend, "split_barriers", not configs.SPLIT_KV_BARRIERS)
-
-
-@pytest.mark.parametrize("case", _cases(), ids=str)
-def test_other_barriers_decode_matches_reference(case, cute_other_barriers):
-    test_decode_matches_reference(case)
-
-
-@pytest.mark.parametrize("case", [c for c in _cases() if c.head_dim == 128 and c.num_splits > 1][:6], ids=str)
-def test_other_barriers_one_wave_and_one_per_sm_tiles(case, cute_other_barriers):
-    test_decode_matches_reference(case, one_wave=True)
-    test_decode_matches_reference(case, one_per_sm=True)
-
-
-@pytest.mark.parametrize("page_size", [128, 64, 16, 8])
-@pytest.mark.parametrize("seqlen_q,group,causal,num_splits", [(1, 5, False, 3), (4, 8, True, 17)])
-def test_other_barriers_paged(page_size, seqlen_q, group, causal, num_splits, cute_paged_enabled, cute_other_barriers):
-    """Whole-tile and sub-tile pages (K boxes and V boxes on barriers of their own)."""
-    case, q, k, v, seqlens, k_pages, v_pages, table = _subtile_inputs(128, page_size, seqlen_q, group, causal,
-                                                                      num_splits, page_size + num_splits + 1)
-    _decode_paged_and_check(case, q, k, v, seqlens, k_pages, v_pages, table, num_splits, causal,
-                            f"other barriers, pages of {page_size}")
-
-
-def test_other_barriers_cuda_graph_capture(cute_other_barriers):
-    test_cuda_graph_capture()
-
-
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("num_splits", [32, 33, 64, 256])
 def test_combine_many_splits(head_dim, num_splits):
@@ -895,28 +793,11 @@ def test_combine_many_splits(head_dim, num_splits):
     d = 64): further chunks, and LSEs past one register per lane; empty rows and splits."""
     lengths = (32768, 5000, 129, 0)
     case = DecodeCase(len(lengths), 1, 32768, 2, 4, head_dim, torch.bfloat16, lengths, num_splits)
-    test_decode_matches_reference(case)
+    _decode_and_check(case)
 
 
-# Swapped operands for 1-8 packed rows (configs.SplitConfig.swap_rows: S^T = K Q^T, O^T = V^T P^T).
-@pytest.fixture
-def cute_swap(monkeypatch):
-    """The swapped-operand kernel wherever ``configs.swap_ab_applies`` (whatever
-    ``SWAP_AB_VERIFIED_ON_GPU`` says)."""
-    from flashsplit.cute.backend import CuteBackend
-
-    monkeypatch.setattr(CuteBackend, "swap_ab", True)
-
-
-@pytest.fixture
-def cute_other_rows(monkeypatch):
-    """The row tile ``configs.SWAP_AB_VERIFIED_ON_GPU`` does not select for 1-8 packed rows."""
-    from flashsplit.cute import configs
-    from flashsplit.cute.backend import CuteBackend
-
-    monkeypatch.setattr(CuteBackend, "swap_ab", not configs.SWAP_AB_VERIFIED_ON_GPU)
-
-
+# Swapped operands for 1-8 packed rows (configs.SplitConfig.swap_rows: S^T = K Q^T, O^T = V^T P^T),
+# which the launches below take where choice.swaps (one wave) says.
 def _swap_cases():
     """1-8 packed rows (L_q x group): one query with groups 1/4/5/8, causal L_q 2-8 with groups
     1-4 (bottom-right masks differ per column), every head dim, 1/3/17 splits, the shared
@@ -934,19 +815,19 @@ def _swap_cases():
 
 
 @pytest.mark.parametrize("case", _swap_cases(), ids=str)
-def test_swap_decode_matches_reference(case, cute_swap):
-    test_decode_matches_reference(case)
+def test_swap_decode_matches_reference(case):
+    _decode_and_check(case)
 
 
 @pytest.mark.parametrize("case", [c for c in _swap_cases() if c.head_dim == 128 and c.num_splits > 1][:6], ids=str)
-def test_swap_one_wave_and_one_per_sm_tiles(case, cute_swap):
-    test_decode_matches_reference(case, one_wave=True)
-    test_decode_matches_reference(case, one_per_sm=True)
+def test_swap_one_wave_and_one_per_sm_tiles(case):
+    _decode_and_check(case, one_wave=True)
+    _decode_and_check(case, one_per_sm=True)
 
 
 @pytest.mark.parametrize("head_dim,page_size", [(128, 128), (128, 64), (128, 16), (128, 8), (64, 128), (256, 16)])
 @pytest.mark.parametrize("seqlen_q,group,causal,num_splits", [(1, 5, False, 3), (2, 4, True, 17)])
-def test_swap_paged(head_dim, page_size, seqlen_q, group, causal, num_splits, cute_paged_enabled, cute_swap):
+def test_swap_paged(head_dim, page_size, seqlen_q, group, causal, num_splits):
     """Whole-tile and sub-tile pages under the swapped-operand consumer."""
     case, q, k, v, seqlens, k_pages, v_pages, table = _subtile_inputs(head_dim, page_size, seqlen_q, group, causal,
                                                                       num_splits, page_size + num_splits + 2)
@@ -954,10 +835,7 @@ def test_swap_paged(head_dim, page_size, seqlen_q, group, causal, num_splits, cu
                             f"swapped operands, pages of {page_size}")
 
 
-def test_swap_cuda_graph_capture(cute_swap):
-    test_cuda_graph_capture()
-
-
 @pytest.mark.parametrize("case", [c for c in _cases() if c.seqlen_q * c.group <= 8], ids=str)
-def test_other_rows_decode_matches_reference(case, cute_other_rows):
-    test_decode_matches_reference(case)
+def test_64_row_kernel_for_few_rows(case):
+    """1-8 packed rows on the 64-row kernel (what launches of several waves run)."""
+    _decode_and_check(case, swap=False)

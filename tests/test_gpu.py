@@ -172,7 +172,7 @@ def test_mix_and_match_combines(producer, merger, generator):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("page_size", [1, 16, 48, 64, 128, 256])
 @pytest.mark.parametrize("fp8", [None, torch.float8_e4m3fn, torch.float8_e5m2])
-def test_paged_and_fp8_matrix(backend, page_size, fp8, generator, cute_paged_enabled, cute_fp8_enabled):
+def test_paged_and_fp8_matrix(backend, page_size, fp8, generator):
     from flashsplit.reference import dequantize
     from flashsplit.testing import quantize_fp8, to_paged
 

@@ -306,12 +306,13 @@ def test_prepared_cute_launches_with_workspace_addresses(num_splits, with_lse, m
     """PreparedCuteDecode computes the static launch arguments once, then passes each launch the
     tensors' addresses, the partials at the workspace's base and after the S x rows x D outputs,
     and (no lse asked for) an lse scratch after the partial LSEs. With the in-kernel merge
-    (``configs.MERGE_VERIFIED_ON_GPU``) a launch of several splits is one split-kernel launch
-    that also gets ``out``, the lse and zeroed arrival counters; otherwise the combine follows.
-    Fakes stand in for the compiled kernels (no cutlass launch on the CPU)."""
-    from flashsplit.cute import backend as cute_backend, configs
+    (``CuteBackend.merge_max_splits`` >= the splits) a launch of several splits is one split-kernel
+    launch that also gets ``out``, the lse and zeroed arrival counters; otherwise the combine
+    follows. Fakes stand in for the compiled kernels (no cutlass launch on the CPU)."""
+    from flashsplit.cute import backend as cute_backend, launch_args, launcher as cute_launcher
+    from flashsplit.validation import check_decode_inputs
 
-    monkeypatch.setattr(configs, "MERGE_VERIFIED_ON_GPU", merge)
+    monkeypatch.setattr(cute_backend.CuteBackend, "merge_max_splits", 16 if merge else 1)
     backend = cute_backend.CuteBackend()
     q, k, v = _inputs(generator, batch=2, heads=(8, 2), dim=32)
     lens = torch.tensor([300, 9], dtype=torch.int32, device=DEVICE)
@@ -320,24 +321,24 @@ def test_prepared_cute_launches_with_workspace_addresses(num_splits, with_lse, m
     setups, launches, bases, counters = [], [], [], []
 
     def split_launch(self, q_, k_, v_, seqlens, table, splits, scale, causal, o, lse_, partials, kd, vd, out_=None,
-                     one_per_sm=False, one_wave=False):
+                     one_per_sm=False, one_wave=False, swap=False):
         setups.append(("split", o.shape, lse_.shape, partials, out_ is out))
-        strides = (0, 0, 0) if out_ is None else out_.stride()[:3]
-        return cute_backend._SplitLaunch("split-kernel", (7,), (0, 0, 0, 0), strides, None, partials, q.dtype,
-                                         k.dtype)
+        static = {name: 7 for name in launch_args.static_names(launch_args.SPLIT_ARGS)}
+        return cute_launcher.SplitLaunch("split-kernel", static, {}, None)
 
     def combine_launch(self, out_partial, lse_partial, out_):
         setups.append(("combine", out_partial.shape, lse_partial.shape))
-        return "combine-kernel", (11, 12)
+        static = {name: 11 for name in launch_args.static_names(launch_args.COMBINE_ARGS)}
+        return cute_launcher.CombineLaunch("combine-kernel", static, {})
 
-    monkeypatch.setattr(cute_backend.CuteBackend, "_split_launch", split_launch)
-    monkeypatch.setattr(cute_backend.CuteBackend, "_combine_launch", combine_launch)
-    monkeypatch.setattr(cute_backend, "_run", lambda kernel, raw, library_args: launches.append((kernel, raw)))
-    _record_workspace(backend._workspace, bases, monkeypatch)
-    real_counters = backend._arrivals.get
-    monkeypatch.setattr(backend._arrivals, "get", lambda *a: counters.append(real_counters(*a)) or counters[-1])
-    problem = DecodeProblem(batch=2, seqlen_q=1, seqlen_k=k.shape[1], num_heads=8, num_heads_kv=2, head_dim=32,
-                            dtype=q.dtype, causal=False, has_cache_seqlens=True, device_type=q.device.type)
+    monkeypatch.setattr(cute_launcher.CuteLauncher, "split_launch", split_launch)
+    monkeypatch.setattr(cute_launcher.CuteLauncher, "combine_launch", combine_launch)
+    monkeypatch.setattr(cute_launcher, "_run", lambda kernel, raw, library_args: launches.append((kernel, raw)))
+    _record_workspace(backend.launcher.workspace, bases, monkeypatch)
+    real_counters = backend.launcher.arrivals.get
+    monkeypatch.setattr(backend.launcher.arrivals, "get",
+                        lambda *a: counters.append(real_counters(*a)) or counters[-1])
+    problem = check_decode_inputs(DecodeTensors(q, k, v, out, None, lens), DecodeOptions(num_splits=num_splits))
     prepared = backend.prepare(problem, num_splits, 0.2)
     for _ in range(2):  # the second call reuses the static arguments
         prepared(DecodeTensors(q, k, v, out, lse, lens))
@@ -356,22 +357,27 @@ def test_prepared_cute_launches_with_workspace_addresses(num_splits, with_lse, m
     lp = op + partial_rows * 32 * 4
     lse_ptr = lse.data_ptr() if with_lse else lp + partial_rows * 4
     seqlens = lens.data_ptr()
-    # raw: q, k, v, o, lse, seqlens, table (seqlens when dense), sizes, 2 descales (lse when none),
-    # their strides, the merge's out / lse / counters (o / lse / lse when not merging) and out strides, stream
+    # The split launch: the table is seqlens when dense, the descales lse when none, the merge's
+    # out / lse / counters o / lse / lse when not merging; every static argument the launch's (7).
     o_ptr, l_ptr = (op, lp) if num_splits > 1 else (out.data_ptr(), lse_ptr)
     if merged:
         assert len(counters) == 2 and counters[0].numel() >= rows and not counters[0].any()
-        merge_args = (out.data_ptr(), lse_ptr, counters[-1].data_ptr(), *out.stride()[:3])
+        merge_args = (out.data_ptr(), lse_ptr, counters[-1].data_ptr())
     else:
         assert counters == []
-        merge_args = (o_ptr, l_ptr, l_ptr, 0, 0, 0)
-    split_raw = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o_ptr, l_ptr, seqlens, seqlens, 7, l_ptr, l_ptr,
-                 0, 0, 0, 0, *merge_args, 0)
-    expected = [("split-kernel", split_raw)]
+        merge_args = (o_ptr, l_ptr, l_ptr)
+    split_raw = dict(q_ptr=q.data_ptr(), k_ptr=k.data_ptr(), v_ptr=v.data_ptr(), o_ptr=o_ptr, lse_ptr=l_ptr,
+                     seqlens_ptr=seqlens, block_table_ptr=seqlens, k_descale_ptr=l_ptr, v_descale_ptr=l_ptr,
+                     **dict(zip(("out_ptr", "out_lse_ptr", "arrivals_ptr"), merge_args)), stream=0)
+    expected = [("split-kernel", launch_args.SPLIT_ARGS, split_raw, 7)]
     if num_splits > 1 and not merged:
-        expected.append(("combine-kernel", (op, lp, out.data_ptr(), lse_ptr, 11, 12, 0)))
-    assert launches[-len(expected):] == expected
+        combine_raw = dict(op_ptr=op, lp_ptr=lp, o_ptr=out.data_ptr(), lse_ptr=lse_ptr, stream=0)
+        expected.append(("combine-kernel", launch_args.COMBINE_ARGS, combine_raw, 11))
     assert len(launches) == 2 * len(expected)
+    for (kernel, raw), (want_kernel, schema, per_call, static) in zip(launches[-len(expected):], expected):
+        assert kernel == want_kernel
+        assert dict(zip([a.name for a in schema], raw)) == {a.name: per_call[a.name] if a.per_call else static
+                                                           for a in schema}
 
 
 @pytest.mark.parametrize("batch, seqlen_k, deep", [(16, 4096, True), (64, 4096, False)])
@@ -383,19 +389,20 @@ def test_prepared_cute_takes_the_planned_tile(batch, seqlen_k, deep, monkeypatch
 
     problem = DecodeProblem(batch=batch, seqlen_q=1, seqlen_k=seqlen_k, num_heads=32, num_heads_kv=8, head_dim=128,
                             dtype=torch.bfloat16, causal=False, has_cache_seqlens=True, device_type="cuda")
+    from flashsplit.cute import choice, launcher as cute_launcher
+
     backend = cute_backend.CuteBackend()
-    assert backend.one_cta_per_sm(problem) == deep
+    assert choice.one_cta_per_sm(problem, 132) == deep
     seen = []
 
     def split_launch(self, *args, one_per_sm=False, **kwargs):
         seen.append(one_per_sm)
-        return cute_backend._SplitLaunch("split-kernel", (7,), (0, 0, 0, 0), (0, 0, 0), None, False, torch.float16,
-                                         torch.float16)
+        return cute_launcher.SplitLaunch("split-kernel", {n: 7 for n in cute_launcher._SPLIT_STATIC}, {}, None)
 
-    monkeypatch.setattr(cute_backend.CuteBackend, "_split_launch", split_launch)
-    monkeypatch.setattr(cute_backend, "_run", lambda kernel, raw, library_args: None)
+    monkeypatch.setattr(cute_launcher.CuteLauncher, "split_launch", split_launch)
+    monkeypatch.setattr(cute_launcher, "_run", lambda kernel, raw, library_args: None)
     prepared = backend.prepare(problem, 1, 0.1)
-    assert prepared.one_per_sm == deep
+    assert prepared.tile.one_per_sm == deep
     q = torch.zeros(1, 1, 4, 32, dtype=torch.float16)
     k = torch.zeros(1, 64, 1, 32, dtype=torch.float16)
     prepared(DecodeTensors(q, k, k, torch.empty_like(q), None, torch.tensor([64], dtype=torch.int32)))

@@ -2,9 +2,8 @@
 
 This module imports neither cutlass nor the kernels at import time; the first call that needs
 them compiles (once per :class:`~flashsplit.cute.configs.SplitConfig` /
-:class:`~flashsplit.cute.configs.CombineConfig`) and caches. Launches take raw pointers and
-Int32/Int64 sizes and strides, read no tensor values on the host and run on the current torch
-stream, so ``decode`` is CUDA-graph capturable.
+:class:`~flashsplit.cute.configs.CombineConfig`) and caches. Which kernel variant a launch runs
+is :mod:`flashsplit.cute.choice`'s rule; :mod:`flashsplit.cute.launcher` launches it.
 """
 
 from __future__ import annotations
@@ -13,64 +12,30 @@ import importlib.util
 
 import torch
 
-from ..plan import choose_num_splits, device_num_sms, tokens_per_split
-from ..call import DecodeTensors
+from ..call import DecodeOptions, DecodeTensors
 from ..problem import FP8_DTYPES, DecodeProblem
 from ..registry import Backend
-from ..workspace import ARRIVALS, Workspace, stream_key
-from . import configs
+from ..validation import check_decode_inputs
+from . import choice, configs
+from .launcher import CuteLauncher, PreparedCuteDecode, compact_strides, raw_stream
 
-_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
-_OUT_DTYPE_NAMES = {**_DTYPE_NAMES, torch.float32: "float32"}  # the combine may write fp32
-_FP8_NAMES = {torch.float8_e4m3fn: "float8_e4m3fn", torch.float8_e5m2: "float8_e5m2"}
+_DTYPE_NAMES = (torch.float16, torch.bfloat16)
 
 
 def cutlass_available() -> bool:
     return importlib.util.find_spec("cutlass") is not None
 
 
-def _dense_16bit_d128(problem: DecodeProblem) -> bool:
-    """A dense (not paged) cache in q's 16-bit dtype at d = 128: where the measured dispatch rules
-    for the two-CTA tile apply."""
-    return problem.head_dim == 128 and problem.cache_dtype == problem.dtype and not problem.paged
-
-
-def _fits_one_wave(ctas: int, units_per_sm: int, num_sms: int) -> bool:
-    """Whether ``ctas`` CTAs run in one wave at ``units_per_sm`` per SM on ``num_sms`` SMs."""
-    return ctas <= units_per_sm * num_sms
-
-
-def _planned_split(problem: DecodeProblem, units: int, units_per_sm: int) -> tuple[int, int]:
-    """(splits, keys per split) the shared plan gives ``problem``'s ``units`` work units at
-    ``units_per_sm`` CTAs per SM: what the dispatch rules below judge a tile choice by."""
-    splits = choose_num_splits(units, problem.seqlen_k, problem.num_sms, units_per_sm)[0]
-    return splits, tokens_per_split(problem.seqlen_k, splits)
-
-
 class CuteBackend(Backend):
     name = "cute"
     priority = 10
-    #: Launches of 2..merge_max_splits splits merge in the split kernel's tail (one launch; with
-    #: ``configs.MERGE_VERIFIED_ON_GPU``), more keep the combine kernel. H200, 32/8 heads, d = 128,
-    #: same runs (fifth session), merged vs combine kernel: 2 splits 67.7 vs 68.9 us (B = 16, 4k),
-    #: 8 splits 23.4 vs 24.7 (B = 4, 4k), 16 splits 15.4 vs 16.1 (B = 2, 4k) and 38.3 vs 39.0
-    #: (16k); 32 splits 13.1 vs 12.7 (B = 1, 4k) and 126.1 vs 125.5 (128k): one warp per row walks
-    #: 32 splits in two register chunks, where the combine's 32 CTAs take one round trip each.
-    merge_max_splits = 16
-    #: The combine kernel as a programmatic dependent of the split kernel: "off", or where each
-    #: split CTA signals it (``configs.LAUNCH_DEPENDENTS``: "none" = when the grid ends).
-    combine_pdl = configs.COMBINE_PDL
-    #: K and V tiles on mbarriers of their own (``configs.SplitConfig.split_barriers``).
-    split_barriers = configs.SPLIT_KV_BARRIERS
-    #: Problems of 1..``configs.SWAP_AB_ROWS`` packed rows per KV head run the swapped-operand
-    #: kernel (``configs.SplitConfig.swap_rows``) where ``configs.swap_ab_applies`` and the launch
-    #: fits one wave (``swaps``).
-    swap_ab = configs.SWAP_AB_VERIFIED_ON_GPU
+    #: Launches of 2..merge_max_splits splits merge in the split kernel's tail
+    #: (``choice.MERGE_MAX_SPLITS``, where the measurement is).
+    merge_max_splits = choice.MERGE_MAX_SPLITS
 
     def __init__(self) -> None:
-        self._full_seqlens: dict[tuple, torch.Tensor] = {}
-        self._workspace = Workspace()
-        self._arrivals = ARRIVALS
+        #: Builds the launches and owns the workspace and merge counters they share.
+        self.launcher = CuteLauncher()
 
     # ------------------------------------------------------------------ capability
     def supports(self, problem: DecodeProblem) -> str | None:
@@ -84,26 +49,7 @@ class CuteBackend(Backend):
             return f"dtype {problem.dtype} is not float16 or bfloat16"
         if not problem.aligned_16b:
             return "q/k_cache/v_cache/out need 16-byte aligned pointers and strides (TMA, vector stores)"
-        if problem.paged and not configs.PAGED_VERIFIED_ON_GPU:
-            return "the paged cute kernel is compile-checked but not yet verified on a GPU; paged KV uses triton"
-        if problem.paged and not configs.paged_supported(problem.page_size, problem.head_dim):
-            tile_n = configs.split_tile(problem.head_dim)[0]
-            sub = configs.subtile_page_sizes(problem.head_dim)
-            if problem.page_size not in sub and not configs.GATHER_PAGES_VERIFIED_ON_GPU:
-                return (
-                    f"paged KV with page_size {problem.page_size}: the cute kernel needs a multiple of its "
-                    f"{tile_n}-key tile or one of {sub} (TMA boxes on 8-key swizzle atoms); its gathered-row "
-                    f"kernel for other sizes is compile-checked but not yet verified on a GPU; other pages use "
-                    f"the triton backend"
-                )
-            if problem.page_size in sub and not configs.SUBTILE_PAGES_VERIFIED_ON_GPU:
-                return (
-                    f"paged KV with page_size {problem.page_size} (smaller than the {tile_n}-key tile): the cute "
-                    f"sub-tile kernel is compile-checked but not yet verified on a GPU; such pages use triton"
-                )
-        if problem.cache_dtype in FP8_DTYPES and not configs.FP8_VERIFIED_ON_GPU:
-            return "the fp8 cute kernel is compile-checked but not yet verified on a GPU; fp8 KV uses triton"
-        if problem.cache_dtype != problem.dtype and problem.cache_dtype not in _FP8_NAMES:
+        if problem.cache_dtype != problem.dtype and problem.cache_dtype not in FP8_DTYPES:
             return f"{problem.cache_dtype} caches are not implemented in the cute backend yet"
         if not cutlass_available():
             return "nvidia-cutlass-dsl is not installed"
@@ -115,357 +61,52 @@ class CuteBackend(Backend):
         return None
 
     def block_m(self, problem: DecodeProblem) -> int:
-        return 64
-
-    def swaps(self, packed_rows: int, kv_dtype: str, page_size: int | None, head_dim: int, ctas: int,
-              units_per_sm: int, num_sms: int) -> bool:
-        """Whether a launch of ``ctas`` CTAs (``units_per_sm`` per SM) takes the swapped-operand
-        kernel: ``swap_ab``, ``configs.swap_ab_applies``, and one wave. H200, 32/8 heads, d = 128,
-        bf16, same runs (eleventh session, call 7), us, swapped / 64 rows / Triton: one wave, B = 1
-        x 4k 9.69 / 10.80 / 10.29, 16k 21.30 / 22.03 / 22.82, B = 4 x 4k 21.31 / 21.65 / 22.18, B = 16
-        x 128k 1906.5 / 1917.5 / 1906.3 (32/32 heads: B = 1 x 4k 20.65 / 21.42 / 21.48, B = 4 x 4k
-        62.6 / 63.8 / 65.6); two waves, where each CTA streams its keys and the tensor work hides
-        behind the loads anyway: B = 64 x 4k 245.3 / 244.9 / 243.9, 16k 962.0 / 961.4 / 962.5."""
-        if not (self.swap_ab and configs.swap_ab_applies(packed_rows, kv_dtype, page_size, head_dim,
-                                                         self.split_barriers)):
-            return False
-        return _fits_one_wave(ctas, units_per_sm, num_sms)
-
-    def merges(self, num_splits: int) -> bool:
-        """Whether a launch of ``num_splits`` splits merges them in the split kernel's tail
-        (2..``merge_max_splits``, with ``configs.MERGE_VERIFIED_ON_GPU``) instead of a combine."""
-        return 1 < num_splits <= self.merge_max_splits and configs.MERGE_VERIFIED_ON_GPU
+        return choice.BLOCK_M
 
     def units_per_sm(self, problem: DecodeProblem) -> int:
-        if self.one_cta_per_sm(problem):
-            return configs.ONE_PER_SM_TILE[2]
-        return configs.split_tile(problem.head_dim)[2] if problem.head_dim in configs.HEAD_DIMS else 1
-
-    #: Keys per CTA (as the plan splits at one CTA per SM) that ``one_cta_per_sm`` takes: one
-    #: split of 2k-32k keys, or several of 16k-32k. H200, same runs (fifth session, calls 6-9), us:
-    #: won at one split (B = 16 x 4k 64.4-64.6 vs 66.3-67.4 for Triton, B = 16 x 16k 238.9-240.8 vs
-    #: 241.8-246.0; 32/32 heads, B = 4 x 4k/16k 63.9/238.0 vs 64.8/239.7) and at 4 splits of 32k
-    #: (B = 4 x 128k 469.9-476.7 vs 475.1-485.1); lost at one split of 131k keys (B = 16 x 128k
-    #: 1950.0-1974.3 vs two CTAs per SM 1920.4-1923.2) and was mixed at 4-16 splits of 4k-8k keys
-    #: (B = 1 x 128k 126.1-126.7 vs 124.9-127.3, B = 4 x 16k 67.7-67.8 vs 66.7-68.0).
-    one_per_sm_min_keys = 2048
-    one_per_sm_max_keys = 32768
-    one_per_sm_min_split_keys = 16384
-
-    def one_cta_per_sm(self, problem: DecodeProblem) -> bool:
-        """Whether the one-CTA-per-SM tile (``configs.ONE_PER_SM_TILE``) serves ``problem``: a
-        dense 16-bit cache at d = 128 whose (batch row, KV head, row block) units fit one wave of
-        one CTA per SM, split as the plan splits them there into one split of
-        ``one_per_sm_min_keys``..``one_per_sm_max_keys`` keys per CTA, or several of
-        ``one_per_sm_min_split_keys``..``one_per_sm_max_keys`` (where it was measured faster)."""
-        if problem.head_dim != 128 or problem.cache_dtype != problem.dtype:
-            return False
-        if problem.paged and not (configs.ONE_PER_SM_PAGED_VERIFIED_ON_GPU and configs.tma_pages(problem.page_size, 128)):
-            return False
-        units = problem.work_units(self.block_m(problem))
-        if not _fits_one_wave(units, configs.ONE_PER_SM_TILE[2], problem.num_sms):
-            return False
-        splits, keys = _planned_split(problem, units, configs.ONE_PER_SM_TILE[2])
-        least = self.one_per_sm_min_keys if splits == 1 else self.one_per_sm_min_split_keys
-        return least <= keys <= self.one_per_sm_max_keys
-
-    def one_wave_merge(self, problem: DecodeProblem, num_splits: int) -> bool:
-        """Whether a launch of ``num_splits`` splits takes ``configs.ONE_WAVE_STAGES``: a dense
-        16-bit cache at d = 128 on the two-CTA tile, whose 2..``merge_max_splits`` splits merge
-        in the kernel and whose CTAs fit one wave at two per SM (where 3 stages measured faster)."""
-        if not (_dense_16bit_d128(problem) and self.merges(num_splits)) or self.one_cta_per_sm(problem):
-            return False
-        ctas = problem.work_units(self.block_m(problem)) * num_splits
-        return _fits_one_wave(ctas, configs.split_tile(128)[2], problem.num_sms)
+        return choice.units_per_sm(problem, problem.num_sms)
 
     # ------------------------------------------------------------------ launches
     def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float):
-        one_per_sm = self.one_cta_per_sm(problem)
-        one_wave = self.one_wave_merge(problem, num_splits)
-        return PreparedCuteDecode(self, num_splits, softmax_scale, problem.causal, one_per_sm, one_wave)
+        tile = choice.choose(problem, num_splits, problem.num_sms, self.merge_max_splits)
+        return PreparedCuteDecode(self.launcher, tile, num_splits, softmax_scale, problem.causal)
 
     def decode(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out, lse,
-               block_table=None, k_descale=None, v_descale=None, one_per_sm: bool = False,
-               one_wave: bool = False) -> None:
-        """One decode with ``num_splits`` splits (tests; the api goes through :meth:`prepare`),
-        on the one-CTA-per-SM tile with ``one_per_sm``, with ``configs.ONE_WAVE_STAGES`` with ``one_wave``
-        (a merging launch: 2..merge_max_splits splits)."""
-        PreparedCuteDecode(self, num_splits, softmax_scale, causal, one_per_sm, one_wave)(
-            DecodeTensors(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale))
+               block_table=None, k_descale=None, v_descale=None) -> None:
+        """One decode with ``num_splits`` splits on the two-CTA tile, merged in the kernel or by
+        the combine and with swapped operands as the rules say (the api goes through
+        :meth:`prepare`, which also applies the one-CTA-per-SM and one-wave rules)."""
+        tensors = DecodeTensors(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale)
+        problem = check_decode_inputs(tensors, DecodeOptions(causal=causal, num_splits=num_splits))
+        tile = choice.choose(problem, num_splits, problem.num_sms, self.merge_max_splits, one_per_sm=False,
+                             one_wave=False)
+        PreparedCuteDecode(self.launcher, tile, num_splits, softmax_scale, causal)(tensors)
 
     def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
                          block_table=None, k_descale=None, v_descale=None):
-        out_partial, lse_partial = self._alloc_partials(q, num_splits)
-        self._launch_split(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, causal,
-                           out_partial, lse_partial, True, k_descale, v_descale)
+        problem = check_decode_inputs(DecodeTensors(q, k_cache, v_cache, None, None, cache_seqlens, block_table,
+                                                    k_descale, v_descale),
+                                      DecodeOptions(causal=causal, num_splits=num_splits))
+        swap = choice.choose(problem, num_splits, problem.num_sms, one_per_sm=False, one_wave=False).swap
+        batch, seqlen_q, num_heads, head_dim = q.shape
+        out_partial = torch.empty((num_splits, batch, seqlen_q, num_heads, head_dim), dtype=torch.float32,
+                                  device=q.device)
+        lse_partial = torch.empty((num_splits, batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
+        launch = self.launcher.split_launch(q, k_cache, v_cache, cache_seqlens, block_table, num_splits,
+                                            softmax_scale, causal, out_partial, lse_partial, True, k_descale,
+                                            v_descale, swap=swap)
+        launch.launch(q, k_cache, v_cache, out_partial.data_ptr(), lse_partial.data_ptr(), cache_seqlens,
+                      block_table, k_descale, v_descale, None, raw_stream(q))
         return out_partial, lse_partial
 
     def combine(self, out_partial, lse_partial, out, lse) -> None:
-        lse_buf = lse if lse is not None else self._lse_scratch(out)
-        if lse_buf.stride() != _compact_strides(lse_buf.shape):
+        batch, seqlen_q, num_heads, _ = out.shape
+        lse_buf = lse if lse is not None else torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32,
+                                                          device=out.device)
+        if lse_buf.stride() != compact_strides(lse_buf.shape):
             raise ValueError(f"lse: expected a contiguous [B, H, L_q] tensor, got strides {lse_buf.stride()}")
-        _launch_combine(self._combine_launch(out_partial, lse_partial, out), out_partial.data_ptr(),
-                        lse_partial.data_ptr(), out.data_ptr(), lse_buf.data_ptr(), _raw_stream(out), out.dtype)
-
-    def _combine_launch(self, out_partial, lse_partial, out) -> tuple[object, tuple]:
-        """The compiled combine for these shapes and its static raw arguments (sizes, strides)."""
-        from .compile import compile_combine
-
-        num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
-        kernel = compile_combine(configs.CombineConfig(_OUT_DTYPE_NAMES[out.dtype], head_dim,
-                                                       pdl=self.combine_pdl != "off"))
-        static = (num_splits, batch, seqlen_q, num_heads,
-                  *out_partial.stride()[:4], *lse_partial.stride(), *out.stride()[:3])
-        return kernel, static
-
-    # ------------------------------------------------------------------ helpers
-    def _launch_split(self, q, k, v, cache_seqlens, block_table, num_splits, scale, causal, o, lse,
-                      write_partials, k_descale=None, v_descale=None) -> None:
-        launch = self._split_launch(q, k, v, cache_seqlens, block_table, num_splits, scale, causal, o, lse,
-                                    write_partials, k_descale, v_descale)
-        launch.launch(q, k, v, o.data_ptr(), lse.data_ptr(), cache_seqlens, block_table, k_descale, v_descale,
-                      None, _raw_stream(q))
-
-    def _split_launch(self, q, k, v, cache_seqlens, block_table, num_splits, scale, causal, o, lse,
-                      write_partials, k_descale=None, v_descale=None, out=None, one_per_sm=False,
-                      one_wave=False) -> _SplitLaunch:
-        """The compiled split kernel for this call's static facts and its static raw arguments;
-        with ``out`` (partials only), the kernel's last CTA per row tile merges into it; with
-        ``one_per_sm``, the one-CTA-per-SM tile; with ``one_wave``, ``configs.ONE_WAVE_STAGES``."""
-        import math
-
-        from .compile import compile_split
-
-        batch, seqlen_q, num_heads, head_dim = q.shape
-        cache_rows, cache_len, num_heads_kv = k.shape[:3]
-        paged = block_table is not None
-        if paged:
-            # The capacity of a row is its page table's span; the kernel reads only the entries
-            # of the tiles it loads (never past a row's last page).
-            max_pages = block_table.shape[1]
-            seqlen_k = max_pages * cache_len
-        else:
-            seqlen_k, max_pages = cache_len, 1
-        kv_dtype = _FP8_NAMES.get(k.dtype, "same")
-        tile_units = configs.ONE_PER_SM_TILE[2] if one_per_sm else configs.split_tile(head_dim)[2]
-        swap = self.swaps(seqlen_q * (num_heads // num_heads_kv), kv_dtype, cache_len if paged else None, head_dim,
-                          batch * num_heads_kv * num_splits, tile_units,
-                          device_num_sms(q.device.type, q.device.index))
-        config = configs.split_config(_DTYPE_NAMES[q.dtype], head_dim, causal, write_partials, paged, kv_dtype,
-                                      cache_len if paged else None, merge=out is not None, one_per_sm=one_per_sm,
-                                      combine_pdl=self.combine_pdl, one_wave=one_wave,
-                                      split_barriers=self.split_barriers,
-                                      swap_rows=configs.SWAP_AB_ROWS if swap else 0)
-        if lse.stride() != _compact_strides(lse.shape):
-            raise ValueError(f"lse: expected a contiguous tensor, got strides {lse.stride()}")
-        o_strides = o.stride()[:4] if write_partials else (0, *o.stride()[:3])
-        # fp8 descales: one element (strides 0) or [B, H_kv]; a 16-bit launch passes lse (never read).
-        descale_strides = tuple(s for t in (k_descale, v_descale)
-                                for s in ((0, 0) if t is None or t.numel() == 1 else (t.stride(0), t.stride(1))))
-        sizes = (
-            batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, num_splits, cache_rows, cache_len, max_pages,
-            block_table.stride(0) if paged else 0,
-            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_strides,
-            scale * math.log2(math.e),
-        )
-        out_strides = (0, 0, 0) if out is None else tuple(out.stride()[:3])
-        full = self._full_length(q.device, batch, seqlen_k) if cache_seqlens is None else None
-        return _SplitLaunch(compile_split(config), sizes, descale_strides, out_strides, full, write_partials,
-                            q.dtype, k.dtype)
-
-    def _full_length(self, device, batch: int, seqlen_k: int) -> torch.Tensor:
-        """A cached ``[batch]`` tensor of ``seqlen_k`` (cache_seqlens=None: every slot is live)."""
-        key = (device, batch, seqlen_k)
-        t = self._full_seqlens.get(key)
-        if t is None:
-            t = torch.full((batch,), seqlen_k, dtype=torch.int32, device=device)
-            self._full_seqlens[key] = t
-        return t
-
-    @staticmethod
-    def _lse_scratch(q: torch.Tensor) -> torch.Tensor:
-        batch, seqlen_q, num_heads, _ = q.shape
-        return torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
-
-    @staticmethod
-    def _alloc_partials(q: torch.Tensor, num_splits: int):
-        batch, seqlen_q, num_heads, head_dim = q.shape
-        out_partial = torch.empty(
-            (num_splits, batch, seqlen_q, num_heads, head_dim), dtype=torch.float32, device=q.device
-        )
-        lse_partial = torch.empty((num_splits, batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
-        return out_partial, lse_partial
-
-
-class PreparedCuteDecode:
-    """Decode for one static configuration (the api caches one per call signature).
-
-    The first call compiles (or finds) the split and combine kernels and computes their static
-    raw arguments (sizes, strides, scale); every call then only gathers the tensors' addresses,
-    takes the partials (and an lse scratch when none is asked for) from the stream's reusable
-    workspace (a fresh tensor while a CUDA graph is being captured) and launches through the
-    kernels' FastLaunchers. Workspace layout (fp32): ``out_partial`` ``[S, B, L_q, H, D]``,
-    ``lse_partial`` ``[S, B, H, L_q]`` (S > 1 only), then the lse scratch ``[B, H, L_q]``.
-    With ``configs.MERGE_VERIFIED_ON_GPU`` (when the launcher is built) a launch of 2 to
-    ``CuteBackend.merge_max_splits`` splits merges in the split kernel's tail
-    (``SplitConfig.merge``, one launch; its arrival counters come from
-    :class:`~flashsplit.workspace.ArrivalCounters`); otherwise the combine kernel merges.
-    """
-
-    def __init__(self, backend: CuteBackend, num_splits: int, softmax_scale: float, causal: bool,
-                 one_per_sm: bool = False, one_wave: bool = False):
-        self.backend = backend
-        self.num_splits = num_splits
-        self.softmax_scale = softmax_scale
-        self.causal = causal
-        self.one_per_sm = one_per_sm  # configs.ONE_PER_SM_TILE (the plan counted one CTA per SM)
-        self.split: _SplitLaunch | None = None
-        self.combine: tuple | None = None  # (compiled combine, its static raw arguments)
-        # Fixed per prepared launch (its compiled kernel).
-        self.merge = backend.merges(num_splits)
-        self.one_wave = one_wave and self.merge  # configs.ONE_WAVE_STAGES (merging launches only)
-
-    def __call__(self, tensors: DecodeTensors) -> None:
-        q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale = tensors[:9]
-        batch, seqlen_q, num_heads, head_dim = q.shape
-        splits = self.num_splits
-        rows = batch * seqlen_q * num_heads
-        partial_rows = splits * rows if splits > 1 else 0
-        scratch_lse = lse is None
-        numel = partial_rows * (head_dim + 1) + rows * scratch_lse or 1
-        if q.is_cuda:  # one read of the stream for the workspace and the launches
-            key = stream_key(q.get_device())
-            stream, buffer = key[1], self.backend._workspace.stream_buffer(key, numel)
-        else:
-            stream, buffer = 0, self.backend._workspace.buffer(q.device, numel)
-        op = buffer.data_ptr()
-        lp = op + partial_rows * head_dim * 4
-        lse_ptr = lp + partial_rows * 4 if scratch_lse else lse.data_ptr()
-        out_ptr = out.data_ptr()
-        if self.split is None:
-            self._first_launch_setup(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse,
-                                     buffer, partial_rows, rows)
-        # One split writes the final outputs; several write the partials, which the split
-        # kernel's last CTAs (merge) or the combine merge.
-        if splits == 1:
-            self.split.launch(q, k_cache, v_cache, out_ptr, lse_ptr, cache_seqlens, block_table, k_descale,
-                              v_descale, None, stream)
-        elif self.merge:
-            arrivals = self.backend._arrivals.for_queries(q).data_ptr()
-            self.split.launch(q, k_cache, v_cache, op, lp, cache_seqlens, block_table, k_descale, v_descale,
-                              (out_ptr, lse_ptr, arrivals), stream)
-        else:
-            self.split.launch(q, k_cache, v_cache, op, lp, cache_seqlens, block_table, k_descale, v_descale,
-                              None, stream)
-            _launch_combine(self.combine, op, lp, out_ptr, lse_ptr, stream, out.dtype)
-
-    def _first_launch_setup(self, q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse,
-                            buffer, partial_rows, rows) -> None:
-        """Compile/find the kernels and their static arguments, from views of the workspace."""
-        batch, seqlen_q, num_heads, head_dim = q.shape
-        splits = self.num_splits
-        if lse is None:
-            start = partial_rows * (head_dim + 1)
-            lse = buffer[start: start + rows].view(batch, num_heads, seqlen_q)
-        elif lse.stride() != _compact_strides(lse.shape):
-            raise ValueError(f"lse: expected a contiguous [B, H, L_q] tensor, got strides {lse.stride()}")
-        if splits == 1:
-            self.split = self.backend._split_launch(q, k_cache, v_cache, cache_seqlens, block_table, 1,
-                                                    self.softmax_scale, self.causal, out, lse, False, k_descale,
-                                                    v_descale, one_per_sm=self.one_per_sm)
-            return
-        out_partial = buffer[: partial_rows * head_dim].view(splits, batch, seqlen_q, num_heads, head_dim)
-        lse_partial = buffer[partial_rows * head_dim: partial_rows * (head_dim + 1)].view(
-            splits, batch, num_heads, seqlen_q)
-        self.split = self.backend._split_launch(q, k_cache, v_cache, cache_seqlens, block_table, splits,
-                                                self.softmax_scale, self.causal, out_partial, lse_partial, True,
-                                                k_descale, v_descale, out if self.merge else None,
-                                                one_per_sm=self.one_per_sm, one_wave=self.one_wave)
-        if not self.merge:
-            self.combine = self.backend._combine_launch(out_partial, lse_partial, out)
-
-
-class _SplitLaunch:
-    """One split-kernel launch configuration: the compiled kernel and the raw arguments that do
-    not change between calls with the same static facts (sizes, strides, scale)."""
-
-    __slots__ = ("descale_strides", "dtype", "full_seqlens", "kernel", "kv_dtype", "out_strides", "sizes",
-                 "write_partials")
-
-    def __init__(self, kernel, sizes: tuple, descale_strides: tuple, out_strides: tuple, full_seqlens,
-                 write_partials: bool, dtype: torch.dtype, kv_dtype: torch.dtype):
-        self.kernel, self.sizes, self.descale_strides = kernel, sizes, descale_strides
-        self.out_strides = out_strides
-        self.full_seqlens, self.write_partials = full_seqlens, write_partials
-        self.dtype, self.kv_dtype = dtype, kv_dtype
-
-    def raw(self, q, k, v, o_ptr: int, lse_ptr: int, cache_seqlens, block_table, k_descale, v_descale,
-            merge_into: tuple | None, stream: int) -> tuple:
-        """Every argument of the compiled host function as a plain value, in its order: the
-        addresses, the static part, the stream. ``o_ptr``/``lse_ptr`` address the partial
-        buffers or the final outputs; ``merge_into`` is ``(out, lse, arrival counters)``
-        addresses for a merging kernel. Arguments a configuration never reads get placeholders:
-        a dense launch passes ``cache_seqlens`` as its block table, a 16-bit one the lse address
-        as its descales, a launch that does not merge ``o_ptr``/``lse_ptr`` as the merge's."""
-        seqlens = (self.full_seqlens if cache_seqlens is None else cache_seqlens).data_ptr()
-        merge_out, merge_lse, arrivals = merge_into or (o_ptr, lse_ptr, lse_ptr)
-        return (
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), o_ptr, lse_ptr, seqlens,
-            seqlens if block_table is None else block_table.data_ptr(),
-            *self.sizes,
-            lse_ptr if k_descale is None else k_descale.data_ptr(),
-            lse_ptr if v_descale is None else v_descale.data_ptr(),
-            *self.descale_strides,
-            merge_out, merge_lse, arrivals, *self.out_strides,
-            stream,
-        )
-
-    def launch(self, q, k, v, o_ptr: int, lse_ptr: int, cache_seqlens, block_table, k_descale, v_descale,
-               merge_into: tuple | None, stream: int) -> None:
-        """Launch the split kernel with :meth:`raw`'s arguments."""
-        raw = self.raw(q, k, v, o_ptr, lse_ptr, cache_seqlens, block_table, k_descale, v_descale, merge_into,
-                       stream)
-        _run(self.kernel, raw, lambda: self.library_args(raw))
-
-    def library_args(self, raw: tuple) -> tuple:
-        """The same arguments as CuteDSL objects (the fallback when no FastLauncher fits)."""
-        import cutlass
-
-        I32, I64 = cutlass.Int32, cutlass.Int64
-        dt, kv_dt = _cutlass_dtype(self.dtype), _cutlass_dtype(self.kv_dtype)
-        return (
-            _ptr(raw[0], dt), _ptr(raw[1], kv_dt), _ptr(raw[2], kv_dt),
-            _ptr(raw[3], cutlass.Float32, 16) if self.write_partials else _ptr(raw[3], dt, self.dtype.itemsize),
-            _ptr(raw[4], cutlass.Float32, 4), _ptr(raw[5], cutlass.Int32, 4), _ptr(raw[6], cutlass.Int32, 4),
-            *(I32(x) for x in raw[7:16]), I64(raw[16]), *(I64(x) for x in raw[17:30]), cutlass.Float32(raw[30]),
-            _ptr(raw[31], cutlass.Float32, 4), _ptr(raw[32], cutlass.Float32, 4),
-            *(I64(x) for x in raw[33:37]),
-            _ptr(raw[37], dt, 16), _ptr(raw[38], cutlass.Float32, 4), _ptr(raw[39], cutlass.Int32, 4),
-            *(I64(x) for x in raw[40:43]),
-            _stream(),
-        )
-
-
-def _launch_combine(combine: tuple, op: int, lp: int, out_ptr: int, lse_ptr: int, stream: int,
-                    out_dtype: torch.dtype) -> None:
-    """Launch ``combine`` (compiled kernel, static raw arguments from ``_combine_launch``) on the
-    partials at ``op``/``lp``, writing ``out_ptr`` and ``lse_ptr``."""
-    kernel, static = combine
-    raw = (op, lp, out_ptr, lse_ptr, *static, stream)
-    _run(kernel, raw, lambda: _combine_library_args(raw, out_dtype))
-
-
-def _combine_library_args(raw: tuple, out_dtype: torch.dtype) -> tuple:
-    """The combine's raw arguments as CuteDSL objects (the fallback when no FastLauncher fits)."""
-    import cutlass
-
-    I32, I64 = cutlass.Int32, cutlass.Int64
-    return (
-        _ptr(raw[0], cutlass.Float32, 4), _ptr(raw[1], cutlass.Float32, 4),
-        _ptr(raw[2], _cutlass_dtype(out_dtype), out_dtype.itemsize), _ptr(raw[3], cutlass.Float32, 4),
-        *(I32(x) for x in raw[4:8]), *(I64(x) for x in raw[8:18]),
-        _stream(),
-    )
+        self.launcher.combine_launch(out_partial, lse_partial, out).launch(
+            out_partial.data_ptr(), lse_partial.data_ptr(), out.data_ptr(), lse_buf.data_ptr(), raw_stream(out))
 
 
 def compile_cache_size() -> int:
@@ -474,59 +115,3 @@ def compile_cache_size() -> int:
 
     mod = sys.modules.get("flashsplit.cute.compile")
     return 0 if mod is None else mod.cache_size()
-
-
-def _compact_strides(shape) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for extent in reversed(shape):
-        strides.append(acc)
-        acc *= extent
-    return tuple(reversed(strides))
-
-
-def _cutlass_dtype(dtype: torch.dtype):
-    import cutlass
-
-    return {
-        torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16, torch.float32: cutlass.Float32,
-        torch.float8_e4m3fn: cutlass.Float8E4M3FN, torch.float8_e5m2: cutlass.Float8E5M2,
-    }[dtype]
-
-
-def _ptr(address: int, dtype, align: int = 16):
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_ptr
-
-    return make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align)
-
-
-_LAUNCHERS: dict = {}  # compiled kernel -> FastLauncher, or None where one cannot be built
-
-
-def _run(kernel, raw: tuple, library_args) -> None:
-    """Launch ``kernel`` with ``raw`` (plain ints/floats: addresses, sizes, strides, scale, stream)
-    through a cached :class:`~flashsplit.cute.fastcall.FastLauncher` (a few microseconds), or,
-    where none can be built, through CuteDSL's own call with ``library_args()``."""
-    launcher = _LAUNCHERS.get(kernel, False)
-    if launcher is False:
-        from .fastcall import FastLauncher
-
-        try:
-            launcher = FastLauncher.from_raw(kernel, raw)
-        except Exception:  # noqa: BLE001  (not a compiled CuteDSL function, unknown internals: the plain call)
-            launcher = None
-        _LAUNCHERS[kernel] = launcher
-    if launcher is not None:
-        launcher.launch(*raw)
-    else:
-        kernel(*library_args())
-
-
-def _raw_stream(t: torch.Tensor) -> int:
-    return stream_key(t.get_device())[1] if t.is_cuda else 0
-
-
-def _stream():
-    from cuda.bindings import driver
-
-    return driver.CUstream(torch.cuda.current_stream().cuda_stream)

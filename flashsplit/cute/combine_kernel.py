@@ -98,10 +98,10 @@ class CombineKernel:
             grid=[num_rows, 1, 1],
             block=[self.num_threads, 1, 1],
             stream=stream,
-            # A programmatic dependent of the split kernel with CombineConfig.pdl (configs.COMBINE_PDL:
-            # the split CTAs signal it after their last tile; signalled on entry it was slower,
-            # docs/cute.md). Without it the griddepcontrol.wait below returns at once.
-            use_pdl=self.config.pdl,
+            # A programmatic dependent of the split kernel, whose CTAs signal it after their last
+            # tile (SplitConfig.signals_combine); after a kernel that does not signal (another
+            # backend's partials) it starts when that grid ends.
+            use_pdl=True,
         )
 
     @cute.kernel

@@ -12,8 +12,8 @@ entries the library's executor appends (the address of a ``int32`` CUDA result, 
 handles if any). A launch is then ``struct.pack_into`` of the raw values into the buffer plus
 one ctypes call of the compiled host function, which builds the TMA descriptors and launches
 exactly as it does for ``compiled(*args)``. The kernel ABI is never touched (the host function
-does the launch), so this is option (a) of the design note: "call a lower-level entry with
-pre-built execution args, updating the values in place".
+does the launch): a lower-level entry is called with pre-built execution arguments whose values
+are updated in place.
 
 Internals relied on (cutlass-dsl 4.8.1; checked at construction, otherwise the launcher falls
 back to ``compiled(*args)``):

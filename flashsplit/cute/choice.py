@@ -1,0 +1,150 @@
+"""The cute backend's launch choices for a problem: which kernel variant runs, and why.
+
+Pure Python (no cutlass import), so a plan can be made for a named GPU from a machine without
+one: every rule takes the :class:`~flashsplit.problem.DecodeProblem` and the machine's SM count.
+Each threshold sits beside the measurement behind it. :func:`choose` resolves one launch into a
+:class:`LaunchChoice`; :func:`units_per_sm` is what the plan divides the machine by. Which
+backend ``auto`` runs is :mod:`flashsplit.selection`'s rule (it asks these functions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..plan import choose_num_splits, tokens_per_split
+from ..problem import FP8_DTYPES, DecodeProblem
+from . import configs
+
+#: Packed q rows of the 64-row kernel's work units (the plan's ``block_m``).
+BLOCK_M = 64
+
+#: Launches of 2..MERGE_MAX_SPLITS splits merge in the split kernel's tail (one launch), more
+#: keep the combine kernel. H200, 32/8 heads, d = 128, same runs, merged vs combine kernel:
+#: 2 splits 67.7 vs 68.9 us (B = 16, 4k),
+#: 8 splits 23.4 vs 24.7 (B = 4, 4k), 16 splits 15.4 vs 16.1 (B = 2, 4k) and 38.3 vs 39.0
+#: (16k); 32 splits 13.1 vs 12.7 (B = 1, 4k) and 126.1 vs 125.5 (128k): one warp per row walks
+#: 32 splits in two register chunks, where the combine's 32 CTAs take one round trip each.
+MERGE_MAX_SPLITS = 16
+
+#: Keys per CTA (as the plan splits at one CTA per SM) that :func:`one_cta_per_sm` takes: one
+#: split of 2k-32k keys, or several of 16k-32k. H200, same runs, us:
+#: won at one split (B = 16 x 4k 64.4-64.6 vs 66.3-67.4 for Triton, B = 16 x 16k 238.9-240.8 vs
+#: 241.8-246.0; 32/32 heads, B = 4 x 4k/16k 63.9/238.0 vs 64.8/239.7) and at 4 splits of 32k
+#: (B = 4 x 128k 469.9-476.7 vs 475.1-485.1); lost at one split of 131k keys (B = 16 x 128k
+#: 1950.0-1974.3 vs two CTAs per SM 1920.4-1923.2) and was mixed at 4-16 splits of 4k-8k keys
+#: (B = 1 x 128k 126.1-126.7 vs 124.9-127.3, B = 4 x 16k 67.7-67.8 vs 66.7-68.0).
+ONE_PER_SM_MIN_KEYS = 2048
+ONE_PER_SM_MAX_KEYS = 32768
+ONE_PER_SM_MIN_SPLIT_KEYS = 16384
+
+
+@dataclass(frozen=True)
+class LaunchChoice:
+    """The kernel variant of one launch: the one-CTA-per-SM tile (``configs.ONE_PER_SM_TILE``)
+    or the two-CTA one, ``configs.ONE_WAVE_STAGES`` (merging launches only), the last-CTA merge
+    instead of a combine kernel, swapped operands (``SplitConfig.swap_rows``)."""
+
+    one_per_sm: bool
+    one_wave: bool
+    merge: bool
+    swap: bool
+
+
+def kv_dtype_name(problem: DecodeProblem) -> str:
+    """The compile key's cache type: "same" (q's 16-bit dtype) or the fp8 dtype's name."""
+    return str(problem.cache_dtype).removeprefix("torch.") if problem.cache_dtype in FP8_DTYPES else "same"
+
+
+def dense_16bit_d128(problem: DecodeProblem) -> bool:
+    """A dense (not paged) cache in q's 16-bit dtype at d = 128: where the measured dispatch rules
+    for the two-CTA tile apply."""
+    return problem.head_dim == 128 and problem.cache_dtype == problem.dtype and not problem.paged
+
+
+def fits_one_wave(ctas: int, units_per_sm: int, num_sms: int) -> bool:
+    """Whether ``ctas`` CTAs run in one wave at ``units_per_sm`` per SM of ``num_sms`` SMs."""
+    return ctas <= units_per_sm * num_sms
+
+
+def planned_split(problem: DecodeProblem, units: int, units_per_sm: int, num_sms: int) -> tuple[int, int]:
+    """(splits, keys per split) the shared plan gives ``problem``'s ``units`` work units at
+    ``units_per_sm`` CTAs per SM: what the rules below judge a tile choice by."""
+    splits = choose_num_splits(units, problem.span, num_sms, units_per_sm)[0]
+    return splits, tokens_per_split(problem.span, splits)
+
+
+def merges(num_splits: int, max_splits: int = MERGE_MAX_SPLITS) -> bool:
+    """Whether a launch of ``num_splits`` splits merges them in the split kernel's tail
+    (2..``max_splits``) instead of a combine."""
+    return 1 < num_splits <= max_splits
+
+
+def swaps(packed_rows: int, kv_dtype: str, page_size: int | None, head_dim: int, ctas: int, units_per_sm: int,
+          num_sms: int) -> bool:
+    """Whether a launch of ``ctas`` CTAs (``units_per_sm`` per SM) takes the swapped-operand
+    kernel: ``configs.swap_ab_applies``, and one wave. H200, 32/8 heads, d = 128,
+    bf16, same run, us, swapped / 64 rows / Triton: one wave, B = 1
+    x 4k 9.69 / 10.80 / 10.29, 16k 21.30 / 22.03 / 22.82, B = 4 x 4k 21.31 / 21.65 / 22.18, B = 16
+    x 128k 1906.5 / 1917.5 / 1906.3 (32/32 heads: B = 1 x 4k 20.65 / 21.42 / 21.48, B = 4 x 4k
+    62.6 / 63.8 / 65.6); two waves, where each CTA streams its keys and the tensor work hides
+    behind the loads anyway: B = 64 x 4k 245.3 / 244.9 / 243.9, 16k 962.0 / 961.4 / 962.5."""
+    if not configs.swap_ab_applies(packed_rows, kv_dtype, page_size, head_dim):
+        return False
+    return fits_one_wave(ctas, units_per_sm, num_sms)
+
+
+def one_cta_per_sm(problem: DecodeProblem, num_sms: int) -> bool:
+    """Whether the one-CTA-per-SM tile (``configs.ONE_PER_SM_TILE``) serves ``problem``: a
+    16-bit cache at d = 128, dense or in TMA pages, whose (batch row, KV head, row block) units
+    fit one wave of one CTA per SM, split as the plan splits them there into one split of
+    ``ONE_PER_SM_MIN_KEYS``..``ONE_PER_SM_MAX_KEYS`` keys per CTA, or several of
+    ``ONE_PER_SM_MIN_SPLIT_KEYS``..``ONE_PER_SM_MAX_KEYS`` (where it was measured faster)."""
+    if problem.head_dim != 128 or problem.cache_dtype != problem.dtype:
+        return False
+    if problem.paged and not configs.tma_pages(problem.page_size, 128):
+        return False
+    units = problem.work_units(BLOCK_M)
+    if not fits_one_wave(units, configs.ONE_PER_SM_TILE[2], num_sms):
+        return False
+    splits, keys = planned_split(problem, units, configs.ONE_PER_SM_TILE[2], num_sms)
+    least = ONE_PER_SM_MIN_KEYS if splits == 1 else ONE_PER_SM_MIN_SPLIT_KEYS
+    return least <= keys <= ONE_PER_SM_MAX_KEYS
+
+
+def one_wave_merge(problem: DecodeProblem, num_splits: int, num_sms: int, max_splits: int = MERGE_MAX_SPLITS) -> bool:
+    """Whether a launch of ``num_splits`` splits takes ``configs.ONE_WAVE_STAGES``: a dense
+    16-bit cache at d = 128 on the two-CTA tile, whose 2..``max_splits`` splits merge in the
+    kernel and whose CTAs fit one wave at two per SM (where 3 stages measured faster)."""
+    if not (dense_16bit_d128(problem) and merges(num_splits, max_splits)) or one_cta_per_sm(problem, num_sms):
+        return False
+    ctas = problem.work_units(BLOCK_M) * num_splits
+    return fits_one_wave(ctas, configs.split_tile(128)[2], num_sms)
+
+
+def units_per_sm(problem: DecodeProblem, num_sms: int) -> int:
+    """CTAs per SM of the tile ``problem`` runs on: what the plan divides the machine by."""
+    if one_cta_per_sm(problem, num_sms):
+        return configs.ONE_PER_SM_TILE[2]
+    return configs.split_tile(problem.head_dim)[2] if problem.head_dim in configs.HEAD_DIMS else 1
+
+
+def choose(problem: DecodeProblem, num_splits: int, num_sms: int, max_splits: int = MERGE_MAX_SPLITS, *,
+           one_per_sm: bool | None = None, one_wave: bool | None = None, swap: bool | None = None) -> LaunchChoice:
+    """The kernel variant of a launch of ``num_splits`` splits: each of ``one_per_sm``,
+    ``one_wave`` and ``swap`` as its rule above decides (None) or as given. The merge follows
+    the split count (:func:`merges`); one-wave stages apply to merging launches only; swapped
+    operands are judged on the tile's CTAs per SM."""
+    merge = merges(num_splits, max_splits)
+    if one_per_sm is None:
+        one_per_sm = one_cta_per_sm(problem, num_sms)
+    if one_wave is None:
+        one_wave = not one_per_sm and one_wave_merge(problem, num_splits, num_sms, max_splits)
+    one_wave = one_wave and merge
+    if swap is None and problem.head_dim not in configs.HEAD_DIMS:
+        swap = False  # (no cute tile: supports() refuses such a problem)
+    if swap is None:
+        tile_units = configs.ONE_PER_SM_TILE[2] if one_per_sm else configs.split_tile(problem.head_dim)[2]
+        ctas = problem.batch * problem.num_heads_kv * num_splits
+        swap = swaps(problem.packed_rows, kv_dtype_name(problem), problem.page_size or None, problem.head_dim, ctas,
+                     tile_units, num_sms)
+    return LaunchChoice(one_per_sm, one_wave, merge, swap)

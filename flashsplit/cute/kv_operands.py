@@ -1,0 +1,58 @@
+"""The consumer warpgroup's side of a K/V stage: making it a clean wgmma operand.
+
+Cache slots past a row's live length may hold anything (NaN included), and ``0 * NaN`` would
+poison O even where P is 0, so V rows past the length are zeroed (scores past it are masked by
+selection in the softmax). Staged loads (fp8 caches, gathered pages) land in plain slots that
+the consumer converts (fp8 -> the 16-bit operand type) or copies into the swizzled operand
+buffers, 16 elements (one 16-byte chunk along d) per thread and step.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+
+from .configs import SplitConfig
+from .warp_roles import NUM_CONSUMER_THREADS, ElementTypes, publish_smem_writes
+
+
+class KVOperands:
+    """Consumer-side preparation of the K/V operand buffers of one configuration."""
+
+    def __init__(self, config: SplitConfig):
+        self.head_dim = config.head_dim
+        self.tile_n = config.tile_n
+        types = ElementTypes(config)
+        self.kv_dtype, self.op_dtype = types.kv, types.op
+
+    @cute.jit
+    def zero_tail_v(self, sV, stage, valid, tidx):
+        """Zero V rows ``>= valid`` of one stage (a TMA stage read in place)."""
+        D, N = self.head_dim, self.tile_n
+        for idx in cutlass.range(tidx, (N - valid) * D, NUM_CONSUMER_THREADS, unroll=1):
+            sV[idx % D, valid + idx // D, stage] = self.op_dtype(0.0)
+        publish_smem_writes()
+
+    @cute.jit
+    def convert(self, sK8, sV8, sK, sV, stage, valid, tidx):
+        """Staging slot ``stage`` -> the 16-bit K and V operand buffers (swizzled wgmma layouts);
+        V rows ``>= valid`` are written as 0."""
+        D, N = self.head_dim, self.tile_n
+        chunks_per_row = D // 16
+        for i in cutlass.range_constexpr(N * chunks_per_row // NUM_CONSUMER_THREADS):
+            chunk = tidx + i * NUM_CONSUMER_THREADS
+            n = chunk // chunks_per_row
+            c = chunk % chunks_per_row
+            k8 = cute.make_rmem_tensor((16,), self.kv_dtype)
+            cute.autovec_copy(cute.local_tile(sK8[n, None, stage], (16,), (c,)), k8)
+            k16 = cute.make_rmem_tensor((16,), self.op_dtype)
+            k16.store(k8.load().to(self.op_dtype))
+            cute.autovec_copy(k16, cute.local_tile(sK[n, None, 0], (16,), (c,)))
+            v16 = cute.make_rmem_tensor((16,), self.op_dtype)
+            v16.fill(0.0)
+            if n < valid:
+                v8 = cute.make_rmem_tensor((16,), self.kv_dtype)
+                cute.autovec_copy(cute.local_tile(sV8[None, n, stage], (16,), (c,)), v8)
+                v16.store(v8.load().to(self.op_dtype))
+            cute.autovec_copy(v16, cute.local_tile(sV[None, n, 0], (16,), (c,)))
+        publish_smem_writes()

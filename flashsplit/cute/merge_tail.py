@@ -1,0 +1,67 @@
+"""The split kernel's last-CTA merge (``SplitConfig.merge``): one launch, no combine kernel.
+
+Each CTA counts its finished split on an int32 arrival counter of its row tile; the last of the
+tile's ``num_splits`` CTAs merges the partials of the tile's real rows (one warp per row,
+:class:`~flashsplit.cute.merge.RowMerge`, the combine kernel's per-warp code) into ``out`` and
+``lse`` in q's dtype, and sets the counter back to 0.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from .configs import SplitConfig
+from .merge import RowMerge
+from .q_tile import tile_rows
+from .warp_roles import NUM_CONSUMER_WARPS, ElementTypes, consumer_barrier
+
+
+class MergeTail:
+    """The merge tail of one merging configuration."""
+
+    def __init__(self, config: SplitConfig):
+        self.block_m = config.rows
+        self.dtype = ElementTypes(config).dtype
+        # One warp per row, 64 fp32 of partials per lane in flight (d = 128: 16 splits a round trip).
+        self.row_merge = RowMerge(config.head_dim, 1, 2048 // config.head_dim)
+
+    @cute.jit
+    def run(self, mO, mLSE, mOut, mOutLSE, mArrivals, sTicket, work):
+        """Count this CTA's split as done on its row tile's arrival counter; the last of the
+        tile's ``num_splits`` CTAs merges the partials of the tile's real rows into
+        ``mOut``/``mOutLSE`` (warp ``w`` takes rows ``w, w + 4, ...``) and zeroes the counter.
+
+        Ordering (the pattern of a split-K semaphore): every consumer thread's partial stores
+        precede the named barrier, and thread 0's gpu-scope acq_rel atomic follows it (release:
+        the other CTAs see these stores once they see the count); the last CTA's atomic
+        acquires every other CTA's release, and the second barrier orders its warps' loads after
+        it. The next launch on the stream starts after this kernel ends, with the counter at 0.
+        """
+        M = self.block_m
+        tidx, batch_idx, kvh, row_block = work.tidx, work.batch_idx, work.kvh, work.row_block
+        seqlen_q, group, num_splits = work.seqlen_q, work.group, work.num_splits
+        counter = batch_idx * cute.arch.grid_dim()[2] + work.z_idx
+        consumer_barrier()
+        if tidx == 0:
+            sTicket[0] = cute.arch.atomic_add(mArrivals.iterator + counter, Int32(1), sem="acq_rel", scope="gpu")
+        consumer_barrier()
+        if sTicket[0] == num_splits - 1:
+            if tidx == 0:
+                mArrivals[counter] = Int32(0)
+            C = self.row_merge.cols_per_lane
+            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            lane = tidx % 32
+            rows = tile_rows(seqlen_q, group, row_block, M)
+            acc = cute.make_rmem_tensor((C,), Float32)
+            out = cute.make_rmem_tensor((C,), self.dtype)
+            for r in cutlass.range(warp, rows, NUM_CONSUMER_WARPS, unroll=1):
+                packed = row_block * M + r
+                m = packed // group
+                hq = kvh * group + packed % group
+                lse = self.row_merge.warp_sum(mO, mLSE, acc, num_splits, batch_idx, m, hq, 0, lane)
+                out.store(acc.load().to(self.dtype))
+                cute.autovec_copy(out, cute.local_tile(mOut[batch_idx, m, hq, None], (C,), (lane,)))
+                if lane == 0:
+                    mOutLSE[batch_idx, hq, m] = lse

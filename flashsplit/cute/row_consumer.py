@@ -1,0 +1,210 @@
+"""The 64-row consumer warpgroup: ``S = Q K^T``, online softmax by rows, ``O += P V``, epilogue.
+
+wgmma's M = 64 packed q rows per CTA (rows past ``L_q x group`` are padding), both S operands
+in shared memory, P from registers for the PV wgmma. Accumulator element ``(c, r, v)`` of a
+thread sits at row ``16 warp + lane / 4 + 8 r`` and column ``2 (lane % 4) + c + 8 v`` of the
+64 x n tile (the wgmma C layout): each thread holds two rows, whose softmax state it keeps.
+
+A warp's 8-row half whose rows are all padding skips the softmax (its O rows are never written,
+so the PV wgmma may multiply its raw scores): with 4 real rows, 7 of the 8 halves skip.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import warpgroup
+
+from . import softmax
+from .configs import SplitConfig
+from .kv_operands import KVOperands
+from .mask import KeyMask
+from .q_tile import QTile, tile_rows
+from .warp_roles import ElementTypes, consumer_barrier
+
+
+class RowConsumer:
+    """The 64-row consumer of one configuration (16-bit TMA stages, or staged fp8 / gathered)."""
+
+    def __init__(self, config: SplitConfig):
+        self.head_dim = config.head_dim
+        self.tile_n = config.tile_n
+        self.block_m = config.rows
+        self.stages = config.stages
+        self.write_partials = config.write_partials
+        self.staged = config.staged
+        self.scaled_q = config.fp16_operands  # per-row q scale in sRowScale
+        self.signals_combine = config.signals_combine
+        self.op_dtype = ElementTypes(config).op
+        self.q_tile = QTile(config)
+        self.kv_operands = KVOperands(config)
+        self.mask = KeyMask(config.causal)
+
+    @cute.jit
+    def run(self, qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, work, softmax_scale_log2, sK8, sV8,
+            v_scale, sRowScale):
+        """Q into ``sQ``, then every KV tile of the split (``sK``/``sV``: the operand stages, or
+        with staging the one operand buffer ``sK8``/``sV8`` are converted into), then O and the
+        LSE. fp8: ``softmax_scale_log2`` already holds k_descale, ``v_scale`` is v_descale."""
+        D, N, M = self.head_dim, self.tile_n, self.block_m
+        tidx, end = work.tidx, work.end
+        self.q_tile.load(mQ, sQ, sRowScale, tidx, work.batch_idx, work.kvh, work.row_block, work.seqlen_q,
+                         work.group)
+
+        qk_thr = qk_mma.get_slice(tidx)
+        pv_thr = pv_mma.get_slice(tidx)
+        tSrQ = qk_mma.make_fragment_A(qk_thr.partition_A(sQ))
+        tSrK = qk_mma.make_fragment_B(qk_thr.partition_B(sK))
+        tOrV = pv_mma.make_fragment_B(pv_thr.partition_B(sV))
+        acc_s_shape = qk_thr.partition_shape_C((M, N))
+        acc_o = pv_thr.make_fragment_C(pv_thr.partition_shape_C((M, D)))
+        acc_o.fill(0.0)
+
+        lane = tidx % 32
+        warp = tidx // 32
+        row_max = cute.make_rmem_tensor((2,), Float32)
+        row_sum = cute.make_rmem_tensor((2,), Float32)
+        key_limit = cute.make_rmem_tensor((2,), Int32)  # first key a row may not see
+        row_qk_scale = cute.make_rmem_tensor((2,), Float32)  # log2 score scale of the row
+        for r in cutlass.range_constexpr(2):
+            row_qk_scale[r] = softmax_scale_log2
+            if cutlass.const_expr(self.scaled_q):  # times 1 / the q row's power of two
+                row_qk_scale[r] = softmax_scale_log2 * sRowScale[warp * 16 + lane // 4 + 8 * r]
+            row_max[r] = -Float32.inf
+            row_sum[r] = 0.0
+            self.mask.set_limit(key_limit, r, end, work.n_keys, work.seqlen_q, work.group,
+                                lambda: work.row_block * M + warp * 16 + lane // 4 + 8 * r)
+
+        warp_uniform = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        rows_here = tile_rows(work.seqlen_q, work.group, work.row_block, M)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        for i in cutlass.range(work.num_tiles, unroll=1):
+            tile_start = (work.first_tile + i) * N
+            kv_pipeline.consumer_wait(state)
+            op_stage = state.index
+            if cutlass.const_expr(self.staged):
+                op_stage = 0
+                # Every consumer warp has waited on its wgmmas of the previous tile (they read
+                # the operand buffers) before any overwrites them.
+                consumer_barrier()
+                self.kv_operands.convert(sK8, sV8, sK, sV, state.index, end - tile_start, tidx)
+                # The staging slot is consumed: hand it back to the producer now.
+                kv_pipeline.consumer_release(state)
+            else:
+                if tile_start + N > end:
+                    self.kv_operands.zero_tail_v(sV, state.index, end - tile_start, tidx)
+
+            acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, 0], tSrK[None, None, kb, op_stage], acc_s)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+
+            # Mask, then the online-softmax update; a warp whose 8-row half holds only padding
+            # rows (past L_q x group) skips both.
+            for r in cutlass.range_constexpr(2):
+                if warp_uniform * 16 + 8 * r < rows_here:
+                    self.softmax_rows(acc_s, acc_o, row_max, row_sum, row_qk_scale, key_limit, r, tile_start, lane)
+
+            # P (fp32 C layout) -> 16-bit A-operand registers; same element order per thread.
+            tOrP = cute.make_rmem_tensor(self.p_layout(acc_s.layout), self.op_dtype)
+            tOrP_as_acc = cute.make_tensor(tOrP.iterator, acc_s.layout)
+            # (Skipped halves convert their raw scores; only padding rows read them.)
+            tOrP_as_acc.store(acc_s.load().to(self.op_dtype))
+
+            warpgroup.fence()
+            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+            for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, op_stage], acc_o)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            if cutlass.const_expr(not self.staged):
+                kv_pipeline.consumer_release(state)
+            state.advance()
+
+        if cutlass.const_expr(self.signals_combine):
+            cute.arch.griddepcontrol_launch_dependents()  # every tile done: only the stores remain
+        self.epilogue(acc_o, row_max, row_sum, mO, mLSE, work, v_scale)
+
+    @cute.jit
+    def softmax_rows(self, acc_s, acc_o, row_max, row_sum, row_qk_scale, key_limit, r, tile_start, lane):
+        """Row ``r`` (0 or 1) of this thread's two S rows: scale, mask, online-softmax update of
+        ``row_max``/``row_sum``, ``acc_s`` -> P, ``acc_o`` rescaled."""
+        D, N = self.head_dim, self.tile_n
+        limit = key_limit[r] - tile_start
+        tile_max = -Float32.inf
+        for v in cutlass.range_constexpr(N // 8):
+            for c in cutlass.range_constexpr(2):
+                idx = c + 2 * r + 4 * v
+                col = (lane % 4) * 2 + c + 8 * v
+                s = self.mask.apply(acc_s[idx] * row_qk_scale[r], col, limit)
+                acc_s[idx] = s
+                tile_max = cute.arch.fmax(tile_max, s)
+        tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=1))
+        tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
+        safe_max, rescale = softmax.raise_max(row_max, r, tile_max)
+        tile_sum = Float32(0.0)
+        for v in cutlass.range_constexpr(N // 8):
+            for c in cutlass.range_constexpr(2):
+                idx = c + 2 * r + 4 * v
+                p = cute.math.exp2(acc_s[idx] - safe_max, fastmath=True)
+                acc_s[idx] = p
+                tile_sum += p
+        row_sum[r] = row_sum[r] * rescale + tile_sum
+        for v in cutlass.range_constexpr(D // 8):
+            for c in cutlass.range_constexpr(2):
+                acc_o[c + 2 * r + 4 * v] = acc_o[c + 2 * r + 4 * v] * rescale
+
+    @staticmethod
+    def p_layout(acc_layout):
+        """Register layout of P as the A operand of m64nXk16 wgmma, from the S accumulator layout.
+
+        The accumulator of one thread is ((2 cols, 2 rows, n/8 col-groups), 1, 1); a k16 A block
+        holds (2, 2, 2) of those values, so P is ((2, 2, 2), 1, n/16) with the same strides.
+        """
+        return cute.make_layout(
+            ((2, 2, 2), 1, cute.size(acc_layout.shape[0][2]) // 2),
+            stride=((1, 2, 4), 0, 8),
+        )
+
+    @cute.jit
+    def epilogue(self, acc_o, row_max, row_sum, mO, mLSE, work, v_scale):
+        """Normalize and write O and the natural-log LSE straight from registers (an fp8 cache:
+        O times ``v_scale``, the V descale). Partials of an empty split are never read: only
+        their LSE is written."""
+        D, M = self.head_dim, self.block_m
+        tidx, batch_idx, kvh, group = work.tidx, work.batch_idx, work.kvh, work.group
+        lane = tidx % 32
+        warp = tidx // 32
+        num_rows = work.seqlen_q * group
+        for r in cutlass.range_constexpr(2):
+            total = row_sum[r]
+            total += cute.arch.shuffle_sync_bfly(total, offset=1)
+            total += cute.arch.shuffle_sync_bfly(total, offset=2)
+            lse, inv = softmax.finalize(row_max, r, total, v_scale)  # (v_scale: None unless fp8)
+            packed = work.row_block * M + warp * 16 + lane // 4 + 8 * r
+            if packed < num_rows:
+                m = packed // group
+                hq = kvh * group + packed % group
+                out_split = work.split_idx
+                if cutlass.const_expr(not self.write_partials):
+                    out_split = 0
+                if lane % 4 == 0:
+                    mLSE[out_split, batch_idx, hq, m] = lse
+                if cutlass.const_expr(self.write_partials):
+                    if work.num_tiles > 0:
+                        for v in cutlass.range_constexpr(D // 8):
+                            for c in cutlass.range_constexpr(2):
+                                col = (lane % 4) * 2 + c + 8 * v
+                                mO[out_split, batch_idx, m, hq, col] = acc_o[c + 2 * r + 4 * v] * inv
+                else:
+                    for v in cutlass.range_constexpr(D // 8):
+                        for c in cutlass.range_constexpr(2):
+                            col = (lane % 4) * 2 + c + 8 * v
+                            mO[out_split, batch_idx, m, hq, col] = (acc_o[c + 2 * r + 4 * v] * inv).to(
+                                mO.element_type
+                            )

@@ -1,0 +1,62 @@
+"""The split kernel's shared-memory struct, per configuration.
+
+(No ``from __future__ import annotations`` here: ``cute.struct`` reads the field annotations
+as objects.)
+"""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from .configs import SplitConfig
+from .warp_roles import NUM_CONSUMER_WARPS, ElementTypes
+
+
+def shared_storage(config: SplitConfig, q_layout, k_layout, v_layout, p_layout, k_load_layout, v_load_layout):
+    """The CTA's shared memory (``SplitConfig.smem_bytes`` counts the same): the Q tile, the
+    K/V operand stages (staged: one operand buffer each plus the staging slots; swapped: P^T
+    and the column reductions), one full/empty mbarrier pair per stage, the q row scales
+    (fp16 operands) and the merge's arrival ticket."""
+    types = ElementTypes(config)
+    op, kv, M, stages = types.op, types.kv, config.rows, config.stages
+    merge, scaled_q = config.merge, config.fp16_operands
+    if config.staged:
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(q_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(k_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(v_layout)], 1024]
+            sK8: cute.struct.Align[cute.struct.MemRange[kv, cute.cosize(k_load_layout)], 1024]
+            sV8: cute.struct.Align[cute.struct.MemRange[kv, cute.cosize(v_load_layout)], 1024]
+            kv_mbar: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            if scaled_q:  # each q row's score scale (fp16 operands)
+                row_scale: cute.struct.MemRange[Float32, M]
+            if merge:  # the arrival count, broadcast to the consumer warps
+                ticket: cute.struct.MemRange[Int32, 4]
+
+    elif config.swap_rows > 0:
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(q_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(k_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(v_layout)], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(p_layout)], 1024]
+            kv_mbar: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            red: cute.struct.MemRange[Float32, NUM_CONSUMER_WARPS * M]  # per consumer warp, per q row
+            if merge:  # the arrival count, broadcast to the consumer warps
+                ticket: cute.struct.MemRange[Int32, 4]
+
+    else:
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(q_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(k_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(v_layout)], 1024]
+            kv_mbar: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            if merge:  # the arrival count, broadcast to the consumer warps
+                ticket: cute.struct.MemRange[Int32, 4]
+
+    return SharedStorage

@@ -1,0 +1,50 @@
+"""Online softmax in log2 units, shared by the 64-row and the swapped-operand consumers.
+
+Scores arrive scaled by ``softmax_scale * log2(e)`` (times a q row's 1 / 2^s with fp16
+operands), so ``exp2`` replaces ``exp``. Each row (a column, with swapped operands) keeps its
+running max and sum; a tile raises the max (:func:`raise_max`), rescales the old sum and O by
+``exp2(old - new)`` and adds its own ``exp2(s - max)``. The epilogue turns the final max and sum
+into the natural-log LSE and O's normalizer (:func:`finalize`). A score transform (a softcap)
+would apply where the consumers scale their scores; a sink's mass would join the sum in
+:func:`finalize`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+LN_2 = math.log(2.0)
+
+
+@cute.jit
+def raise_max(row_max, i, tile_max):
+    """``row_max[i] = max(row_max[i], tile_max)``; returns the max to subtract from this tile's
+    scores and the factor that rescales the old sum and O. A row (or column) that has seen no
+    key yet keeps max -inf and subtracts 0 (no -inf - -inf)."""
+    new_max = cute.arch.fmax(row_max[i], tile_max)
+    safe_max = new_max
+    if new_max == -Float32.inf:
+        safe_max = 0.0
+    rescale = cute.math.exp2(row_max[i] - safe_max, fastmath=True)
+    row_max[i] = new_max
+    return safe_max, rescale
+
+
+@cute.jit
+def finalize(row_max, i, total, o_scale=None):
+    """``(lse, inv)`` of row ``i`` from its max (log2 units) and its full sum ``total``: the
+    natural-log LSE and the factor that normalizes O (``o_scale / total``: an fp8 cache's V
+    descale, or 1). A row that saw no key gets LSE -inf and factor 0."""
+    lse = -Float32.inf
+    inv = Float32(0.0)
+    if total > 0.0:
+        lse = (row_max[i] + cute.math.log2(total, fastmath=False)) * LN_2
+        if cutlass.const_expr(o_scale is None):
+            inv = 1.0 / total
+        else:
+            inv = o_scale / total
+    return lse, inv

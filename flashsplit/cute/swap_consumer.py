@@ -1,0 +1,195 @@
+"""The swapped-operand consumer warpgroup for 1-8 packed rows (``SplitConfig.swap_rows`` = R).
+
+Per KV tile ``S^T = K Q^T`` (wgmma M = keys, N = R: the K tile is the A operand), the softmax
+down each column (a q row), P^T into shared memory, ``O^T += V^T P^T`` (M = head dim, N = R:
+the V stage read as a transposed A), then the epilogue. The tensor work of a tile is 8/64 of
+the 64-row consumer's, which pads 1-8 rows to wgmma's M = 64.
+
+Accumulator element ``i`` of a thread sits at row :func:`acc_row` (a key of S^T, a head-dim
+index of O^T) and column ``2 (lane % 4) + i % 2`` (a q row): each thread holds two columns,
+whose softmax state (running max, its own partial sum) it keeps; a column's max and sum are
+shared across the four consumer warps through shared memory (``sRed``).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import warpgroup
+
+from . import softmax
+from .configs import SplitConfig
+from .kv_operands import KVOperands
+from .mask import KeyMask
+from .q_tile import QTile
+from .warp_roles import NUM_CONSUMER_WARPS, ElementTypes, consumer_barrier, publish_smem_writes
+
+
+def acc_row(i, warp, lane):
+    """Row of a thread's wgmma accumulator element ``i`` = ``(c, r, t)`` = ``(i % 2, i // 2 % 2,
+    i // 4)`` when N is 8: ``64 t + 16 warp + lane / 4 + 8 r``, the ``t``-th 64-row M block."""
+    return (i // 4) * 64 + warp * 16 + lane // 4 + 8 * ((i // 2) % 2)
+
+
+class SwapConsumer:
+    """The swapped-operand consumer of one configuration (16-bit TMA stages)."""
+
+    def __init__(self, config: SplitConfig):
+        self.head_dim = config.head_dim
+        self.tile_n = config.tile_n
+        self.block_m = config.rows
+        self.stages = config.stages
+        self.write_partials = config.write_partials
+        self.signals_combine = config.signals_combine
+        self.op_dtype = ElementTypes(config).op
+        self.q_tile = QTile(config)
+        self.kv_operands = KVOperands(config)
+        self.mask = KeyMask(config.causal)
+
+    @cute.jit
+    def run(self, qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, sP, sRed, kv_pipeline, work, softmax_scale_log2):
+        """Q into ``sQ``, every KV tile of the split, then O and the LSE."""
+        D, N, R = self.head_dim, self.tile_n, self.block_m
+        tidx, end = work.tidx, work.end
+        self.q_tile.load(mQ, sQ, None, tidx, work.batch_idx, work.kvh, work.row_block, work.seqlen_q, work.group)
+
+        qk_thr = qk_mma.get_slice(tidx)
+        pv_thr = pv_mma.get_slice(tidx)
+        tSrK = qk_mma.make_fragment_A(qk_thr.partition_A(sK))
+        tSrQ = qk_mma.make_fragment_B(qk_thr.partition_B(sQ))
+        tOrV = pv_mma.make_fragment_A(pv_thr.partition_A(sV))
+        tOrP = pv_mma.make_fragment_B(pv_thr.partition_B(sP))
+        acc_s_shape = qk_thr.partition_shape_C((N, R))
+        acc_o = pv_thr.make_fragment_C(pv_thr.partition_shape_C((D, R)))
+        acc_o.fill(0.0)
+
+        lane = tidx % 32
+        warp = tidx // 32
+        row_max = cute.make_rmem_tensor((2,), Float32)
+        row_sum = cute.make_rmem_tensor((2,), Float32)
+        key_limit = cute.make_rmem_tensor((2,), Int32)  # first key a column may not see
+        for c in cutlass.range_constexpr(2):
+            row_max[c] = -Float32.inf
+            row_sum[c] = 0.0
+            self.mask.set_limit(key_limit, c, end, work.n_keys, work.seqlen_q, work.group,
+                                lambda: work.row_block * R + (lane % 4) * 2 + c)
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        for i in cutlass.range(work.num_tiles, unroll=1):
+            tile_start = (work.first_tile + i) * N
+            kv_pipeline.consumer_wait(state)
+            if tile_start + N > end:
+                self.kv_operands.zero_tail_v(sV, state.index, end - tile_start, tidx)
+
+            acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                cute.gemm(qk_mma, acc_s, tSrK[None, None, kb, state.index], tSrQ[None, None, kb, 0], acc_s)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+
+            self.softmax_columns(acc_s, acc_o, row_max, row_sum, key_limit, sRed, softmax_scale_log2, tile_start,
+                                 lane, warp)
+            # P^T -> the B operand in shared memory. Every warp has passed the column-max barrier
+            # in softmax_columns, so all are done with the previous tile's P V wgmma (reading sP).
+            for j in cutlass.range_constexpr(cute.size(acc_s)):
+                sP[(lane % 4) * 2 + j % 2, acc_row(j, warp, lane), 0] = acc_s[j].to(self.op_dtype)
+            publish_smem_writes()
+
+            warpgroup.fence()
+            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+            for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                cute.gemm(pv_mma, acc_o, tOrV[None, None, kb, state.index], tOrP[None, None, kb, 0], acc_o)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            kv_pipeline.consumer_release(state)
+            state.advance()
+
+        if cutlass.const_expr(self.signals_combine):
+            cute.arch.griddepcontrol_launch_dependents()  # every tile done: only the stores remain
+        self.epilogue(acc_o, row_max, row_sum, mO, mLSE, sRed, work)
+
+    @cute.jit
+    def column_sums_across_warps(self, x, sRed, lane, warp, reduce):
+        """``x`` (2 columns of this thread) reduced by ``reduce`` over every thread holding the
+        same columns: the lanes ``l, l ^ 4, ...`` of a warp by shuffles, then the four warps
+        through ``sRed`` (``[warp * R + column]``, fp32) and one consumer barrier."""
+        R = self.block_m
+        for c in cutlass.range_constexpr(2):
+            for o in cutlass.range_constexpr(3):
+                x[c] = reduce(x[c], cute.arch.shuffle_sync_bfly(x[c], offset=4 << o))
+            if lane < 4:
+                sRed[warp * R + lane * 2 + c] = x[c]
+        consumer_barrier()
+        for c in cutlass.range_constexpr(2):
+            col = (lane % 4) * 2 + c
+            x[c] = sRed[col]
+            for w in cutlass.range_constexpr(1, NUM_CONSUMER_WARPS):
+                x[c] = reduce(x[c], sRed[w * R + col])
+
+    @cute.jit
+    def softmax_columns(self, acc_s, acc_o, row_max, row_sum, key_limit, sRed, softmax_scale_log2, tile_start,
+                        lane, warp):
+        """One S^T tile: scale, mask keys at or past each column's limit, the columns' new max
+        over all four warps, ``acc_s`` -> P, this thread's partial sums and ``acc_o`` rescaled."""
+        tile_max = cute.make_rmem_tensor((2,), Float32)
+        for c in cutlass.range_constexpr(2):
+            tile_max[c] = -Float32.inf
+        for j in cutlass.range_constexpr(cute.size(acc_s)):
+            c = j % 2
+            key = tile_start + acc_row(j, warp, lane)
+            s = self.mask.apply(acc_s[j] * softmax_scale_log2, key, key_limit[c])
+            acc_s[j] = s
+            tile_max[c] = cute.arch.fmax(tile_max[c], s)
+        self.column_sums_across_warps(tile_max, sRed, lane, warp, cute.arch.fmax)
+        safe_max = cute.make_rmem_tensor((2,), Float32)
+        rescale = cute.make_rmem_tensor((2,), Float32)
+        tile_sum = cute.make_rmem_tensor((2,), Float32)
+        for c in cutlass.range_constexpr(2):
+            safe_max[c], rescale[c] = softmax.raise_max(row_max, c, tile_max[c])
+            tile_sum[c] = 0.0
+        for j in cutlass.range_constexpr(cute.size(acc_s)):
+            p = cute.math.exp2(acc_s[j] - safe_max[j % 2], fastmath=True)
+            acc_s[j] = p
+            tile_sum[j % 2] += p
+        for c in cutlass.range_constexpr(2):
+            row_sum[c] = row_sum[c] * rescale[c] + tile_sum[c]
+        for j in cutlass.range_constexpr(cute.size(acc_o)):
+            acc_o[j] = acc_o[j] * rescale[j % 2]
+
+    @cute.jit
+    def epilogue(self, acc_o, row_max, row_sum, mO, mLSE, sRed, work):
+        """The columns' sums over all threads, then O (= O^T's columns, normalized) and the
+        natural-log LSE of each real q row, straight from registers. Partials of an empty split
+        are never read: only their LSE is written."""
+        R = self.block_m
+        tidx, batch_idx, kvh, group = work.tidx, work.batch_idx, work.kvh, work.group
+        lane = tidx % 32
+        warp = tidx // 32
+        # sRed's last readers (the last tile's column max) are past the barrier before its P V.
+        self.column_sums_across_warps(row_sum, sRed, lane, warp, lambda x, y: x + y)
+        num_rows = work.seqlen_q * group
+        out_split = work.split_idx
+        if cutlass.const_expr(not self.write_partials):
+            out_split = 0
+        for c in cutlass.range_constexpr(2):
+            lse, inv = softmax.finalize(row_max, c, row_sum[c])
+            packed = work.row_block * R + (lane % 4) * 2 + c
+            if packed < num_rows:
+                m = packed // group
+                hq = kvh * group + packed % group
+                if tidx < 4:
+                    mLSE[out_split, batch_idx, hq, m] = lse
+                # (acc_o element c + 2 j: this column's j-th value)
+                if cutlass.const_expr(self.write_partials):
+                    if work.num_tiles > 0:
+                        for j in cutlass.range_constexpr(cute.size(acc_o) // 2):
+                            d = acc_row(c + 2 * j, warp, lane)
+                            mO[out_split, batch_idx, m, hq, d] = acc_o[c + 2 * j] * inv
+                else:
+                    for j in cutlass.range_constexpr(cute.size(acc_o) // 2):
+                        d = acc_row(c + 2 * j, warp, lane)
+                        mO[out_split, batch_idx, m, hq, d] = (acc_o[c + 2 * j] * inv).to(mO.element_type)
