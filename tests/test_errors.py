@@ -9,6 +9,8 @@ from flashsplit.call import DecodeTensors
 from flashsplit.api import decode_into
 from flashsplit.testing import check_against_reference, to_paged
 
+from conftest import DEVICE
+
 
 def _good(batch=2, seqlen_q=1, num_heads=8, num_heads_kv=2, seqlen_k=64, head_dim=64, dtype=torch.float16):
     q = torch.randn(batch, seqlen_q, num_heads, head_dim).to(dtype)
@@ -99,7 +101,7 @@ def test_bad_q_with_return_lse(q):
 # -- Layouts the kernels cannot index, refused at the public boundary -------------------------
 
 def _lengths(*values):
-    return torch.tensor(values, dtype=torch.int32)
+    return torch.tensor(values, dtype=torch.int32, device=DEVICE)
 
 
 def _poisoned_dense(generator, batch=2, seqlen_k=64, lengths=(10, 40), num_heads_kv=2, group=4, head_dim=64):
@@ -109,7 +111,7 @@ def _poisoned_dense(generator, batch=2, seqlen_k=64, lengths=(10, 40), num_heads
     for b, n in enumerate(lengths):  # slots no row may read
         k[b, n:] = float("nan")
         v[b, n:] = float("nan")
-    return q, k, v
+    return q.to(DEVICE), k.to(DEVICE), v.to(DEVICE)
 
 
 def test_noncontiguous_cache_seqlens_is_refused(generator):
@@ -142,11 +144,11 @@ def test_strided_block_table_rows_and_descale_views_are_honoured(generator):
     q, k, v = _poisoned_dense(generator, batch=3, seqlen_k=48, lengths=(48, 17, 0))
     k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
     k_pages, v_pages, table, k8, v8 = to_paged(k8, v8, [48, 17, 0], 16, generator)
-    wide = torch.full((3, table.shape[1] + 5), -7, dtype=torch.int32)
+    wide = torch.full((3, table.shape[1] + 5), -7, dtype=torch.int32, device=DEVICE)
     wide[:, :table.shape[1]] = table
     strided_table = wide[:, :table.shape[1]]
     assert strided_table.stride() == (table.shape[1] + 5, 1)
-    per_head = torch.rand(3, 2, generator=generator) + 0.5
+    per_head = torch.rand(3, 2, generator=generator).to(DEVICE) + 0.5
     layouts = {
         "transposed": per_head.t().contiguous().t(),
         "expanded": per_head[:, :1].expand(3, 2),
@@ -220,11 +222,11 @@ def test_paged_cache_without_pages_is_refused():
 def test_block_table_of_no_columns_gives_empty_rows(num_pages, seqlens):
     """Capacity 0 (a table of 0 columns): every row is empty, O = 0 and LSE = -inf, as for a
     dense cache of no slots; lengths past that capacity are clamped to it."""
-    q = torch.randn(2, 3, 8, 64).half()
-    pages = torch.full((num_pages, 16, 2, 64), float("nan")).half()
+    q = torch.randn(2, 3, 8, 64, device=DEVICE).half()
+    pages = torch.full((num_pages, 16, 2, 64), float("nan"), device=DEVICE).half()
     seqlens = None if seqlens is None else _lengths(*seqlens)
     out = torch.full_like(q, float("nan"))
-    result, lse = flashsplit.decode(q, pages, pages, block_table=torch.empty(2, 0, dtype=torch.int32),
+    result, lse = flashsplit.decode(q, pages, pages, block_table=torch.empty(2, 0, dtype=torch.int32, device=DEVICE),
                                     cache_seqlens=seqlens, out=out, return_lse=True, causal=True)
     assert result is out
     assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
@@ -290,11 +292,11 @@ def test_combine_honours_partial_strides(out_dtype, generator):
     strides): head-major partials, padded storage, and an out of padded rows."""
     from flashsplit.reference import combine_ref
 
-    out_p = torch.randn(3, 2, 4, 2, 40, generator=generator)[..., 4:36].transpose(2, 3)  # [S, B, L_q, H, D]
-    lse_p = torch.randn(3, 2, 4, 5, generator=generator)[..., 1:3]  # [S, B, H, L_q]
+    out_p = torch.randn(3, 2, 4, 2, 40, generator=generator).to(DEVICE)[..., 4:36].transpose(2, 3)  # [S, B, L_q, H, D]
+    lse_p = torch.randn(3, 2, 4, 5, generator=generator).to(DEVICE)[..., 1:3]  # [S, B, H, L_q]
     lse_p[1, 0, 2] = float("-inf")
     out_p[1, 0, :, 2] = float("nan")  # an empty split's O is never read
-    out = torch.full((2, 2, 4, 48), float("nan"), dtype=out_dtype)
+    out = torch.full((2, 2, 4, 48), float("nan"), dtype=out_dtype, device=DEVICE)
     result, lse = flashsplit.combine(out_p, lse_p, out=out[..., 8:40])
     ref, ref_lse = combine_ref(out_p, lse_p)
     torch.testing.assert_close(result.double(), ref, atol=2e-3, rtol=2e-3)
@@ -370,11 +372,12 @@ def test_negated_descale_is_refused_on_every_call(generator):
     signature of a valid one: the cached fast path tells them apart."""
     q, k, v = _poisoned_dense(generator, lengths=(64, 64))
     k8 = k.to(torch.float8_e4m3fn)
-    negated, twin = _imag_of_conj(torch.rand(2, 2, generator=generator) + 0.5)
-    flashsplit.decode(q, k8, k8, k_descale=twin, v_descale=torch.ones(1))  # validated and cached
+    negated, twin = _imag_of_conj(torch.rand(2, 2, generator=generator).to(DEVICE) + 0.5)
+    one = torch.ones(1, device=DEVICE)
+    flashsplit.decode(q, k8, k8, k_descale=twin, v_descale=one)  # validated and cached
     for _ in range(2):
         with pytest.raises(ValueError, match="k_descale: a negated view"):
-            flashsplit.decode(q, k8, k8, k_descale=negated, v_descale=torch.ones(1))
+            flashsplit.decode(q, k8, k8, k_descale=negated, v_descale=one)
 
 
 # -- softmax_scale ----------------------------------------------------------------------------
@@ -409,9 +412,9 @@ def test_zero_and_negative_softmax_scales_are_attention(scale, generator):
 def test_largest_softmax_scale_gives_the_one_hot_softmax(sign, generator):
     """|scale| = 2^64: the softmax is one-hot on the key of the largest (smallest, for a negative
     scale) q.k; small integers keep q.k exact in fp16 and fp32, so the answer is V's row exactly."""
-    q = torch.randint(-3, 4, (2, 1, 4, 16), generator=generator).half()
-    k = torch.randint(-3, 4, (2, 40, 1, 16), generator=generator).half()
-    v = torch.randn(2, 40, 1, 16, generator=generator).half()
+    q = torch.randint(-3, 4, (2, 1, 4, 16), generator=generator).half().to(DEVICE)
+    k = torch.randint(-3, 4, (2, 40, 1, 16), generator=generator).half().to(DEVICE)
+    v = torch.randn(2, 40, 1, 16, generator=generator).half().to(DEVICE)
     lens = _lengths(40, 17)
     k[1, 17:], v[1, 17:] = float("nan"), float("nan")
     out, lse = flashsplit.decode(q, k, v, cache_seqlens=lens, softmax_scale=sign * 2.0 ** 64, num_splits=2,

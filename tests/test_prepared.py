@@ -385,7 +385,6 @@ def test_prepared_cute_takes_the_planned_tile(batch, seqlen_k, deep, monkeypatch
     """``CuteBackend.prepare`` hands the plan's tile choice (one CTA per SM or two) to the
     launcher, which asks for that compile key: the plan and the kernel agree on the CTAs per SM."""
     from flashsplit.cute import backend as cute_backend
-    from flashsplit.problem import DecodeProblem
 
     problem = DecodeProblem(batch=batch, seqlen_q=1, seqlen_k=seqlen_k, num_heads=32, num_heads_kv=8, head_dim=128,
                             dtype=torch.bfloat16, causal=False, has_cache_seqlens=True, device_type="cuda")
