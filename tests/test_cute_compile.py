@@ -831,6 +831,13 @@ def test_batch_invariant_launches_take_the_two_cta_tile_and_the_combine():
         assert choice.choose(p, splits, 132) == plain
         assert not choice.one_cta_per_sm(p, 132) and choice.units_per_sm(p, 132) == 2
     assert choice.choose(_problem(batch=16, device_type="cuda"), 1, 132).one_per_sm  # (the plain rule)
+    # auto's rules for those kernels do not fire either: B = 16 x 4k and B = 1 x 4k are plain
+    # one-CTA-per-SM and swapped-operand problems.
+    assert selection.rule_for(_problem(batch=16, device_type="cuda")).name == "one-cta-per-sm"
+    assert selection.rule_for(_problem(device_type="cuda")).name == "swapped-operands"
+    for batch in (16, 1):
+        assert selection.rule_for(_problem(batch=batch, device_type="cuda", batch_invariant=True)).name not in (
+            "one-cta-per-sm", "swapped-operands")
 
 
 @pytest.mark.parametrize("overrides", [
