@@ -15,10 +15,12 @@ rule                   backend   when (all measured on an H200, 32/8 heads, bf16
                                  (pages of 128 1.00x, of 16 1.00-1.01x), Triton 1.06-1.22x.
 ``one-cta-per-sm``     cute      a dense (or TMA-paged) 16-bit cache at d = 128 whose CTAs fit one
                                  wave of one CTA per SM with 2k-32k keys each (the cute deep-pipeline
-                                 tile: B = 16 x 4k 64.4-64.6 vs Triton 66.3-67.4 us).
+                                 tile: B = 16 x 4k 64.4-64.6 vs Triton 66.3-67.4 us); not
+                                 batch-invariant (that tile follows the batch).
 ``swapped-operands``   cute      a dense 16-bit cache at d = 128 with 1-8 packed q rows per KV head
                                  in one wave (cute's swapped-operand kernel: B = 1 x 4k 9.69 vs
-                                 10.29 us, 16k 21.30 vs 22.82, B = 4 x 4k 21.31 vs 22.18).
+                                 10.29 us, 16k 21.30 vs 22.82, B = 4 x 4k 21.31 vs 22.18); not
+                                 batch-invariant, which cute runs on its 64-row kernel.
 ``gqa-fills-machine``  cute      a dense 16-bit cache at d = 128, >= :data:`MIN_PACKED_ROWS` packed
                                  rows, >= :data:`FILL_UNITS` work units (B = 8 x 4k 38.0 vs 38.9 us,
                                  B = 64 x 16k 938.1 vs 940.8).
@@ -94,7 +96,8 @@ def _one_cta_per_sm(problem: DecodeProblem) -> bool:
 def _swapped_operands(problem: DecodeProblem) -> bool:
     from .cute import choice
 
-    if not _dense_16bit_d128(problem):
+    # A batch-invariant decode never takes that kernel (cute's choice: its rule follows the batch).
+    if not _dense_16bit_d128(problem) or problem.batch_invariant:
         return False
     units, per_sm, splits = _cute_units(problem)
     return choice.swaps(problem.packed_rows, "same", None, 128, units * splits, per_sm, problem.num_sms)

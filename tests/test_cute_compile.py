@@ -116,10 +116,20 @@ def _features(config) -> set[tuple]:
         tile = "one wave"
     else:
         tile = "two CTAs"
-    return {("mode", mode, config.head_dim), ("cache", config.kv_dtype, config.head_dim),
-            ("cache", config.kv_dtype, mode), ("output", output, tile), ("output", output, mode),
-            ("tile", tile, mode), ("tile", tile, config.head_dim), ("tile", tile, config.causal),
-            ("dtype", config.dtype, config.causal), ("fp16 operands", config.fp16_operands, mode)}
+    features = {("mode", mode, config.head_dim), ("cache", config.kv_dtype, config.head_dim),
+                ("cache", config.kv_dtype, mode), ("output", output, tile), ("output", output, mode),
+                ("tile", tile, mode), ("tile", tile, config.head_dim), ("tile", tile, config.causal),
+                ("dtype", config.dtype, config.causal), ("fp16 operands", config.fp16_operands, mode)}
+    for variant in _variants(config):  # each variant on each consumer, load mode, cache type, output
+        features |= {("variant", variant, tile), ("variant", variant, mode), ("variant", variant, config.fp8),
+                     ("variant", variant, output)}
+    return features
+
+
+def _variants(config) -> list[str]:
+    """The attention variants a configuration turns on."""
+    names = ("left_bound", "right_bound", "softcap", "invariant")
+    return [n for n in names if getattr(config, n)] + (["sinks"] if config.sinks else [])
 
 
 def default_compile_configs() -> list:
@@ -139,10 +149,11 @@ _DEFAULT_COMPILES = set(default_compile_configs())
 
 
 def test_default_compile_check_covers_every_mode():
-    """The default run's ~two dozen configurations build every load mode at every head dim,
-    every cache type, output kind and tile, and fp16 operands."""
+    """The default run's ~three dozen configurations build every load mode at every head dim,
+    every cache type, output kind and tile, fp16 operands, and every attention variant on each
+    consumer, load mode, cache type and output it takes."""
     chosen = default_compile_configs()
-    assert len(chosen) <= 30 and len(set(chosen)) == len(chosen)
+    assert len(chosen) <= 40 and len(set(chosen)) == len(chosen)
     features = set().union(*(_features(c) for c in chosen))
     assert features == set().union(*(_features(c) for c in compile_check_configs()))
     assert {f[1] for f in features if f[0] == "mode"} == {"dense", "pages", "sub-tile", "gathered"}
@@ -150,6 +161,8 @@ def test_default_compile_check_covers_every_mode():
     assert {f[1] for f in features if f[0] == "output"} == {"final", "partials", "merge"}
     assert {f[1] for f in features if f[0] == "cache"} == {"same", "float8_e4m3fn", "float8_e5m2"}
     assert any(c.fp16_operands for c in chosen) and {c.head_dim for c in chosen} == {64, 128, 256}
+    assert {f[1] for f in features if f[0] == "variant"} == {"left_bound", "right_bound", "softcap", "sinks",
+                                                              "invariant"}
 
 
 @needs_cutlass
@@ -199,12 +212,38 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
     else:
         assert not fp8_cvts
     _check_merge(ptx, config)
+    _check_variants(ptx, config)
     if config.staged:
         # The converted (fp8) or copied (gathered) K and V tiles reach their operand buffers in
         # 16-byte stores; 2-byte stores are left only in q's one-time load (64 rows x d over 128
         # threads).
         assert "st.shared.v4.b32" in ptx
         assert ptx.count("st.shared.b16") <= config.head_dim // 2, "staged tiles stored 2 bytes at a time"
+
+
+def _entry_params(ptx: str) -> str:
+    """The parameter list of the PTX's kernel entry."""
+    entry = ptx[ptx.index(".entry"):]
+    return entry[:entry.index(")")]
+
+
+def _check_variants(ptx: str, config) -> None:
+    """A variant costs only the configurations that turn it on: its runtime values are kernel
+    parameters there and nowhere else (a window bound one u32 each after the 6 sizes; the
+    softcap one f32 after the softmax scale; sinks one tensor after the 11 plain ones, 2 fp8
+    descales and 3 merge outputs), the softcap's ``rcp.approx`` per score appears only with it,
+    and only a batch-invariant split rule takes its 512-key minimum split."""
+    from flashsplit.plan import BATCH_INVARIANT_MIN_SPLIT
+
+    params = _entry_params(ptx)
+    assert params.count(".param .u32") == 6 + config.left_bound + config.right_bound, params
+    assert params.count(".param .f32") == 1 + config.softcap, params
+    assert params.count(".param .align") == 11 + 2 * config.fp8 + 3 * config.merge + bool(config.sinks), params
+    caps = len(re.findall(r"rcp\.approx\.ftz\.f32", ptx))
+    scores = config.tile_n * config.rows // 128  # per consumer thread and tile
+    assert caps == (scores if config.softcap else 0), (caps, scores)
+    minimum = re.search(rf"max\.s32\s+%r\d+, %r\d+, {BATCH_INVARIANT_MIN_SPLIT};", ptx)
+    assert bool(minimum) == config.invariant
 
 
 def _check_swap_wgmmas(ptx: str, config) -> None:
@@ -251,13 +290,16 @@ def _check_row_offsets_hoisted(ptx: str) -> None:
 
 
 @needs_cutlass
-@pytest.mark.parametrize("config", all_combine_configs(), ids=str)
+@pytest.mark.parametrize("config", [c if not c.sinks or c.head_dim == 128 else pytest.param(c, marks=pytest.mark.full)
+                                    for c in all_combine_configs()], ids=str)
 def test_combine_kernel_compiles(config, tmp_path):
     from flashsplit.cute.compile import compile_combine
 
     ptx = _compiled_ptx(compile_combine, config, tmp_path)
     assert ".entry" in ptx
     _check_combine_loads_first(ptx, config)
+    # Sinks: one more tensor parameter (the logits) than the plain combine's three.
+    assert _entry_params(ptx).count(".param .align") == 3 + bool(config.sinks)
 
 
 def _check_combine_loads_first(ptx: str, config) -> None:
@@ -366,7 +408,8 @@ def test_merge_configs():
 
     with pytest.raises(ValueError, match="merge: only for a launch that writes partials"):
         configs.split_config("bfloat16", 128, False, False, merge=True)
-    merged = [c for c in compile_check_configs() if c.merge and not _one_per_sm(c) and not _wave_or_swap(c)]
+    merged = [c for c in compile_check_configs() if c.merge and not _one_per_sm(c) and not _wave_or_swap(c)
+              and not _variants(c)]
     assert all(c.write_partials for c in merged)
     assert {(c.kv_dtype, c.head_dim) for c in merged if not c.paged} == {
         (kv, d) for kv in configs.KV_DTYPES for d in configs.HEAD_DIMS}
@@ -394,7 +437,8 @@ def test_one_per_sm_configs():
             configs.split_config(**args, one_per_sm=True)
     with pytest.raises(ValueError, match="one_per_sm: not for gathered pages"):
         configs.split_config("bfloat16", 128, False, True, True, page_size=48, one_per_sm=True)
-    deep = [c for c in compile_check_configs() if _one_per_sm(c) and not c.paged and not _wave_or_swap(c)]
+    deep = [c for c in compile_check_configs() if _one_per_sm(c) and not c.paged and not _wave_or_swap(c)
+            and not _variants(c)]
     assert len(deep) == 9 and {(c.dtype, c.causal, c.write_partials) for c in deep} == {
         (d, ca, wp) for d in configs.DTYPES for ca in (False, True) for wp in (False, True)}
     paged = [c for c in compile_check_configs() if _one_per_sm(c) and c.paged]
@@ -692,6 +736,121 @@ def test_kernel_signatures_match_launch_schemas(kernel, schema):
                   "stream": inspect.Parameter.empty}
     assert [p.annotation for p in params] == [annotation[a.kind] for a in args]
     assert len(launch_args.static_names(args)) + sum(a.per_call for a in args) == len(args)
+
+
+@needs_cutlass
+@pytest.mark.parametrize("seqlen_q, causal, window, softcap, sinks_dtype, splits, merge", [
+    (1, False, (4096, -1), 0.0, None, 3, False),  # a left bound; L_q = 1 sees no right bound
+    (4, False, (100, 1), 50.0, torch.bfloat16, 1, False),  # right bound 1 < L_q - 1; one split applies sinks
+    (4, False, (-1, 0), 0.0, torch.float32, 5, True),  # right bound 0 is causal's mask; the merge applies sinks
+    (4, True, (-1, -1), 0.0, torch.float16, 5, False),  # partials for a combine: sinks left to it
+])
+def test_variant_launch_arguments(seqlen_q, causal, window, softcap, sinks_dtype, splits, merge, monkeypatch):
+    """A variant launch's compile key and raw arguments: the window bounds (-1 passed as 0, never
+    read), softcap * log2(e), the sinks' address where the launch applies them (one split, the
+    merge) and lse's where it does not."""
+    _arch_ok()
+    import math
+
+    import flashsplit.cute.compile as compile_mod
+    from flashsplit.cute import launch_args
+    from flashsplit.cute.launcher import CuteLauncher
+    from flashsplit.problem import Variant
+
+    monkeypatch.setattr(compile_mod, "compile_split", lambda config: config)
+    q = torch.zeros(2, seqlen_q, 8, 64, dtype=torch.float16)
+    k = torch.zeros(2, 900, 2, 64, dtype=torch.float16)
+    seqlens = torch.tensor([900, 5], dtype=torch.int32)
+    sinks = None if sinks_dtype is None else torch.zeros(8, dtype=sinks_dtype)
+    variant = Variant(window[0], 0 if causal else window[1], softcap, sinks is not None)
+    partials = splits > 1
+    o = torch.zeros(splits, 2, seqlen_q, 8, 64) if partials else torch.zeros_like(q)
+    lse = torch.zeros(splits, 2, 8, seqlen_q) if partials else torch.zeros(2, 8, seqlen_q)
+    out = torch.zeros_like(q) if merge else None
+    launch = CuteLauncher().split_launch(q, k, k, seqlens, None, splits, 0.125, causal, o, lse, partials, out=out,
+                                         variant=variant, sinks=sinks)
+    config = launch.kernel
+    applied = sinks is not None and (merge or not partials)
+    assert (config.left_bound, config.softcap, config.sinks) == (window[0] >= 0, softcap > 0,
+                                                                 str(sinks_dtype)[6:] if applied else "")
+    assert config.causal == (causal or window[1] == 0)
+    assert config.right_bound == (not config.causal and 0 <= window[1] < seqlen_q - 1)
+    assert launch.elements["sinks"] == (config.sinks or "float32")
+    merge_into = (out.data_ptr(), lse.data_ptr(), lse.data_ptr()) if merge else None
+    raw = dict(zip([a.name for a in launch_args.SPLIT_ARGS],
+                   launch.raw(q, k, k, o.data_ptr(), lse.data_ptr(), seqlens, None, None, None, merge_into, 0,
+                              sinks if applied else None)))
+    assert (raw["window_left"], raw["window_right"]) == (max(window[0], 0), max(variant.window_right, 0))
+    assert raw["softcap_log2"] == pytest.approx(softcap * math.log2(math.e))
+    assert raw["sinks_ptr"] == (sinks.data_ptr() if applied else lse.data_ptr())
+
+
+def test_variant_configs_refuse_what_they_cannot_build():
+    """A right bound beside causal, sinks in partials a combine merges, unknown sinks dtypes, and
+    batch-invariant launches other than the two-CTA tile's partials raise ValueErrors naming the
+    key; everything else combines."""
+    from flashsplit.cute import configs
+
+    c = configs.split_config
+    for kwargs, needle in [(dict(causal=True, right_bound=True), "right_bound"),
+                           (dict(sinks="float32"), "sinks: only where the kernel writes a final result"),
+                           (dict(write_partials=False, sinks="int8"), "sinks: expected"),
+                           (dict(write_partials=False, invariant=True), "invariant"),
+                           (dict(merge=True, invariant=True), "invariant"),
+                           (dict(swap_rows=8, invariant=True), "invariant"),
+                           (dict(one_per_sm=True, invariant=True), "invariant")]:
+        args = dict(dtype="bfloat16", head_dim=128, causal=False, write_partials=True) | kwargs
+        with pytest.raises(ValueError, match=needle):
+            c(**args)
+    every = c("bfloat16", 128, False, True, True, page_size=16, left_bound=True, right_bound=True, softcap=True,
+              invariant=True)
+    assert every.variant and every.subtile_page == 16 and not c("bfloat16", 128, False, True).variant
+    assert c("bfloat16", 128, True, True, merge=True, sinks="float16").sinks == "float16"
+    from flashsplit.cute.variant_configs import variant_check_configs
+
+    checked = variant_check_configs()
+    assert len(set(checked)) == len(checked) and all(x.variant for x in checked)
+    assert set(checked) <= set(compile_check_configs())
+    for x in checked:
+        configs.check_smem(x)
+        # A variant adds no shared memory: the config without it takes as much.
+        plain = x.__class__(**{**x.__dict__, "left_bound": False, "right_bound": False, "softcap": False,
+                               "sinks": "", "invariant": False})
+        assert x.smem_bytes == plain.smem_bytes
+
+
+def test_batch_invariant_launches_take_the_two_cta_tile_and_the_combine():
+    """A batch-invariant decode never takes a rule that follows the batch: not one CTA per SM
+    (B = 16 x 4k would), not swapped operands or one-wave stages (B = 8 x 4k would), not the
+    in-kernel merge (2-16 splits would): its tile and reduction order are the same in any batch."""
+    from flashsplit.cute import choice
+
+    plain = choice.LaunchChoice(one_per_sm=False, one_wave=False, merge=False, swap=False)
+    for batch, splits in ((16, 1), (8, 4), (1, 32), (1, 2)):
+        p = _problem(batch=batch, device_type="cuda", batch_invariant=True)
+        assert choice.choose(p, splits, 132) == plain
+        assert not choice.one_cta_per_sm(p, 132) and choice.units_per_sm(p, 132) == 2
+    assert choice.choose(_problem(batch=16, device_type="cuda"), 1, 132).one_per_sm  # (the plain rule)
+    # auto's rules for those kernels do not fire either: B = 16 x 4k and B = 1 x 4k are plain
+    # one-CTA-per-SM and swapped-operand problems.
+    assert selection.rule_for(_problem(batch=16, device_type="cuda")).name == "one-cta-per-sm"
+    assert selection.rule_for(_problem(device_type="cuda")).name == "swapped-operands"
+    for batch in (16, 1):
+        assert selection.rule_for(_problem(batch=batch, device_type="cuda", batch_invariant=True)).name not in (
+            "one-cta-per-sm", "swapped-operands")
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(window_left=300, window_right=0, causal=True), dict(window_left=0, window_right=-1),
+    dict(window_left=-1, window_right=2, seqlen_q=4), dict(softcap=30.0), dict(has_sinks=True),
+    dict(batch_invariant=True), dict(window_left=64, softcap=5.0, has_sinks=True, batch_invariant=True, page_size=16),
+    dict(window_left=64, kv_dtype=torch.float8_e4m3fn, page_size=3, has_sinks=True),
+])
+def test_supports_every_variant(overrides):
+    """Windows, softcap, sinks and batch-invariant decode (alone, together, on paged and fp8 caches)
+    pass every check but the device's."""
+    reason = CuteBackend().supports(_problem(**overrides))
+    assert reason is not None and ("CUDA device" in reason or "not installed" in reason), reason
 
 
 def test_launch_packers_follow_the_schemas():

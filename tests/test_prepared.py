@@ -321,12 +321,12 @@ def test_prepared_cute_launches_with_workspace_addresses(num_splits, with_lse, m
     setups, launches, bases, counters = [], [], [], []
 
     def split_launch(self, q_, k_, v_, seqlens, table, splits, scale, causal, o, lse_, partials, kd, vd, out_=None,
-                     one_per_sm=False, one_wave=False, swap=False):
+                     one_per_sm=False, one_wave=False, swap=False, variant=None, sinks=None):
         setups.append(("split", o.shape, lse_.shape, partials, out_ is out))
         static = {name: 7 for name in launch_args.static_names(launch_args.SPLIT_ARGS)}
         return cute_launcher.SplitLaunch("split-kernel", static, {}, None)
 
-    def combine_launch(self, out_partial, lse_partial, out_):
+    def combine_launch(self, out_partial, lse_partial, out_, sinks=None):
         setups.append(("combine", out_partial.shape, lse_partial.shape))
         static = {name: 11 for name in launch_args.static_names(launch_args.COMBINE_ARGS)}
         return cute_launcher.CombineLaunch("combine-kernel", static, {})
@@ -368,10 +368,10 @@ def test_prepared_cute_launches_with_workspace_addresses(num_splits, with_lse, m
         merge_args = (o_ptr, l_ptr, l_ptr)
     split_raw = dict(q_ptr=q.data_ptr(), k_ptr=k.data_ptr(), v_ptr=v.data_ptr(), o_ptr=o_ptr, lse_ptr=l_ptr,
                      seqlens_ptr=seqlens, block_table_ptr=seqlens, k_descale_ptr=l_ptr, v_descale_ptr=l_ptr,
-                     **dict(zip(("out_ptr", "out_lse_ptr", "arrivals_ptr"), merge_args)), stream=0)
+                     **dict(zip(("out_ptr", "out_lse_ptr", "arrivals_ptr"), merge_args)), sinks_ptr=l_ptr, stream=0)
     expected = [("split-kernel", launch_args.SPLIT_ARGS, split_raw, 7)]
     if num_splits > 1 and not merged:
-        combine_raw = dict(op_ptr=op, lp_ptr=lp, o_ptr=out.data_ptr(), lse_ptr=lse_ptr, stream=0)
+        combine_raw = dict(op_ptr=op, lp_ptr=lp, o_ptr=out.data_ptr(), lse_ptr=lse_ptr, sinks_ptr=lse_ptr, stream=0)
         expected.append(("combine-kernel", launch_args.COMBINE_ARGS, combine_raw, 11))
     assert len(launches) == 2 * len(expected)
     for (kernel, raw), (want_kernel, schema, per_call, static) in zip(launches[-len(expected):], expected):

@@ -13,7 +13,7 @@ import importlib.util
 import torch
 
 from ..call import DecodeOptions, DecodeTensors
-from ..problem import FP8_DTYPES, DecodeProblem
+from ..problem import FP8_DTYPES, DecodeProblem, Variant
 from ..registry import Backend
 from ..validation import check_decode_inputs
 from . import choice, configs
@@ -39,10 +39,6 @@ class CuteBackend(Backend):
 
     # ------------------------------------------------------------------ capability
     def supports(self, problem: DecodeProblem) -> str | None:
-        if problem.left_bound or (problem.right_bound and not problem.causal):
-            return "sliding windows are not in the cute kernel yet (the triton backend runs them)"
-        if problem.softcap or problem.has_sinks or problem.batch_invariant:
-            return "softcap, sinks and batch-invariant decode are not in the cute kernel yet (triton runs them)"
         if problem.head_dim not in configs.HEAD_DIMS:
             return f"head_dim {problem.head_dim} is not one of {configs.HEAD_DIMS}"
         if problem.dtype not in _DTYPE_NAMES:
@@ -69,24 +65,38 @@ class CuteBackend(Backend):
     # ------------------------------------------------------------------ launches
     def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float):
         tile = choice.choose(problem, num_splits, problem.num_sms, self.merge_max_splits)
-        return PreparedCuteDecode(self.launcher, tile, num_splits, softmax_scale, problem.causal)
+        return PreparedCuteDecode(self.launcher, tile, num_splits, softmax_scale, problem.causal, problem.variant)
 
     def decode(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal, out, lse,
-               block_table=None, k_descale=None, v_descale=None) -> None:
+               block_table=None, k_descale=None, v_descale=None, sinks=None, window_size=(-1, -1), softcap=0.0,
+               batch_invariant=False) -> None:
         """One decode with ``num_splits`` splits on the two-CTA tile, merged in the kernel or by
         the combine and with swapped operands as the rules say (the api goes through
-        :meth:`prepare`, which also applies the one-CTA-per-SM and one-wave rules)."""
-        tensors = DecodeTensors(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale)
-        problem = check_decode_inputs(tensors, DecodeOptions(causal=causal, num_splits=num_splits))
+        :meth:`prepare`, which also applies the one-CTA-per-SM and one-wave rules);
+        ``window_size``, ``softcap``, ``sinks``, ``batch_invariant`` as :func:`flashsplit.decode`
+        takes them."""
+        tensors = DecodeTensors(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale,
+                                sinks)
+        problem = check_decode_inputs(tensors, DecodeOptions(causal=causal, num_splits=num_splits,
+                                                             window_size=window_size, softcap=softcap,
+                                                             batch_invariant=batch_invariant))
         tile = choice.choose(problem, num_splits, problem.num_sms, self.merge_max_splits, one_per_sm=False,
                              one_wave=False)
-        PreparedCuteDecode(self.launcher, tile, num_splits, softmax_scale, causal)(tensors)
+        PreparedCuteDecode(self.launcher, tile, num_splits, softmax_scale, problem.causal, problem.variant)(tensors)
 
     def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
-                         block_table=None, k_descale=None, v_descale=None):
+                         block_table=None, k_descale=None, v_descale=None, variant: Variant = Variant()):
+        """Every split's partials (no sinks: they join in :meth:`combine`); ``variant``: the
+        window, softcap and split rule (:class:`~flashsplit.problem.Variant`)."""
+        variant = variant._replace(has_sinks=False)
+        window = (variant.window_left, variant.window_right)
+        if causal and window[1] >= 0:
+            window = (window[0], 0)  # (a causal launch's right bound is 0, as validation normalizes it)
         problem = check_decode_inputs(DecodeTensors(q, k_cache, v_cache, None, None, cache_seqlens, block_table,
                                                     k_descale, v_descale),
-                                      DecodeOptions(causal=causal, num_splits=num_splits))
+                                      DecodeOptions(causal=causal, num_splits=0 if variant.batch_invariant else
+                                                    num_splits, window_size=window, softcap=variant.softcap,
+                                                    batch_invariant=variant.batch_invariant))
         swap = choice.choose(problem, num_splits, problem.num_sms, one_per_sm=False, one_wave=False).swap
         batch, seqlen_q, num_heads, head_dim = q.shape
         out_partial = torch.empty((num_splits, batch, seqlen_q, num_heads, head_dim), dtype=torch.float32,
@@ -94,19 +104,20 @@ class CuteBackend(Backend):
         lse_partial = torch.empty((num_splits, batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
         launch = self.launcher.split_launch(q, k_cache, v_cache, cache_seqlens, block_table, num_splits,
                                             softmax_scale, causal, out_partial, lse_partial, True, k_descale,
-                                            v_descale, swap=swap)
+                                            v_descale, swap=swap, variant=variant)
         launch.launch(q, k_cache, v_cache, out_partial.data_ptr(), lse_partial.data_ptr(), cache_seqlens,
                       block_table, k_descale, v_descale, None, raw_stream(q))
         return out_partial, lse_partial
 
-    def combine(self, out_partial, lse_partial, out, lse) -> None:
+    def combine(self, out_partial, lse_partial, out, lse, sinks=None) -> None:
+        """Merge the partials into ``out``/``lse``; ``sinks`` ``[H_q]`` join each row's softmax."""
         batch, seqlen_q, num_heads, _ = out.shape
         lse_buf = lse if lse is not None else torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32,
                                                           device=out.device)
         if lse_buf.stride() != compact_strides(lse_buf.shape):
             raise ValueError(f"lse: expected a contiguous [B, H, L_q] tensor, got strides {lse_buf.stride()}")
-        self.launcher.combine_launch(out_partial, lse_partial, out).launch(
-            out_partial.data_ptr(), lse_partial.data_ptr(), out.data_ptr(), lse_buf.data_ptr(), raw_stream(out))
+        self.launcher.combine_launch(out_partial, lse_partial, out, sinks).launch(
+            out_partial.data_ptr(), lse_partial.data_ptr(), out.data_ptr(), lse_buf.data_ptr(), raw_stream(out), sinks)
 
 
 def compile_cache_size() -> int:

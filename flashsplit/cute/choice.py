@@ -98,8 +98,9 @@ def one_cta_per_sm(problem: DecodeProblem, num_sms: int) -> bool:
     16-bit cache at d = 128, dense or in TMA pages, whose (batch row, KV head, row block) units
     fit one wave of one CTA per SM, split as the plan splits them there into one split of
     ``ONE_PER_SM_MIN_KEYS``..``ONE_PER_SM_MAX_KEYS`` keys per CTA, or several of
-    ``ONE_PER_SM_MIN_SPLIT_KEYS``..``ONE_PER_SM_MAX_KEYS`` (where it was measured faster)."""
-    if problem.head_dim != 128 or problem.cache_dtype != problem.dtype:
+    ``ONE_PER_SM_MIN_SPLIT_KEYS``..``ONE_PER_SM_MAX_KEYS`` (where it was measured faster); never
+    for a batch-invariant decode (the rule follows the batch)."""
+    if problem.head_dim != 128 or problem.cache_dtype != problem.dtype or problem.batch_invariant:
         return False
     if problem.paged and not configs.tma_pages(problem.page_size, 128):
         return False
@@ -133,7 +134,11 @@ def choose(problem: DecodeProblem, num_splits: int, num_sms: int, max_splits: in
     """The kernel variant of a launch of ``num_splits`` splits: each of ``one_per_sm``,
     ``one_wave`` and ``swap`` as its rule above decides (None) or as given. The merge follows
     the split count (:func:`merges`); one-wave stages apply to merging launches only; swapped
-    operands are judged on the tile's CTAs per SM."""
+    operands are judged on the tile's CTAs per SM. A batch-invariant decode always takes the
+    two-CTA tile with the combine kernel, unswapped: each of these rules follows the launch's
+    size, which follows the batch."""
+    if problem.batch_invariant:
+        return LaunchChoice(one_per_sm=False, one_wave=False, merge=False, swap=False)
     merge = merges(num_splits, max_splits)
     if one_per_sm is None:
         one_per_sm = one_cta_per_sm(problem, num_sms)

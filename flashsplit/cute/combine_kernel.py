@@ -6,9 +6,14 @@ the row as :class:`flashsplit.cute.merge.RowMerge` describes: warp ``w`` takes s
 row's LSEs and its first ``chunk = 4`` splits, 16-byte vector loads when the partials are
 aligned: checked at run time, otherwise scalar loads) is issued before anything waits on memory.
 The warps' sums meet in shared memory (one barrier) and thread ``t`` writes column ``t``. A row
-whose splits are all ``-inf`` gets O = 0 and LSE ``-inf``. ``W * chunk = 32`` splits are in
-flight at once; the splits past them are loaded a chunk per warp at a time, one more round trip
-per chunk.
+whose splits are all ``-inf`` gets O = 0 and LSE ``-inf`` (with sinks: LSE = the head's sink,
+:func:`flashsplit.cute.softmax.add_sink`). ``W * chunk = 32`` splits are in flight at once; the
+splits past them are loaded a chunk per warp at a time, one more round trip per chunk.
+
+A row's reduction order does not depend on the launch's split count up to 32 (what a
+batch-invariant decode launches): split ``s`` always sits in lane ``s`` of every warp's LSE
+registers and in chunk slot ``s // W`` of warp ``s % W``, the tree reductions are fixed, and a
+split past the launch's count is ``-inf``, which adds exactly 0 to each sum.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T
 from cutlass.memory import SmemAllocator
 
+from . import softmax
 from .configs import CombineConfig
 from .merge import RowMerge
 
@@ -74,8 +80,11 @@ class CombineKernel:
         o_stride_b: Int64,
         o_stride_l: Int64,
         o_stride_h: Int64,
+        sinks_ptr: cute.Pointer,
         stream,
     ):
+        """Merge the partials at ``op_ptr``/``lp_ptr`` into ``o_ptr``/``lse_ptr``; a sinks config
+        reads ``sinks`` ``[num_heads]`` (its dtype) and joins each head's sink to its rows."""
         D = self.head_dim
         mLp = cute.make_tensor(
             lp_ptr,
@@ -90,10 +99,13 @@ class CombineKernel:
             lse_ptr,
             cute.make_layout((batch, num_heads, seqlen_q), stride=(num_heads * seqlen_q, seqlen_q, 1)),
         )
+        mSinks = None
+        if cutlass.const_expr(bool(self.config.sinks)):
+            mSinks = cute.make_tensor(sinks_ptr, cute.make_layout((num_heads,)))
         num_rows = batch * seqlen_q * num_heads
         self.kernel(
             op_ptr, op_stride_s, op_stride_b, op_stride_l, op_stride_h, mLp, mO, mLSE,
-            num_splits, batch, seqlen_q, num_heads,
+            num_splits, batch, seqlen_q, num_heads, mSinks,
         ).launch(
             grid=[num_rows, 1, 1],
             block=[self.num_threads, 1, 1],
@@ -119,6 +131,7 @@ class CombineKernel:
         batch: Int32,
         seqlen_q: Int32,
         num_heads: Int32,
+        mSinks: cute.Tensor | None,
     ):
         D, V = self.head_dim, self.vec
         tidx, _, _ = cute.arch.thread_idx()
@@ -149,21 +162,24 @@ class CombineKernel:
                     ),
                 ),
             )
-            self.combine_row(mOp, mLp, mO, mLSE, sAcc, num_splits, b, m, h, tidx)
+            self.combine_row(mOp, mLp, mO, mLSE, sAcc, num_splits, b, m, h, tidx, mSinks)
         else:
             mOp = cute.make_tensor(
                 cute.make_ptr(Float32, addr, cute.AddressSpace.gmem, assumed_align=4),
                 cute.make_layout(shape, stride=(op_stride_s, op_stride_b, op_stride_l, op_stride_h, 1)),
             )
-            self.combine_row(mOp, mLp, mO, mLSE, sAcc, num_splits, b, m, h, tidx)
+            self.combine_row(mOp, mLp, mO, mLSE, sAcc, num_splits, b, m, h, tidx, mSinks)
 
     @cute.jit
-    def combine_row(self, mOp, mLp, mO, mLSE, sAcc, num_splits, b, m, h, tidx):
+    def combine_row(self, mOp, mLp, mO, mLSE, sAcc, num_splits, b, m, h, tidx, mSinks=None):
         C, NW = self.cols_per_lane, self.num_warps
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = tidx % 32
         acc = cute.make_rmem_tensor((C,), Float32)
         lse = self.row_merge.warp_sum(mOp, mLp, acc, num_splits, b, m, h, warp, lane)
+        factor = None
+        if cutlass.const_expr(mSinks is not None):  # the head's sink joins the merged softmax
+            lse, factor = softmax.add_sink(lse, mSinks[h].to(Float32))
 
         # 4. Merge the warps through shared memory; thread t writes column t (d = 64: t < 64).
         cute.autovec_copy(acc, cute.local_tile(sAcc[warp, None], (C,), (lane,)))
@@ -172,6 +188,8 @@ class CombineKernel:
             o = sAcc[0, tidx]
             for w in cutlass.range_constexpr(1, NW):
                 o += sAcc[w, tidx]
+            if cutlass.const_expr(factor is not None):
+                o = o * factor
             mO[b, m, h, tidx] = o.to(self.dtype)
         if tidx == 0:
             mLSE[b, h, m] = lse

@@ -74,6 +74,26 @@ class SplitConfig:
     #: columns, its max shared across the four consumer warps through shared memory once per
     #: tile. 16-bit TMA loads (dense or TMA pages).
     swap_rows: int = 0
+    #: Sliding window (runtime bounds ``window_left`` / ``window_right``): query ``m`` at position
+    #: ``p = n - L_q + m`` of a row of ``n`` keys sees keys ``p - window_left .. p + window_right``.
+    #: ``left_bound``: the row's splits start at ``flashsplit.plan.first_key``, a CTA skips the
+    #: tiles before its first query's window and zeroes the V rows before it; ``right_bound``: a
+    #: right bound other than causal's 0 (``causal`` is the bound 0).
+    left_bound: bool = False
+    right_bound: bool = False
+    #: Scores (log2 units) become ``softcap_log2 * tanh(s / softcap_log2)`` before the mask.
+    softcap: bool = False
+    #: The sinks' dtype name ("" none): each q head's logit joins its softmax where a final
+    #: result is written (one split's epilogue, the merge tail), never in partials.
+    sinks: str = ""
+    #: Batch-invariant decode: each row's splits follow its own length
+    #: (``flashsplit.plan.tokens_per_split(..., invariant=True)``); partials only, never merged.
+    invariant: bool = False
+
+    @property
+    def variant(self) -> bool:
+        """Any attention variant (window, softcap, sinks, batch invariance) is on."""
+        return self.left_bound or self.right_bound or self.softcap or bool(self.sinks) or self.invariant
 
     @property
     def rows(self) -> int:
@@ -136,6 +156,12 @@ class CombineConfig:
 
     dtype: str
     head_dim: int
+    #: The sinks' dtype name ("" none): each q head's logit joins the merged softmax once.
+    sinks: str = ""
+
+
+#: Element types a ``sinks`` tensor may have (validated by ``flashsplit.validation.check_sinks``).
+SINK_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def split_tile(head_dim: int) -> tuple[int, int, int]:
@@ -200,7 +226,9 @@ GATHER_STAGES = 2
 
 def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, paged: bool = False,
                  kv_dtype: str = "same", page_size: int | None = None, merge: bool = False,
-                 one_per_sm: bool = False, one_wave: bool = False, swap_rows: int = 0) -> SplitConfig:
+                 one_per_sm: bool = False, one_wave: bool = False, swap_rows: int = 0, *, left_bound: bool = False,
+                 right_bound: bool = False, softcap: bool = False, sinks: str = "",
+                 invariant: bool = False) -> SplitConfig:
     """The compile key for a problem. ``page_size`` (paged only) picks the load mode: a multiple
     of the tile (one TMA box per tile; the page size a runtime value), a sub-tile size
     (``subtile_page``: tile_n / P TMA boxes), or anything else (``gather_pages``: one bulk copy
@@ -209,7 +237,10 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
     dense or in TMA pages): :data:`ONE_PER_SM_TILE` instead of :func:`split_tile`'s.
     ``one_wave`` (merging launches of dense 16-bit caches at d = 128 on the two-CTA tile):
     :data:`ONE_WAVE_STAGES`. ``swap_rows`` (0 or ``SWAP_AB_ROWS``): the swapped-operand consumer
-    (``SplitConfig.swap_rows``), for 16-bit caches read by whole TMA tiles or sub-tile boxes."""
+    (``SplitConfig.swap_rows``), for 16-bit caches read by whole TMA tiles or sub-tile boxes.
+    ``left_bound``, ``right_bound``, ``softcap``, ``sinks``, ``invariant``: the attention
+    variants (:class:`SplitConfig`'s fields of those names)."""
+    _check_variant(causal, write_partials, merge, one_per_sm, one_wave, swap_rows, right_bound, sinks, invariant)
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype: expected one of {KV_DTYPES}, got {kv_dtype!r}")
     if merge and not write_partials:
@@ -246,7 +277,26 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
         raise ValueError(f"swap_rows: only for 16-bit caches in TMA tiles, got kv_dtype {kv_dtype}, gathered pages "
                          f"{gather}")
     return SplitConfig(dtype, head_dim, tile_n, stages, causal, write_partials, units, paged, kv_dtype,
-                       subtile_page, gather, merge, swap_rows)
+                       subtile_page, gather, merge, swap_rows, left_bound, right_bound, softcap, sinks, invariant)
+
+
+def _check_variant(causal, write_partials, merge, one_per_sm, one_wave, swap_rows, right_bound, sinks,
+                   invariant) -> None:
+    """What :func:`split_config` refuses among the variants: a right bound beside causal's, an
+    unknown sinks dtype or sinks in partials, and batch-invariant launches other than the two-CTA tile's partials (its
+    split count or tile must not follow the batch: no merge, one-wave stages, one CTA per SM or
+    swapped operands)."""
+    if right_bound and causal:
+        raise ValueError("right_bound: a right window bound other than causal's 0, so not with causal=True")
+    if sinks not in ("",) + SINK_DTYPES:
+        raise ValueError(f"sinks: expected '' (none) or one of {SINK_DTYPES}, got {sinks!r}")
+    if sinks and write_partials and not merge:
+        raise ValueError("sinks: only where the kernel writes a final result (one split, or merge=True); a "
+                         "combine adds them to partials")
+    if invariant and (not write_partials or merge or one_per_sm or one_wave or swap_rows):
+        raise ValueError(f"invariant: only for partials on the two-CTA tile (no merge, one_per_sm, one_wave or "
+                         f"swap_rows), got write_partials={write_partials}, merge={merge}, one_per_sm={one_per_sm}, "
+                         f"one_wave={one_wave}, swap_rows={swap_rows}")
 
 
 #: Packed q rows (L_q x group) of the swapped-operand kernel (``SplitConfig.swap_rows``): wgmma's
@@ -405,11 +455,17 @@ def compile_check_configs() -> list[SplitConfig]:
     configs += [split_config("float16", 128, True, wp, one_per_sm=True, swap_rows=swap) for wp in (False, True)]
     configs.append(split_config("bfloat16", 128, False, True, True, page_size=16, merge=True, one_per_sm=True,
                                 swap_rows=swap))
-    return configs
+    # The attention variants (windows, softcap, sinks, batch invariance), each on every consumer,
+    # load mode, cache type and output, and together.
+    from .variant_configs import variant_check_configs
+
+    return configs + variant_check_configs()
 
 
 def all_combine_configs() -> list[CombineConfig]:
-    return [CombineConfig(dtype, head_dim) for dtype in COMBINE_OUT_DTYPES
+    """Every combine configuration: each output dtype and head dim, without sinks and with sinks
+    of each dtype."""
+    return [CombineConfig(dtype, head_dim, sinks) for sinks in ("",) + SINK_DTYPES for dtype in COMBINE_OUT_DTYPES
             for head_dim in HEAD_DIMS]
 
 

@@ -12,7 +12,10 @@ class CtaWork:
     """Grid ``(split, batch row, KV head x row block)``: CTA ``(split_idx, batch_idx, z_idx)``
     owns the keys ``[start, end)`` of its split (``flashsplit.cute.split_rule``; the row holds
     ``n_keys``), which are ``num_tiles`` KV tiles from ``first_tile`` on, and row tile
-    ``row_block`` of KV head ``kvh``'s ``seqlen_q * group`` packed q rows."""
+    ``row_block`` of KV head ``kvh``'s ``seqlen_q * group`` packed q rows. A windowed
+    configuration also carries its runtime bounds (``window_left``, ``window_right``; None where
+    off) and, with a left bound, ``cta_first``: the first key any query of the CTA sees (the
+    CTA's tiles start at the tile holding it; V rows before it are zeroed)."""
 
     tidx: Int32
     split_idx: Int32
@@ -28,3 +31,6 @@ class CtaWork:
     end: Int32
     first_tile: Int32
     num_tiles: Int32
+    window_left: Int32 | None = None
+    window_right: Int32 | None = None
+    cta_first: Int32 | None = None

@@ -1,10 +1,11 @@
 """The consumer warpgroup's side of a K/V stage: making it a clean wgmma operand.
 
-Cache slots past a row's live length may hold anything (NaN included), and ``0 * NaN`` would
-poison O even where P is 0, so V rows past the length are zeroed (scores past it are masked by
-selection in the softmax). Staged loads (fp8 caches, gathered pages) land in plain slots that
-the consumer converts (fp8 -> the 16-bit operand type) or copies into the swizzled operand
-buffers, 16 elements (one 16-byte chunk along d) per thread and step.
+Cache slots past a row's live length or before its window may hold anything (NaN included),
+and ``0 * NaN`` would poison O even where P is 0, so the V rows no query of the CTA sees are
+zeroed (their scores are masked by selection in the softmax). Staged loads (fp8 caches,
+gathered pages) land in plain slots that the consumer converts (fp8 -> the 16-bit operand
+type) or copies into the swizzled operand buffers, 16 elements (one 16-byte chunk along d) per
+thread and step.
 """
 
 from __future__ import annotations
@@ -34,9 +35,29 @@ class KVOperands:
         publish_smem_writes()
 
     @cute.jit
-    def convert(self, sK8, sV8, sK, sV, stage, valid, tidx):
+    def zero_head_v(self, sV, stage, rows, tidx):
+        """Zero V rows ``< rows`` of one stage (keys before a window no query of the CTA sees)."""
+        D = self.head_dim
+        for idx in cutlass.range(tidx, rows * D, NUM_CONSUMER_THREADS, unroll=1):
+            sV[idx % D, idx // D, stage] = self.op_dtype(0.0)
+        publish_smem_writes()
+
+    @cute.jit
+    def zero_invisible_v(self, sV, stage, tile_start, end, cta_first, tidx):
+        """Zero the V rows of the TMA stage of the tile at ``tile_start`` that no query of the CTA
+        sees: keys ``>= end``, and with a left window bound (``cta_first`` not None) keys before
+        ``cta_first``."""
+        N = self.tile_n
+        if cutlass.const_expr(cta_first is not None):
+            if tile_start < cta_first:
+                self.zero_head_v(sV, stage, cta_first - tile_start, tidx)
+        if tile_start + N > end:
+            self.zero_tail_v(sV, stage, end - tile_start, tidx)
+
+    @cute.jit
+    def convert(self, sK8, sV8, sK, sV, stage, valid, tidx, head=None):
         """Staging slot ``stage`` -> the 16-bit K and V operand buffers (swizzled wgmma layouts);
-        V rows ``>= valid`` are written as 0."""
+        V rows ``>= valid`` (and, given ``head``, rows ``< head``) are written as 0."""
         D, N = self.head_dim, self.tile_n
         chunks_per_row = D // 16
         for i in cutlass.range_constexpr(N * chunks_per_row // NUM_CONSUMER_THREADS):
@@ -50,7 +71,10 @@ class KVOperands:
             cute.autovec_copy(k16, cute.local_tile(sK[n, None, 0], (16,), (c,)))
             v16 = cute.make_rmem_tensor((16,), self.op_dtype)
             v16.fill(0.0)
-            if n < valid:
+            visible = n < valid
+            if cutlass.const_expr(head is not None):
+                visible = visible & (n >= head)
+            if visible:
                 v8 = cute.make_rmem_tensor((16,), self.kv_dtype)
                 cute.autovec_copy(cute.local_tile(sV8[None, n, stage], (16,), (c,)), v8)
                 v16.store(v8.load().to(self.op_dtype))

@@ -45,7 +45,8 @@ def _scalars(kind: str, *names: str) -> tuple[Arg, ...]:
 
 
 #: ``SplitKVDecodeKernel.__call__``. Element roles: "q" (q's dtype), "kv" (the cache's), "o"
-#: (fp32 partials, or q's dtype for a one-split launch's final output).
+#: (fp32 partials, or q's dtype for a one-split launch's final output), "sinks" (the sinks'
+#: dtype; fp32 where a configuration has none: the pointer is then never read).
 SPLIT_ARGS: tuple[Arg, ...] = (
     _ptr("q_ptr", "q"), _ptr("k_ptr", "kv"), _ptr("v_ptr", "kv"), _ptr("o_ptr", "o"),
     _ptr("lse_ptr", "float32", 4), _ptr("seqlens_ptr", "int32", 4), _ptr("block_table_ptr", "int32", 4),
@@ -59,15 +60,18 @@ SPLIT_ARGS: tuple[Arg, ...] = (
     *_scalars("i64", "k_descale_stride_b", "k_descale_stride_h", "v_descale_stride_b", "v_descale_stride_h"),
     _ptr("out_ptr", "q"), _ptr("out_lse_ptr", "float32", 4), _ptr("arrivals_ptr", "int32", 4),
     *_scalars("i64", "out_stride_b", "out_stride_l", "out_stride_h"),
+    *_scalars("i32", "window_left", "window_right"), Arg("softcap_log2", "f32"), _ptr("sinks_ptr", "sinks", 2),
     Arg("stream", "stream"),
 )
 
-#: ``CombineKernel.__call__``. Element role "out": the output's dtype (the config's).
+#: ``CombineKernel.__call__``. Element roles "out": the output's dtype (the config's), "sinks"
+#: as for the split kernel.
 COMBINE_ARGS: tuple[Arg, ...] = (
     _ptr("op_ptr", "float32"), _ptr("lp_ptr", "float32", 4), _ptr("o_ptr", "out"), _ptr("lse_ptr", "float32", 4),
     *_scalars("i32", "num_splits", "batch", "seqlen_q", "num_heads"),
     *_scalars("i64", "op_stride_s", "op_stride_b", "op_stride_l", "op_stride_h", "lp_stride_s", "lp_stride_b",
               "lp_stride_h", "lp_stride_l", "o_stride_b", "o_stride_l", "o_stride_h"),
+    _ptr("sinks_ptr", "sinks", 2),
     Arg("stream", "stream"),
 )
 
@@ -75,12 +79,13 @@ COMBINE_ARGS: tuple[Arg, ...] = (
 def split_elements(config) -> dict[str, str]:
     """The split kernel's pointer element roles for a :class:`~flashsplit.cute.configs.SplitConfig`."""
     kv = config.dtype if config.kv_dtype == "same" else config.kv_dtype
-    return {"q": config.dtype, "kv": kv, "o": "float32" if config.write_partials else config.dtype}
+    return {"q": config.dtype, "kv": kv, "o": "float32" if config.write_partials else config.dtype,
+            "sinks": config.sinks or "float32"}
 
 
 def combine_elements(config) -> dict[str, str]:
     """The combine kernel's pointer element roles for a :class:`~flashsplit.cute.configs.CombineConfig`."""
-    return {"out": config.dtype}
+    return {"out": config.dtype, "sinks": config.sinks or "float32"}
 
 
 def static_names(schema: Sequence[Arg]) -> tuple[str, ...]:

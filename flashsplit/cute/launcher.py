@@ -17,6 +17,7 @@ import math
 import torch
 
 from ..call import DecodeTensors
+from ..problem import Variant
 from ..workspace import ARRIVALS, Workspace, stream_key
 from . import configs, launch_args
 from .choice import LaunchChoice
@@ -24,6 +25,23 @@ from .choice import LaunchChoice
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _OUT_DTYPE_NAMES = {**_DTYPE_NAMES, torch.float32: "float32"}  # the combine may write fp32
 _FP8_NAMES = {torch.float8_e4m3fn: "float8_e4m3fn", torch.float8_e5m2: "float8_e5m2"}
+_SINK_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _sinks_name(sinks) -> str:
+    """The compile key's sinks dtype: "" without sinks."""
+    return "" if sinks is None else _SINK_NAMES[sinks.dtype]
+
+
+def variant_keys(variant: Variant, causal: bool, seqlen_q: int, sinks=None) -> dict:
+    """The split config's mask and variant keys for a launch: ``causal`` (also a right window
+    bound of 0: the same mask), ``right_bound`` (a right bound > 0 that hides keys from some
+    of the ``seqlen_q`` queries), ``left_bound``, ``softcap``, ``sinks`` (the dtype of the
+    ``sinks`` this launch applies, "" for none) and ``invariant``."""
+    causal = causal or variant.window_right == 0
+    return dict(causal=causal, right_bound=not causal and 0 <= variant.window_right < seqlen_q - 1,
+                left_bound=variant.window_left >= 0, softcap=variant.softcap > 0, sinks=_sinks_name(sinks),
+                invariant=variant.batch_invariant)
 
 
 class CuteLauncher:
@@ -38,11 +56,13 @@ class CuteLauncher:
 
     def split_launch(self, q, k, v, cache_seqlens, block_table, num_splits, scale, causal, o, lse,
                      write_partials, k_descale=None, v_descale=None, out=None, one_per_sm=False,
-                     one_wave=False, swap=False) -> SplitLaunch:
+                     one_wave=False, swap=False, variant: Variant = Variant(), sinks=None) -> SplitLaunch:
         """The compiled split kernel for this call's static facts and its static raw arguments;
         with ``out`` (partials only), the kernel's last CTA per row tile merges into it; with
         ``one_per_sm``, the one-CTA-per-SM tile; with ``one_wave``, ``configs.ONE_WAVE_STAGES``;
-        with ``swap``, swapped operands."""
+        with ``swap``, swapped operands. ``variant``: the window, softcap and split rule; with
+        ``variant.has_sinks``, ``sinks`` (its dtype) join the final results this launch writes
+        (one split, or the merge): a partials launch that a combine follows leaves them to it."""
         from .compile import compile_split
 
         batch, seqlen_q, num_heads, head_dim = q.shape
@@ -56,9 +76,11 @@ class CuteLauncher:
         else:
             seqlen_k, max_pages = cache_len, 1
         kv_dtype = _FP8_NAMES.get(k.dtype, "same")
-        config = configs.split_config(_DTYPE_NAMES[q.dtype], head_dim, causal, write_partials, paged, kv_dtype,
-                                      cache_len if paged else None, merge=out is not None, one_per_sm=one_per_sm,
-                                      one_wave=one_wave, swap_rows=configs.SWAP_AB_ROWS if swap else 0)
+        merge = out is not None
+        keys = variant_keys(variant, causal, seqlen_q, sinks if merge or not write_partials else None)
+        config = configs.split_config(_DTYPE_NAMES[q.dtype], head_dim, keys.pop("causal"), write_partials, paged,
+                                      kv_dtype, cache_len if paged else None, merge=merge, one_per_sm=one_per_sm,
+                                      one_wave=one_wave, swap_rows=configs.SWAP_AB_ROWS if swap else 0, **keys)
         if lse.stride() != compact_strides(lse.shape):
             raise ValueError(f"lse: expected a contiguous tensor, got strides {lse.stride()}")
         o_strides = o.stride()[:4] if write_partials else (0, *o.stride()[:3])
@@ -67,6 +89,8 @@ class CuteLauncher:
             num_splits=num_splits, cache_rows=cache_rows, cache_len=cache_len, max_pages=max_pages,
             block_table_stride_b=block_table.stride(0) if paged else 0,
             softmax_scale_log2=scale * math.log2(math.e),
+            window_left=max(variant.window_left, 0), window_right=max(variant.window_right, 0),
+            softcap_log2=variant.softcap * math.log2(math.e),
         )
         for name, t in (("q", q), ("k", k), ("v", v)):
             static.update(zip((f"{name}_stride_b", f"{name}_stride_l", f"{name}_stride_h"), t.stride()[:3]))
@@ -80,12 +104,13 @@ class CuteLauncher:
         full = self.full_length(q.device, batch, seqlen_k) if cache_seqlens is None else None
         return SplitLaunch(compile_split(config), static, launch_args.split_elements(config), full)
 
-    def combine_launch(self, out_partial, lse_partial, out) -> CombineLaunch:
-        """The compiled combine for these shapes and its static raw arguments (sizes, strides)."""
+    def combine_launch(self, out_partial, lse_partial, out, sinks=None) -> CombineLaunch:
+        """The compiled combine for these shapes and its static raw arguments (sizes, strides);
+        ``sinks`` (its dtype) join each row's merged softmax."""
         from .compile import compile_combine
 
         num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
-        config = configs.CombineConfig(_OUT_DTYPE_NAMES[out.dtype], head_dim)
+        config = configs.CombineConfig(_OUT_DTYPE_NAMES[out.dtype], head_dim, _sinks_name(sinks))
         static = dict(
             num_splits=num_splits, batch=batch, seqlen_q=seqlen_q, num_heads=num_heads,
             **dict(zip(("op_stride_s", "op_stride_b", "op_stride_l", "op_stride_h"), out_partial.stride()[:4])),
@@ -115,25 +140,30 @@ class PreparedCuteDecode:
     (fp32): ``out_partial`` ``[S, B, L_q, H, D]``, ``lse_partial`` ``[S, B, H, L_q]`` (S > 1
     only), then the lse scratch ``[B, H, L_q]``. A merging launch (``tile.merge``) is one split
     launch whose last CTAs merge (arrival counters from
-    :class:`~flashsplit.workspace.ArrivalCounters`); otherwise the combine kernel merges.
+    :class:`~flashsplit.workspace.ArrivalCounters`); otherwise the combine kernel merges. A
+    batch-invariant decode (``variant.batch_invariant``) always writes partials and combines
+    them, even with one split: every row takes the same path in any launch.
     """
 
     def __init__(self, launcher: CuteLauncher, tile: LaunchChoice, num_splits: int, softmax_scale: float,
-                 causal: bool):
+                 causal: bool, variant: Variant = Variant()):
         self.launcher = launcher
         self.tile = tile
         self.num_splits = num_splits
         self.softmax_scale = softmax_scale
         self.causal = causal
+        self.variant = variant
+        #: The split kernel writes the final out/lse itself (one split, not batch-invariant).
+        self.direct = num_splits == 1 and not variant.batch_invariant
         self.split: SplitLaunch | None = None
         self.combine: CombineLaunch | None = None
 
     def __call__(self, tensors: DecodeTensors) -> None:
-        q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale = tensors[:9]
+        q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, sinks = tensors
         batch, seqlen_q, num_heads, head_dim = q.shape
         splits = self.num_splits
         rows = batch * seqlen_q * num_heads
-        partial_rows = splits * rows if splits > 1 else 0
+        partial_rows = 0 if self.direct else splits * rows
         scratch_lse = lse is None
         numel = partial_rows * (head_dim + 1) + rows * scratch_lse or 1
         if q.is_cuda:  # one read of the stream for the workspace and the launches
@@ -147,35 +177,37 @@ class PreparedCuteDecode:
         out_ptr = out.data_ptr()
         if self.split is None:
             self._first_launch_setup(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse,
-                                     buffer, partial_rows, rows)
+                                     buffer, partial_rows, rows, sinks)
         # One split writes the final outputs; several write the partials, which the split
         # kernel's last CTAs (merge) or the combine merge.
-        if splits == 1:
+        if self.direct:
             self.split.launch(q, k_cache, v_cache, out_ptr, lse_ptr, cache_seqlens, block_table, k_descale,
-                              v_descale, None, stream)
+                              v_descale, None, stream, sinks)
         elif self.tile.merge:
             arrivals = self.launcher.arrivals.for_queries(q).data_ptr()
             self.split.launch(q, k_cache, v_cache, op, lp, cache_seqlens, block_table, k_descale, v_descale,
-                              (out_ptr, lse_ptr, arrivals), stream)
+                              (out_ptr, lse_ptr, arrivals), stream, sinks)
         else:
             self.split.launch(q, k_cache, v_cache, op, lp, cache_seqlens, block_table, k_descale, v_descale,
                               None, stream)
-            self.combine.launch(op, lp, out_ptr, lse_ptr, stream)
+            self.combine.launch(op, lp, out_ptr, lse_ptr, stream, sinks)
 
     def _first_launch_setup(self, q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse,
-                            buffer, partial_rows, rows) -> None:
+                            buffer, partial_rows, rows, sinks=None) -> None:
         """Compile/find the kernels and their static arguments, from views of the workspace."""
         batch, seqlen_q, num_heads, head_dim = q.shape
-        splits, tile = self.num_splits, self.tile
+        splits, tile, variant = self.num_splits, self.tile, self.variant
+        sinks = sinks if variant.has_sinks else None
         if lse is None:
             start = partial_rows * (head_dim + 1)
             lse = buffer[start: start + rows].view(batch, num_heads, seqlen_q)
         elif lse.stride() != compact_strides(lse.shape):
             raise ValueError(f"lse: expected a contiguous [B, H, L_q] tensor, got strides {lse.stride()}")
-        if splits == 1:
+        if self.direct:
             self.split = self.launcher.split_launch(q, k_cache, v_cache, cache_seqlens, block_table, 1,
                                                     self.softmax_scale, self.causal, out, lse, False, k_descale,
-                                                    v_descale, one_per_sm=tile.one_per_sm, swap=tile.swap)
+                                                    v_descale, one_per_sm=tile.one_per_sm, swap=tile.swap,
+                                                    variant=variant, sinks=sinks)
             return
         out_partial = buffer[: partial_rows * head_dim].view(splits, batch, seqlen_q, num_heads, head_dim)
         lse_partial = buffer[partial_rows * head_dim: partial_rows * (head_dim + 1)].view(
@@ -183,9 +215,10 @@ class PreparedCuteDecode:
         self.split = self.launcher.split_launch(q, k_cache, v_cache, cache_seqlens, block_table, splits,
                                                 self.softmax_scale, self.causal, out_partial, lse_partial, True,
                                                 k_descale, v_descale, out if tile.merge else None,
-                                                one_per_sm=tile.one_per_sm, one_wave=tile.one_wave, swap=tile.swap)
+                                                one_per_sm=tile.one_per_sm, one_wave=tile.one_wave, swap=tile.swap,
+                                                variant=variant, sinks=sinks)
         if not tile.merge:
-            self.combine = self.launcher.combine_launch(out_partial, lse_partial, out)
+            self.combine = self.launcher.combine_launch(out_partial, lse_partial, out, sinks)
 
 
 class SplitLaunch:
@@ -202,13 +235,14 @@ class SplitLaunch:
             raise ValueError(f"static: unknown arguments {sorted(set(static) - set(_SPLIT_STATIC))}")
 
     def raw(self, q, k, v, o_ptr: int, lse_ptr: int, cache_seqlens, block_table, k_descale, v_descale,
-            merge_into: tuple | None, stream: int) -> tuple:
+            merge_into: tuple | None, stream: int, sinks=None) -> tuple:
         """Every argument of the compiled host function as a plain value, in its order: the
         addresses, the static part, the stream. ``o_ptr``/``lse_ptr`` address the partial
         buffers or the final outputs; ``merge_into`` is ``(out, lse, arrival counters)``
         addresses for a merging kernel. Arguments a configuration never reads get placeholders:
         a dense launch passes ``cache_seqlens`` as its block table, a 16-bit one the lse address
-        as its descales, a launch that does not merge ``o_ptr``/``lse_ptr`` as the merge's."""
+        as its descales, a launch that does not merge ``o_ptr``/``lse_ptr`` as the merge's, one
+        without ``sinks`` the lse address as theirs."""
         seqlens = (self.full_seqlens if cache_seqlens is None else cache_seqlens).data_ptr()
         merge_out, merge_lse, arrivals = merge_into or (o_ptr, lse_ptr, lse_ptr)
         return _pack_split(
@@ -216,14 +250,15 @@ class SplitLaunch:
             seqlens_ptr=seqlens, block_table_ptr=seqlens if block_table is None else block_table.data_ptr(),
             k_descale_ptr=lse_ptr if k_descale is None else k_descale.data_ptr(),
             v_descale_ptr=lse_ptr if v_descale is None else v_descale.data_ptr(),
-            out_ptr=merge_out, out_lse_ptr=merge_lse, arrivals_ptr=arrivals, stream=stream,
+            out_ptr=merge_out, out_lse_ptr=merge_lse, arrivals_ptr=arrivals,
+            sinks_ptr=lse_ptr if sinks is None else sinks.data_ptr(), stream=stream,
         )
 
     def launch(self, q, k, v, o_ptr: int, lse_ptr: int, cache_seqlens, block_table, k_descale, v_descale,
-               merge_into: tuple | None, stream: int) -> None:
+               merge_into: tuple | None, stream: int, sinks=None) -> None:
         """Launch the split kernel with :meth:`raw`'s arguments."""
         raw = self.raw(q, k, v, o_ptr, lse_ptr, cache_seqlens, block_table, k_descale, v_descale, merge_into,
-                       stream)
+                       stream, sinks)
         _run(self.kernel, raw, lambda: launch_args.cute_args(launch_args.SPLIT_ARGS, self.elements, raw))
 
 
@@ -239,9 +274,11 @@ class CombineLaunch:
         if len(static) != len(_COMBINE_STATIC):
             raise ValueError(f"static: unknown arguments {sorted(set(static) - set(_COMBINE_STATIC))}")
 
-    def launch(self, op: int, lp: int, out_ptr: int, lse_ptr: int, stream: int) -> None:
-        """Merge the partials at ``op``/``lp`` into ``out_ptr`` and ``lse_ptr``."""
-        raw = _pack_combine(self.static, op_ptr=op, lp_ptr=lp, o_ptr=out_ptr, lse_ptr=lse_ptr, stream=stream)
+    def launch(self, op: int, lp: int, out_ptr: int, lse_ptr: int, stream: int, sinks=None) -> None:
+        """Merge the partials at ``op``/``lp`` into ``out_ptr`` and ``lse_ptr`` (``sinks``: the
+        tensor a sinks configuration reads)."""
+        raw = _pack_combine(self.static, op_ptr=op, lp_ptr=lp, o_ptr=out_ptr, lse_ptr=lse_ptr,
+                            sinks_ptr=lse_ptr if sinks is None else sinks.data_ptr(), stream=stream)
         _run(self.kernel, raw, lambda: launch_args.cute_args(launch_args.COMBINE_ARGS, self.elements, raw))
 
 

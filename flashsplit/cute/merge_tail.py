@@ -12,6 +12,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from . import softmax
 from .configs import SplitConfig
 from .merge import RowMerge
 from .q_tile import tile_rows
@@ -28,10 +29,11 @@ class MergeTail:
         self.row_merge = RowMerge(config.head_dim, 1, 2048 // config.head_dim)
 
     @cute.jit
-    def run(self, mO, mLSE, mOut, mOutLSE, mArrivals, sTicket, work):
+    def run(self, mO, mLSE, mOut, mOutLSE, mArrivals, sTicket, work, mSinks=None):
         """Count this CTA's split as done on its row tile's arrival counter; the last of the
         tile's ``num_splits`` CTAs merges the partials of the tile's real rows into
         ``mOut``/``mOutLSE`` (warp ``w`` takes rows ``w, w + 4, ...``) and zeroes the counter.
+        ``mSinks`` ``[H_q]``: each q head's sink joins its merged softmax (``softmax.add_sink``).
 
         Ordering (the pattern of a split-K semaphore): every consumer thread's partial stores
         precede the named barrier, and thread 0's gpu-scope acq_rel atomic follows it (release:
@@ -61,6 +63,10 @@ class MergeTail:
                 m = packed // group
                 hq = kvh * group + packed % group
                 lse = self.row_merge.warp_sum(mO, mLSE, acc, num_splits, batch_idx, m, hq, 0, lane)
+                if cutlass.const_expr(mSinks is not None):
+                    lse, factor = softmax.add_sink(lse, mSinks[hq].to(Float32))
+                    for j in cutlass.range_constexpr(C):
+                        acc[j] = acc[j] * factor
                 out.store(acc.load().to(self.dtype))
                 cute.autovec_copy(out, cute.local_tile(mOut[batch_idx, m, hq, None], (C,), (lane,)))
                 if lane == 0:

@@ -40,14 +40,18 @@ class RowConsumer:
         self.op_dtype = ElementTypes(config).op
         self.q_tile = QTile(config)
         self.kv_operands = KVOperands(config)
-        self.mask = KeyMask(config.causal)
+        self.mask = KeyMask(config.causal, config.left_bound, config.right_bound)
+        self.left_bound = config.left_bound
+        self.softcap = config.softcap
 
     @cute.jit
     def run(self, qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, work, softmax_scale_log2, sK8, sV8,
-            v_scale, sRowScale):
+            v_scale, sRowScale, softcap_log2=None, mSinks=None):
         """Q into ``sQ``, then every KV tile of the split (``sK``/``sV``: the operand stages, or
         with staging the one operand buffer ``sK8``/``sV8`` are converted into), then O and the
-        LSE. fp8: ``softmax_scale_log2`` already holds k_descale, ``v_scale`` is v_descale."""
+        LSE. fp8: ``softmax_scale_log2`` already holds k_descale, ``v_scale`` is v_descale.
+        ``softcap_log2`` (softcap configs) caps the scores, ``mSinks`` (sinks configs, one split)
+        joins the final softmax."""
         D, N, M = self.head_dim, self.tile_n, self.block_m
         tidx, end = work.tidx, work.end
         self.q_tile.load(mQ, sQ, sRowScale, tidx, work.batch_idx, work.kvh, work.row_block, work.seqlen_q,
@@ -67,7 +71,13 @@ class RowConsumer:
         row_max = cute.make_rmem_tensor((2,), Float32)
         row_sum = cute.make_rmem_tensor((2,), Float32)
         key_limit = cute.make_rmem_tensor((2,), Int32)  # first key a row may not see
+        key_first = None  # first key a row sees (left window bound)
+        if cutlass.const_expr(self.left_bound):
+            key_first = cute.make_rmem_tensor((2,), Int32)
         row_qk_scale = cute.make_rmem_tensor((2,), Float32)  # log2 score scale of the row
+        cap_k = None  # softcap: 2 log2(e) / softcap_log2 (softmax.cap_score)
+        if cutlass.const_expr(self.softcap):
+            cap_k = 2.0 * softmax.LOG2_E / softcap_log2
         for r in cutlass.range_constexpr(2):
             row_qk_scale[r] = softmax_scale_log2
             if cutlass.const_expr(self.scaled_q):  # times 1 / the q row's power of two
@@ -75,7 +85,10 @@ class RowConsumer:
             row_max[r] = -Float32.inf
             row_sum[r] = 0.0
             self.mask.set_limit(key_limit, r, end, work.n_keys, work.seqlen_q, work.group,
-                                lambda: work.row_block * M + warp * 16 + lane // 4 + 8 * r)
+                                lambda: work.row_block * M + warp * 16 + lane // 4 + 8 * r, work.window_right)
+            if cutlass.const_expr(self.left_bound):
+                self.mask.set_first(key_first, r, work.n_keys, work.seqlen_q, work.group,
+                                    lambda: work.row_block * M + warp * 16 + lane // 4 + 8 * r, work.window_left)
 
         warp_uniform = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         rows_here = tile_rows(work.seqlen_q, work.group, work.row_block, M)
@@ -89,12 +102,14 @@ class RowConsumer:
                 # Every consumer warp has waited on its wgmmas of the previous tile (they read
                 # the operand buffers) before any overwrites them.
                 consumer_barrier()
-                self.kv_operands.convert(sK8, sV8, sK, sV, state.index, end - tile_start, tidx)
+                head = None  # V rows before the CTA's first visible key (left window bound)
+                if cutlass.const_expr(self.left_bound):
+                    head = work.cta_first - tile_start
+                self.kv_operands.convert(sK8, sV8, sK, sV, state.index, end - tile_start, tidx, head)
                 # The staging slot is consumed: hand it back to the producer now.
                 kv_pipeline.consumer_release(state)
             else:
-                if tile_start + N > end:
-                    self.kv_operands.zero_tail_v(sV, state.index, end - tile_start, tidx)
+                self.kv_operands.zero_invisible_v(sV, state.index, tile_start, end, work.cta_first, tidx)
 
             acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
             warpgroup.fence()
@@ -108,7 +123,8 @@ class RowConsumer:
             # rows (past L_q x group) skips both.
             for r in cutlass.range_constexpr(2):
                 if warp_uniform * 16 + 8 * r < rows_here:
-                    self.softmax_rows(acc_s, acc_o, row_max, row_sum, row_qk_scale, key_limit, r, tile_start, lane)
+                    self.softmax_rows(acc_s, acc_o, row_max, row_sum, row_qk_scale, key_limit, r, tile_start, lane,
+                                      key_first, softcap_log2, cap_k)
 
             # P (fp32 C layout) -> 16-bit A-operand registers; same element order per thread.
             tOrP = cute.make_rmem_tensor(self.p_layout(acc_s.layout), self.op_dtype)
@@ -128,20 +144,27 @@ class RowConsumer:
 
         if cutlass.const_expr(self.signals_combine):
             cute.arch.griddepcontrol_launch_dependents()  # every tile done: only the stores remain
-        self.epilogue(acc_o, row_max, row_sum, mO, mLSE, work, v_scale)
+        self.epilogue(acc_o, row_max, row_sum, mO, mLSE, work, v_scale, mSinks)
 
     @cute.jit
-    def softmax_rows(self, acc_s, acc_o, row_max, row_sum, row_qk_scale, key_limit, r, tile_start, lane):
-        """Row ``r`` (0 or 1) of this thread's two S rows: scale, mask, online-softmax update of
-        ``row_max``/``row_sum``, ``acc_s`` -> P, ``acc_o`` rescaled."""
+    def softmax_rows(self, acc_s, acc_o, row_max, row_sum, row_qk_scale, key_limit, r, tile_start, lane,
+                     key_first=None, softcap_log2=None, cap_k=None):
+        """Row ``r`` (0 or 1) of this thread's two S rows: scale, cap (softcap), mask, online-
+        softmax update of ``row_max``/``row_sum``, ``acc_s`` -> P, ``acc_o`` rescaled."""
         D, N = self.head_dim, self.tile_n
         limit = key_limit[r] - tile_start
+        first = None
+        if cutlass.const_expr(key_first is not None):
+            first = key_first[r] - tile_start
         tile_max = -Float32.inf
         for v in cutlass.range_constexpr(N // 8):
             for c in cutlass.range_constexpr(2):
                 idx = c + 2 * r + 4 * v
                 col = (lane % 4) * 2 + c + 8 * v
-                s = self.mask.apply(acc_s[idx] * row_qk_scale[r], col, limit)
+                s = acc_s[idx] * row_qk_scale[r]
+                if cutlass.const_expr(cap_k is not None):
+                    s = softmax.cap_score(s, softcap_log2, cap_k)
+                s = self.mask.apply(s, col, limit, first)
                 acc_s[idx] = s
                 tile_max = cute.arch.fmax(tile_max, s)
         tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=1))
@@ -172,10 +195,11 @@ class RowConsumer:
         )
 
     @cute.jit
-    def epilogue(self, acc_o, row_max, row_sum, mO, mLSE, work, v_scale):
+    def epilogue(self, acc_o, row_max, row_sum, mO, mLSE, work, v_scale, mSinks=None):
         """Normalize and write O and the natural-log LSE straight from registers (an fp8 cache:
         O times ``v_scale``, the V descale). Partials of an empty split are never read: only
-        their LSE is written."""
+        their LSE is written. ``mSinks`` (one split: the final result): each q head's sink
+        joins its row's softmax (:func:`softmax.add_sink`)."""
         D, M = self.head_dim, self.block_m
         tidx, batch_idx, kvh, group = work.tidx, work.batch_idx, work.kvh, work.group
         lane = tidx % 32
@@ -193,6 +217,9 @@ class RowConsumer:
                 out_split = work.split_idx
                 if cutlass.const_expr(not self.write_partials):
                     out_split = 0
+                if cutlass.const_expr(mSinks is not None):
+                    lse, factor = softmax.add_sink(lse, mSinks[hq].to(Float32))
+                    inv = inv * factor
                 if lane % 4 == 0:
                     mLSE[out_split, batch_idx, hq, m] = lse
                 if cutlass.const_expr(self.write_partials):

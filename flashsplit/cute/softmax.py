@@ -4,9 +4,9 @@ Scores arrive scaled by ``softmax_scale * log2(e)`` (times a q row's 1 / 2^s wit
 operands), so ``exp2`` replaces ``exp``. Each row (a column, with swapped operands) keeps its
 running max and sum; a tile raises the max (:func:`raise_max`), rescales the old sum and O by
 ``exp2(old - new)`` and adds its own ``exp2(s - max)``. The epilogue turns the final max and sum
-into the natural-log LSE and O's normalizer (:func:`finalize`). A score transform (a softcap)
-would apply where the consumers scale their scores; a sink's mass would join the sum in
-:func:`finalize`.
+into the natural-log LSE and O's normalizer (:func:`finalize`). A softcap transforms the scaled
+scores before the mask (:func:`cap_score`); a sink joins a finished softmax where a final result
+is written (:func:`add_sink`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 LN_2 = math.log(2.0)
+LOG2_E = math.log2(math.e)
 
 
 @cute.jit
@@ -48,3 +49,31 @@ def finalize(row_max, i, total, o_scale=None):
         else:
             inv = o_scale / total
     return lse, inv
+
+
+@cute.jit
+def cap_score(s, softcap_log2, doubled_inverse):
+    """``softcap_log2 * tanh(s / softcap_log2)`` of a score ``s`` in log2 units, as ``c (1 - 2 /
+    (2^(s k) + 1))`` with ``k = doubled_inverse = 2 log2(e) / softcap_log2`` (exact limits +-c at
+    +-inf; NaN stays NaN, for the mask to replace). ``ex2.approx`` and ``rcp.approx`` (~2^-22
+    relative error each): an accurate division per score would cost ~10 instructions more."""
+    e = cute.math.exp2(s * doubled_inverse, fastmath=True)
+    return softcap_log2 * (1.0 - 2.0 * cute.arch.rcp_approx(e + 1.0))
+
+
+@cute.jit
+def add_sink(lse, sink):
+    """A learned sink logit ``sink`` (natural log) joins a finished softmax of natural-log LSE
+    ``lse``: returns ``lse' = log(exp(lse) + exp(sink))`` and the factor ``exp(lse - lse')`` that
+    scales O (the sink adds to the denominator only). A row that saw no key (``lse = -inf``)
+    gets ``lse' = sink`` and factor 0."""
+    top = cute.arch.fmax(lse, sink)
+    shift = top
+    if top == -Float32.inf:
+        shift = Float32(0.0)
+    total = cute.math.exp(lse - shift, fastmath=False) + cute.math.exp(sink - shift, fastmath=False)
+    lse_sink = shift + cute.math.log(total, fastmath=False)
+    factor = Float32(0.0)
+    if lse > -Float32.inf:
+        factor = cute.math.exp(lse - lse_sink, fastmath=False)
+    return lse_sink, factor

@@ -3,7 +3,11 @@
 One CTA per (split ``s``, batch row ``b``, KV head ``kvh`` x row block). The CTA owns the keys
 ``[start, end)`` of its split, computed on the device from ``cache_seqlens[b]`` with the shared
 rule of :mod:`flashsplit.plan` (:mod:`~flashsplit.cute.split_rule`), and one row tile of the
-GQA-packed query rows of its KV head (:mod:`~flashsplit.cute.q_tile`).
+GQA-packed query rows of its KV head (:mod:`~flashsplit.cute.q_tile`). With a left window bound
+its tiles start at the one holding the first key its first query sees (earlier tiles hold no
+key any of its rows sees); a configuration's attention variants (window, softcap, sinks,
+batch-invariant splits, :class:`~flashsplit.cute.configs.SplitConfig`) take runtime values that
+only their kernels receive.
 
 This module builds, on the host, the tensors, wgmma atoms, shared-memory layouts, copy atoms and
 grid of one :class:`~flashsplit.cute.configs.SplitConfig`, and hands the warp roles out on the
@@ -121,6 +125,10 @@ class SplitKVDecodeKernel:
         out_stride_b: Int64,
         out_stride_l: Int64,
         out_stride_h: Int64,
+        window_left: Int32,
+        window_right: Int32,
+        softcap_log2: Float32,
+        sinks_ptr: cute.Pointer,
         stream,
     ):
         """Launch on raw pointers; sizes and strides are runtime values.
@@ -137,6 +145,9 @@ class SplitKVDecodeKernel:
         strides) and compact fp32 ``lse`` ``[batch, heads, seqlen_q]`` are written by the last
         CTA of each row tile, counted on the zeroed int32 ``arrivals``
         ``[batch * heads_kv * row_blocks]`` (other configs never read these three).
+        The variants' runtime values (read only where the config turns the variant on):
+        ``window_left`` / ``window_right`` (keys before / after a query's position it sees),
+        ``softcap_log2`` (softcap * log2(e)) and ``sinks`` ``[num_heads]`` (the config's dtype).
         """
         D, N, M = self.head_dim, self.tile_n, self.block_m
         group = num_heads // num_heads_kv
@@ -217,10 +228,22 @@ class SplitKVDecodeKernel:
             )
             mArrivals = cute.make_tensor(arrivals_ptr, cute.make_layout((batch * num_heads_kv * row_blocks,)))
 
+        # The variants' values: None where a variant is off, so its kernel takes no argument for it.
+        left, right, cap, mSinks = None, None, None, None
+        if cutlass.const_expr(self.config.left_bound):
+            left = window_left
+        if cutlass.const_expr(self.config.right_bound):
+            right = window_right
+        if cutlass.const_expr(self.config.softcap):
+            cap = softcap_log2
+        if cutlass.const_expr(bool(self.config.sinks)):
+            mSinks = cute.make_tensor(sinks_ptr, cute.make_layout((num_heads,)))
+
         self.kernel(
             qk_mma, pv_mma, tma_k, mK_tma, tma_v, mV_tma, mQ, mO, mLSE, mSeqlens, mBlockTable,
             q_layout, k_layout, v_layout, p_layout, seqlen_q, seqlen_k, group, row_blocks, num_splits, tiles_per_page,
             softmax_scale_log2, mKDescale, mVDescale, k_load_layout, v_load_layout, mOut, mOutLSE, mArrivals,
+            left, right, cap, mSinks,
         ).launch(
             grid=[num_splits, batch, num_heads_kv * row_blocks],
             block=[NUM_THREADS, 1, 1],
@@ -317,10 +340,18 @@ class SplitKVDecodeKernel:
         mOut: cute.Tensor | None,
         mOutLSE: cute.Tensor | None,
         mArrivals: cute.Tensor | None,
+        window_left: Int32 | None,
+        window_right: Int32 | None,
+        softcap_log2: Float32 | None,
+        mSinks: cute.Tensor | None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         split_idx, batch_idx, z_idx = cute.arch.block_idx()
+        # Sinks join a final result: the one-split epilogue's (the consumers), or the merge tail's.
+        final_sinks = mSinks
+        if cutlass.const_expr(self.config.write_partials):
+            final_sinks = None
         kvh = z_idx // row_blocks
         row_block = z_idx % row_blocks
 
@@ -342,13 +373,26 @@ class SplitKVDecodeKernel:
 
         # This CTA's keys, with exactly the rule of flashsplit.plan.
         n_keys = split_rule.load_seqlen(mSeqlens, batch_idx, seqlen_k)
-        start, end = split_rule.row_split_range(n_keys, split_idx, num_splits)
+        cta_first = None
+        if cutlass.const_expr(self.config.left_bound or self.config.invariant):
+            first = Int32(0)
+            if cutlass.const_expr(self.config.left_bound):
+                first = split_rule.row_first_key(n_keys, seqlen_q, window_left)
+            start, end = split_rule.row_split_range_from(n_keys, first, split_idx, num_splits, self.config.invariant)
+        else:
+            start, end = split_rule.row_split_range(n_keys, split_idx, num_splits)
+        lo = start  # the CTA's first tile starts here
+        if cutlass.const_expr(self.config.left_bound):
+            # The tiles before the one holding the first key this CTA's first query sees (its
+            # row block's first packed row) hold no key any of its rows sees: skipped.
+            cta_first = n_keys - seqlen_q + row_block * self.block_m // group - window_left
+            lo = cutlass.max(start, cutlass.max(cta_first, Int32(0)) // self.tile_n * self.tile_n)
         num_tiles = Int32(0)
-        if start < end:
-            num_tiles = (end - start + self.tile_n - 1) // self.tile_n
-        first_tile = start // self.tile_n
+        if lo < end:
+            num_tiles = (end - lo + self.tile_n - 1) // self.tile_n
+        first_tile = lo // self.tile_n
         work = CtaWork(tidx, split_idx, batch_idx, z_idx, kvh, row_block, seqlen_q, group, num_splits, n_keys, start,
-                       end, first_tile, num_tiles)
+                       end, first_tile, num_tiles, window_left, window_right, cta_first)
 
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
@@ -361,7 +405,7 @@ class SplitKVDecodeKernel:
                 sP = storage.sP.get_tensor(p_layout.outer, swizzle=p_layout.inner)
                 sRed = storage.red.get_tensor(cute.make_layout((NUM_CONSUMER_WARPS * self.block_m,)))
                 self.consumer.run(qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, sP, sRed, kv_pipeline, work,
-                                  softmax_scale_log2)
+                                  softmax_scale_log2, softcap_log2, final_sinks)
             else:
                 # fp8: k_descale folds into the (log2) softmax scale, v_descale into the output.
                 qk_scale = softmax_scale_log2
@@ -370,7 +414,7 @@ class SplitKVDecodeKernel:
                     qk_scale = softmax_scale_log2 * mKDescale[batch_idx, kvh]
                     v_scale = mVDescale[batch_idx, kvh]
                 self.consumer.run(qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, work, qk_scale, sK_load,
-                                  sV_load, v_scale, sRowScale)
+                                  sV_load, v_scale, sRowScale, softcap_log2, final_sinks)
             if cutlass.const_expr(self.merge):
                 self.merge_tail.run(mO, mLSE, mOut, mOutLSE, mArrivals, storage.ticket.get_tensor(cute.make_layout((4,))),
-                                    work)
+                                    work, mSinks)

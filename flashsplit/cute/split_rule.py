@@ -1,8 +1,12 @@
 """The shared split boundary rule (:mod:`flashsplit.plan`) as CuTeDSL device helpers.
 
-The split kernel calls these, so every CTA owns exactly the keys
+The split kernel and the merge tail call these, so every CTA owns exactly the keys
 :func:`flashsplit.plan.split_bounds` gives its split (the same rule as
-``flashsplit/triton/split_rule.py``), in multiples of :data:`flashsplit.plan.SPLIT_GRANULE`.
+``flashsplit/triton/split_rule.py``), in multiples of :data:`flashsplit.plan.SPLIT_GRANULE`: a
+row's splits cover ``[first, seqlen)``, where ``first`` is 0, or with a left window bound the
+first key query 0 can see, rounded down to the granule; ``invariant`` (batch-invariant decode)
+cuts a row by its own length (``BATCH_INVARIANT_SPLITS`` splits of at least
+``BATCH_INVARIANT_MIN_SPLIT`` keys) instead of dividing it among the launch's splits.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-from ..plan import SPLIT_GRANULE
+from ..plan import BATCH_INVARIANT_MIN_SPLIT, BATCH_INVARIANT_SPLITS, SPLIT_GRANULE
 
 
 @cute.jit
@@ -23,16 +27,40 @@ def load_seqlen(mSeqlens: cute.Tensor, b: Int32, capacity: Int32) -> Int32:
 
 
 @cute.jit
-def row_tokens_per_split(seqlen: Int32, num_splits: Int32) -> Int32:
-    """Keys per split of a row holding ``seqlen`` keys (a multiple of the granule; 0 when empty)."""
+def row_first_key(seqlen: Int32, seqlen_q: Int32, window_left: Int32) -> Int32:
+    """The first key of a row's splits under a left window bound: the first key query 0 sees
+    (``seqlen - seqlen_q - window_left``), at least 0, rounded down to the granule."""
     g = SPLIT_GRANULE
+    return cutlass.max(seqlen - seqlen_q - window_left, Int32(0)) // g * g
+
+
+@cute.jit
+def row_tokens_per_split(seqlen: Int32, num_splits: Int32, invariant: cutlass.Constexpr[bool] = False) -> Int32:
+    """Keys per split of a row whose splits cover ``seqlen`` keys (a multiple of the granule; 0
+    when empty); ``invariant``: :func:`flashsplit.plan.tokens_per_split`'s batch-invariant rule."""
+    g = SPLIT_GRANULE
+    if cutlass.const_expr(invariant):
+        per_split = ((seqlen + g - 1) // g + BATCH_INVARIANT_SPLITS - 1) // BATCH_INVARIANT_SPLITS * g
+        return cutlass.max(per_split, Int32(BATCH_INVARIANT_MIN_SPLIT))
     return ((seqlen + g - 1) // g + num_splits - 1) // num_splits * g
 
 
 @cute.jit
 def row_split_range(seqlen: Int32, split: Int32, num_splits: Int32):
-    """``(start, end)`` of one split of a row; empty when ``end <= start``."""
+    """``(start, end)`` of one split of a row whose splits cover ``[0, seqlen)``; empty when
+    ``end <= start``."""
     tps = row_tokens_per_split(seqlen, num_splits)
     start = split * tps
+    end = cutlass.min(start + tps, seqlen)
+    return start, end
+
+
+@cute.jit
+def row_split_range_from(seqlen: Int32, first: Int32, split: Int32, num_splits: Int32,
+                         invariant: cutlass.Constexpr[bool] = False):
+    """``(start, end)`` of one split of a row whose splits cover ``[first, seqlen)`` (a window's
+    first key, or 0 with ``invariant``); empty when ``end <= start``."""
+    tps = row_tokens_per_split(seqlen - first, num_splits, invariant)
+    start = first + split * tps
     end = cutlass.min(start + tps, seqlen)
     return start, end

@@ -46,11 +46,16 @@ class SwapConsumer:
         self.op_dtype = ElementTypes(config).op
         self.q_tile = QTile(config)
         self.kv_operands = KVOperands(config)
-        self.mask = KeyMask(config.causal)
+        self.mask = KeyMask(config.causal, config.left_bound, config.right_bound)
+        self.left_bound = config.left_bound
+        self.softcap = config.softcap
 
     @cute.jit
-    def run(self, qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, sP, sRed, kv_pipeline, work, softmax_scale_log2):
-        """Q into ``sQ``, every KV tile of the split, then O and the LSE."""
+    def run(self, qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, sP, sRed, kv_pipeline, work, softmax_scale_log2,
+            softcap_log2=None, mSinks=None):
+        """Q into ``sQ``, every KV tile of the split, then O and the LSE. ``softcap_log2``
+        (softcap configs) caps the scores, ``mSinks`` (sinks configs, one split) joins the final
+        softmax."""
         D, N, R = self.head_dim, self.tile_n, self.block_m
         tidx, end = work.tidx, work.end
         self.q_tile.load(mQ, sQ, None, tidx, work.batch_idx, work.kvh, work.row_block, work.seqlen_q, work.group)
@@ -70,18 +75,26 @@ class SwapConsumer:
         row_max = cute.make_rmem_tensor((2,), Float32)
         row_sum = cute.make_rmem_tensor((2,), Float32)
         key_limit = cute.make_rmem_tensor((2,), Int32)  # first key a column may not see
+        key_first = None  # first key a column sees (left window bound)
+        if cutlass.const_expr(self.left_bound):
+            key_first = cute.make_rmem_tensor((2,), Int32)
+        cap_k = None  # softcap: 2 log2(e) / softcap_log2 (softmax.cap_score)
+        if cutlass.const_expr(self.softcap):
+            cap_k = 2.0 * softmax.LOG2_E / softcap_log2
         for c in cutlass.range_constexpr(2):
             row_max[c] = -Float32.inf
             row_sum[c] = 0.0
             self.mask.set_limit(key_limit, c, end, work.n_keys, work.seqlen_q, work.group,
-                                lambda: work.row_block * R + (lane % 4) * 2 + c)
+                                lambda: work.row_block * R + (lane % 4) * 2 + c, work.window_right)
+            if cutlass.const_expr(self.left_bound):
+                self.mask.set_first(key_first, c, work.n_keys, work.seqlen_q, work.group,
+                                    lambda: work.row_block * R + (lane % 4) * 2 + c, work.window_left)
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         for i in cutlass.range(work.num_tiles, unroll=1):
             tile_start = (work.first_tile + i) * N
             kv_pipeline.consumer_wait(state)
-            if tile_start + N > end:
-                self.kv_operands.zero_tail_v(sV, state.index, end - tile_start, tidx)
+            self.kv_operands.zero_invisible_v(sV, state.index, tile_start, end, work.cta_first, tidx)
 
             acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
             warpgroup.fence()
@@ -92,7 +105,7 @@ class SwapConsumer:
             warpgroup.wait_group(0)
 
             self.softmax_columns(acc_s, acc_o, row_max, row_sum, key_limit, sRed, softmax_scale_log2, tile_start,
-                                 lane, warp)
+                                 lane, warp, key_first, softcap_log2, cap_k)
             # P^T -> the B operand in shared memory. Every warp has passed the column-max barrier
             # in softmax_columns, so all are done with the previous tile's P V wgmma (reading sP).
             for j in cutlass.range_constexpr(cute.size(acc_s)):
@@ -110,7 +123,7 @@ class SwapConsumer:
 
         if cutlass.const_expr(self.signals_combine):
             cute.arch.griddepcontrol_launch_dependents()  # every tile done: only the stores remain
-        self.epilogue(acc_o, row_max, row_sum, mO, mLSE, sRed, work)
+        self.epilogue(acc_o, row_max, row_sum, mO, mLSE, sRed, work, mSinks)
 
     @cute.jit
     def column_sums_across_warps(self, x, sRed, lane, warp, reduce):
@@ -132,16 +145,23 @@ class SwapConsumer:
 
     @cute.jit
     def softmax_columns(self, acc_s, acc_o, row_max, row_sum, key_limit, sRed, softmax_scale_log2, tile_start,
-                        lane, warp):
-        """One S^T tile: scale, mask keys at or past each column's limit, the columns' new max
-        over all four warps, ``acc_s`` -> P, this thread's partial sums and ``acc_o`` rescaled."""
+                        lane, warp, key_first=None, softcap_log2=None, cap_k=None):
+        """One S^T tile: scale, cap (softcap), mask keys at or past each column's limit (or
+        before its first key), the columns' new max over all four warps, ``acc_s`` -> P, this
+        thread's partial sums and ``acc_o`` rescaled."""
         tile_max = cute.make_rmem_tensor((2,), Float32)
         for c in cutlass.range_constexpr(2):
             tile_max[c] = -Float32.inf
         for j in cutlass.range_constexpr(cute.size(acc_s)):
             c = j % 2
             key = tile_start + acc_row(j, warp, lane)
-            s = self.mask.apply(acc_s[j] * softmax_scale_log2, key, key_limit[c])
+            s = acc_s[j] * softmax_scale_log2
+            if cutlass.const_expr(cap_k is not None):
+                s = softmax.cap_score(s, softcap_log2, cap_k)
+            first = None
+            if cutlass.const_expr(key_first is not None):
+                first = key_first[c]
+            s = self.mask.apply(s, key, key_limit[c], first)
             acc_s[j] = s
             tile_max[c] = cute.arch.fmax(tile_max[c], s)
         self.column_sums_across_warps(tile_max, sRed, lane, warp, cute.arch.fmax)
@@ -161,10 +181,11 @@ class SwapConsumer:
             acc_o[j] = acc_o[j] * rescale[j % 2]
 
     @cute.jit
-    def epilogue(self, acc_o, row_max, row_sum, mO, mLSE, sRed, work):
+    def epilogue(self, acc_o, row_max, row_sum, mO, mLSE, sRed, work, mSinks=None):
         """The columns' sums over all threads, then O (= O^T's columns, normalized) and the
         natural-log LSE of each real q row, straight from registers. Partials of an empty split
-        are never read: only their LSE is written."""
+        are never read: only their LSE is written. ``mSinks`` (one split: the final result):
+        each q head's sink joins its row's softmax (:func:`softmax.add_sink`)."""
         R = self.block_m
         tidx, batch_idx, kvh, group = work.tidx, work.batch_idx, work.kvh, work.group
         lane = tidx % 32
@@ -181,6 +202,9 @@ class SwapConsumer:
             if packed < num_rows:
                 m = packed // group
                 hq = kvh * group + packed % group
+                if cutlass.const_expr(mSinks is not None):
+                    lse, factor = softmax.add_sink(lse, mSinks[hq].to(Float32))
+                    inv = inv * factor
                 if tidx < 4:
                     mLSE[out_split, batch_idx, hq, m] = lse
                 # (acc_o element c + 2 j: this column's j-th value)
