@@ -158,7 +158,10 @@ def _nothing_to_do(tensors: DecodeTensors) -> None:
 
 
 def _no_keys(tensors: DecodeTensors) -> None:
-    """A cache with no slots: every row is empty (O = 0, LSE = -inf)."""
+    """A cache with no slots: every row is empty (O = 0, LSE = -inf, or each q head's sink)."""
     tensors.out.zero_()
     if tensors.lse is not None:
-        tensors.lse.fill_(float("-inf"))
+        if tensors.sinks is None:
+            tensors.lse.fill_(float("-inf"))
+        else:
+            tensors.lse.copy_(tensors.sinks.float()[None, :, None].expand_as(tensors.lse))

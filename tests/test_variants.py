@@ -239,3 +239,13 @@ def test_bad_variant_arguments(kwargs, error, needle):
         kwargs = dict(kwargs, sinks=kwargs["sinks"].to(DEVICE))
     with pytest.raises(error, match=needle):
         flashsplit.decode(q, k, k, **kwargs)
+
+
+def test_a_cache_of_no_keys_gives_the_sinks():
+    """Capacity 0: O = 0 and LSE = the sink of each q head (no kernel runs)."""
+    q = torch.randn(2, 3, 8, 64, device=DEVICE).half()
+    k = torch.empty(2, 0, 2, 64, device=DEVICE).half()
+    sinks = torch.randn(8, device=DEVICE)
+    out, lse = flashsplit.decode(q, k, k, sinks=sinks, return_lse=True)
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.equal(lse, sinks[None, :, None].expand(2, 8, 3))
