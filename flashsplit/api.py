@@ -11,7 +11,8 @@ from . import dispatch, torch_ops
 from .call import DecodeOptions, DecodeTensors
 from .plan import SplitPlan
 from .problem import DecodeProblem
-from .validation import check_combine_inputs, check_plan_args, check_sinks, check_softcap, check_window
+from .validation import (check_cache_update_args, check_combine_inputs, check_plan_args, check_sinks, check_softcap,
+                         check_window)
 from .registry import select
 from .target import GpuTarget, device_target, gpu_target
 
@@ -37,6 +38,10 @@ def plan(
     softcap: float = 0.0,
     has_sinks: bool = False,
     batch_invariant: bool = False,
+    seqlen_new: int = 0,
+    has_leftpad: bool = False,
+    has_batch_idx: bool = False,
+    rotary_dim: int = 0,
 ) -> SplitPlan:
     """What :func:`decode` will do for these shapes, in pure Python (no GPU needed).
 
@@ -47,8 +52,10 @@ def plan(
     device, or an H200 when there is none. ``num_sms`` overrides the GPU's SM count.
     ``device="cpu"`` plans for the Triton interpreter. ``window_size``, ``softcap``,
     ``has_sinks`` (``sinks`` given) and ``batch_invariant`` as in :func:`decode`: a left window
-    bound shrinks the span the splits cover (``SplitPlan.span``). Arguments describing tensors
-    that :func:`decode` would refuse raise its ``TypeError``/``ValueError``.
+    bound shrinks the span the splits cover (``SplitPlan.span``). ``seqlen_new`` (new keys per row,
+    ``k``/``v`` given), ``has_leftpad``, ``has_batch_idx`` and ``rotary_dim`` describe a call that
+    updates the cache (they choose the backend: one that cannot run them is not chosen). Arguments
+    describing tensors that :func:`decode` would refuse raise its ``TypeError``/``ValueError``.
 
     >>> p = plan(1, 32768, 32, 8, 128, gpu="h200", backend="triton")
     >>> p.num_splits, p.grid
@@ -70,11 +77,13 @@ def plan(
         raise TypeError(f"has_sinks, batch_invariant: expected bools, got {has_sinks!r}, {batch_invariant!r}")
     if batch_invariant and num_splits:
         raise ValueError(f"num_splits: batch_invariant=True splits each row by its own length; expected 0, got {num_splits}")
+    check_cache_update_args(seqlen_new, has_leftpad, has_batch_idx, rotary_dim, seqlen_k, head_dim, page_size)
     problem = DecodeProblem(
         batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_heads=num_heads, num_heads_kv=num_heads_kv,
         head_dim=head_dim, dtype=dtype, causal=causal, has_cache_seqlens=has_cache_seqlens, device_type=device.type,
         kv_dtype=kv_dtype, page_size=page_size, gpu=target, window_left=window_left, window_right=window_right,
-        softcap=check_softcap(softcap), has_sinks=has_sinks, batch_invariant=batch_invariant,
+        softcap=check_softcap(softcap), has_sinks=has_sinks, batch_invariant=batch_invariant, seqlen_new=seqlen_new,
+        has_leftpad=has_leftpad, has_batch_idx=has_batch_idx, rotary_dim=rotary_dim,
     )
     chosen, rule, reason = select(problem, backend)
     return dispatch.make_plan(problem, chosen, rule, reason, num_splits)

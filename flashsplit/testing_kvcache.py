@@ -70,7 +70,7 @@ class KVCacheCase:
                     batch_invariant=self.batch_invariant)
 
 
-def _rotary_tables(positions: int, rotary_dim: int, dtype, device):
+def rotary_tables(positions: int, rotary_dim: int, dtype, device):
     """RoPE tables ``[positions, rotary_dim / 2]``: angle ``p / 10000^(2j / rotary_dim)``."""
     inv_freq = 10000.0 ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
     angles = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
@@ -123,7 +123,7 @@ def make_kvcache_inputs(case: KVCacheCase, device, generator: torch.Generator | 
     if pads is not None:
         args["cache_leftpad"] = pads
     if case.rotary_dim:
-        args["rotary_cos"], args["rotary_sin"] = _rotary_tables(capacity, case.rotary_dim, case.rotary_dtype, "cpu")
+        args["rotary_cos"], args["rotary_sin"] = rotary_tables(capacity, case.rotary_dim, case.rotary_dtype, "cpu")
     if case.sinks:
         args["sinks"] = torch.randn(case.num_heads, generator=generator, dtype=torch.float32)
     return {name: t.to(device) for name, t in args.items()}

@@ -130,6 +130,26 @@ def check_plan_args(batch, seqlen_k, num_heads, num_heads_kv, head_dim, seqlen_q
         raise ValueError(f"device: expected a device such as 'cuda' or 'cpu', got {device!r}") from e
 
 
+def check_cache_update_args(seqlen_new, has_leftpad, has_batch_idx, rotary_dim, seqlen_k: int, head_dim: int,
+                            page_size: int) -> None:
+    """:func:`flashsplit.plan`'s description of a cache update, judged as :func:`check_decode_inputs`
+    judges the tensors it stands for."""
+    for name, value in (("seqlen_new", seqlen_new), ("rotary_dim", rotary_dim)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    for name, value in (("has_leftpad", has_leftpad), ("has_batch_idx", has_batch_idx)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+    if not 0 <= seqlen_new <= seqlen_k:
+        raise ValueError(f"seqlen_new: expected new keys per row in [0, seqlen_k = {seqlen_k}], got {seqlen_new}")
+    if rotary_dim and not seqlen_new:
+        raise ValueError("rotary_dim: only with new keys (seqlen_new >= 1)")
+    if not 0 <= rotary_dim <= head_dim or rotary_dim % 2:
+        raise ValueError(f"rotary_dim: expected an even number in [0, head_dim = {head_dim}], got {rotary_dim}")
+    if has_batch_idx and page_size:
+        raise ValueError("has_batch_idx: cache_batch_idx is only for a dense cache (page_size 0)")
+
+
 def check_num_splits(num_splits) -> int:
     if isinstance(num_splits, bool) or not isinstance(num_splits, int):
         raise TypeError(f"num_splits: expected an int, got {type(num_splits).__name__}")
