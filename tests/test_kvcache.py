@@ -66,19 +66,22 @@ def test_append_split_counts(num_splits, generator):
     _run(KVCacheCase(seqlen_new=3, lengths=(254, 128, 5), num_splits=num_splits), generator)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("page_size", [1, 16, 48])
 @pytest.mark.parametrize("seqlen_new", [1, pytest.param(3, marks=FULL), 16])
-def test_append_paged(page_size, seqlen_new, generator):
+def test_append_paged(dtype, page_size, seqlen_new, generator):
     """Pages of 1, 16 and 48 keys, shuffled; the new keys cross page boundaries."""
-    _run(KVCacheCase(page_size=page_size, seqlen_new=seqlen_new, lengths=(47, 100, 1), num_splits=2), generator)
+    _run(KVCacheCase(dtype=dtype, page_size=page_size, seqlen_new=seqlen_new, lengths=(47, 100, 1), num_splits=2),
+         generator)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 @pytest.mark.parametrize("per_head", [False, True])
 @pytest.mark.parametrize("page_size", [0, 16])
-def test_append_fp8(kv_dtype, per_head, page_size, generator):
+def test_append_fp8(dtype, kv_dtype, per_head, page_size, generator):
     """An fp8 cache stores k / k_descale, saturated and rounded to nearest even."""
-    _run(KVCacheCase(kv_dtype=kv_dtype, per_head_scale=per_head, page_size=page_size, seqlen_new=3,
+    _run(KVCacheCase(dtype=dtype, kv_dtype=kv_dtype, per_head_scale=per_head, page_size=page_size, seqlen_new=3,
                      lengths=(100, 7, 250)), generator)
 
 
@@ -170,14 +173,15 @@ def test_cache_batch_idx(layout, seqlen_new, generator):
                      num_splits=2), generator)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("interleaved", [True, False])
 @pytest.mark.parametrize("rotary_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_rotary(interleaved, rotary_dim, causal, generator):
+def test_rotary(dtype, interleaved, rotary_dim, causal, generator):
     """New keys rotated at cache_seqlens - leftpad + t; q at the same positions when causal, else
     every q row at cache_seqlens - leftpad; features past rotary_dim pass through."""
-    case = KVCacheCase(head_dim=128, rotary_dim=rotary_dim, rotary_interleaved=interleaved, causal=causal,
-                       seqlen_new=3, lengths=(200, 40, 2), leftpad=(0, 17, 2), num_splits=2)
+    case = KVCacheCase(dtype=dtype, head_dim=128, rotary_dim=rotary_dim, rotary_interleaved=interleaved,
+                       causal=causal, seqlen_new=3, lengths=(200, 40, 2), leftpad=(0, 17, 2), num_splits=2)
     _run(case, generator)
 
 
@@ -194,10 +198,11 @@ def test_rotary_with_more_queries_than_new_keys(generator):
     _run(KVCacheCase(rotary_dim=64, causal=True, seqlen_new=1, seqlen_q=4, lengths=(150, 20, 299)), generator)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("group, seqlen_q", [(1, 1), (3, 5), (8, 16), pytest.param(5, 2, marks=FULL)])
-def test_append_composes_with_variants(group, seqlen_q, generator):
+def test_append_composes_with_variants(dtype, group, seqlen_q, generator):
     """GQA of any ratio, L_q up to 16, window + softcap + sinks + left padding + rotary + paging."""
-    case = KVCacheCase(group=group, seqlen_new=seqlen_q, causal=True, window_size=(50, 0), softcap=20.0,
+    case = KVCacheCase(dtype=dtype, group=group, seqlen_new=seqlen_q, causal=True, window_size=(50, 0), softcap=20.0,
                        sinks=True, leftpad=(3, 0, 10), rotary_dim=64, page_size=16, lengths=(150, 60, 200),
                        num_splits=3)
     _run(case, generator)
@@ -236,3 +241,66 @@ def test_decode_does_not_change_q_or_cache_seqlens(generator):
     q, seqlens = args["q"].clone(), args["cache_seqlens"].clone()
     flashsplit.decode(**args, **case.options())
     assert torch.equal(args["q"], q) and torch.equal(args["cache_seqlens"], seqlens)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+@pytest.mark.parametrize("page_size, rotary_dim, num_splits", [(0, 0, 0), (16, 128, 0), (0, 64, 8)])
+def test_graph_captured_decode_loop_equals_eager(backend, page_size, rotary_dim, num_splits, generator):
+    """A CUDA graph of one decode step that appends one token and advances cache_seqlens on the
+    device, replayed step after step with new q, k, v, equals the eager loop bit for bit (out,
+    LSE, caches, lengths); the eager loop's last step matches the reference."""
+    from flashsplit.api import decode_into
+    from flashsplit.testing_kvcache import check_caches, check_kvcache_attention
+
+    case = KVCacheCase(dtype=torch.bfloat16, batch=4, seqlen_k=4096, num_heads_kv=8, group=4, head_dim=128,
+                       lengths=(4000, 100, 1, 2040), page_size=page_size, rotary_dim=rotary_dim, causal=True,
+                       num_splits=num_splits)
+    steps = 6
+    if page_size:  # the pages allocated for each row's first new key also hold the later ones
+        assert all(-(-(n + steps) // page_size) == -(-(n + 1) // page_size) for n in case.lengths)
+    start = make_kvcache_inputs(case, "cuda", generator)
+    news = [{n: torch.randn(start[n].shape, generator=generator).to("cuda", start[n].dtype) for n in ("q", "k", "v")}
+            for _ in range(steps)]
+
+    def step(a, out, lse):
+        decode_into(a["q"], a["k_cache"], a["v_cache"], out, lse, cache_seqlens=a["cache_seqlens"],
+                    block_table=a.get("block_table"), k=a["k"], v=a["v"], rotary_cos=a.get("rotary_cos"),
+                    rotary_sin=a.get("rotary_sin"), causal=True, num_splits=num_splits, backend=backend)
+        a["cache_seqlens"].add_(1)
+
+    def fresh():
+        a = {n: t.clone() for n, t in start.items()}
+        return a, torch.empty_like(a["q"]), torch.empty(4, 32, 1, device="cuda")
+
+    eager, out, lse = fresh()
+    eager_results = []
+    for new in news:
+        for n, t in new.items():
+            eager[n].copy_(t)
+        before = {n: t.clone() for n, t in eager.items()}
+        step(eager, out, lse)
+        eager_results.append((out.clone(), lse.clone()))
+    expected = expected_caches(case, before)
+    check_caches(case, eager["k_cache"], eager["v_cache"], expected)
+    check_kvcache_attention(case, before, expected, out, lse)
+
+    warm, warm_out, warm_lse = fresh()  # compile and prepare on a side stream, outside the capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(warm, warm_out, warm_lse)
+    torch.cuda.current_stream().wait_stream(side)
+    static, out, lse = fresh()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(static, out, lse)
+    static["cache_seqlens"].copy_(start["cache_seqlens"])  # capturing ran nothing; be explicit
+    for i, new in enumerate(news):
+        for n, t in new.items():
+            static[n].copy_(t)
+        graph.replay()
+        assert torch.equal(out, eager_results[i][0]) and torch.equal(lse, eager_results[i][1]), f"step {i}"
+    for name in ("k_cache", "v_cache"):
+        assert torch.equal(static[name].view(torch.uint8), eager[name].view(torch.uint8)), name
+    assert torch.equal(static["cache_seqlens"], eager["cache_seqlens"])
