@@ -109,7 +109,8 @@ def test_bad_scalar_arguments(generator):
     with pytest.raises(TypeError, match=r"^return_softmax_lse: expected a bool"):
         flash_attn_with_kvcache(q, k_cache, v_cache, return_softmax_lse=1)
     with pytest.raises(ValueError, match=r"^page_table: an alias of block_table"):
-        flash_attn_with_kvcache(q, k_cache, v_cache, page_table=args["cache_seqlens"], block_table=args["cache_seqlens"])
+        table = args["cache_seqlens"]
+        flash_attn_with_kvcache(q, k_cache, v_cache, page_table=table, block_table=table)
     with pytest.raises(TypeError):  # FA2 and FA3 disagree on the sixth parameter: by name only
         flash_attn_with_kvcache(q, k_cache, v_cache, None, None, None)
 

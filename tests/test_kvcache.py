@@ -12,6 +12,7 @@ import torch
 from conftest import DEVICE, HAS_CUDA
 
 import flashsplit
+import flashsplit.reference
 from flashsplit.call import DecodeOptions, DecodeTensors
 from flashsplit.problem import Variant
 from flashsplit.reference import split_partials_ref
@@ -304,3 +305,43 @@ def test_graph_captured_decode_loop_equals_eager(backend, page_size, rotary_dim,
     for name in ("k_cache", "v_cache"):
         assert torch.equal(static[name].view(torch.uint8), eager[name].view(torch.uint8)), name
     assert torch.equal(static["cache_seqlens"], eager["cache_seqlens"])
+
+
+# -- the reference itself -------------------------------------------------------------------
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_rotary_reference_matches_the_definition(interleaved, generator):
+    """rotary_ref against a loop over tokens and pairs: pair j of a token at position p turns by
+    the angle of cos[p, j], sin[p, j]; features past rotary_dim pass through."""
+    x = torch.randn(2, 3, 2, 16, generator=generator, dtype=torch.float64)
+    angles = torch.rand(10, 4, generator=generator, dtype=torch.float64) * 6
+    positions = torch.tensor([[0, 4, 9], [3, 3, 20]])  # 20: past the table, clamped to 9
+    got = flashsplit.reference.rotary_ref(x, angles.cos(), angles.sin(), positions, interleaved)
+    want = x.clone()
+    for b in range(2):
+        for t in range(3):
+            p = min(int(positions[b, t]), 9)
+            for j in range(4):
+                i0, i1 = (2 * j, 2 * j + 1) if interleaved else (j, j + 4)
+                c, s = angles[p, j].cos(), angles[p, j].sin()
+                want[b, t, :, i0] = x[b, t, :, i0] * c - x[b, t, :, i1] * s
+                want[b, t, :, i1] = x[b, t, :, i0] * s + x[b, t, :, i1] * c
+    torch.testing.assert_close(got, want)
+    assert torch.equal(got[..., 8:], x[..., 8:])
+
+
+def test_leftpad_reference_is_attention_over_the_real_keys(generator):
+    """attention_ref with cache_leftpad p equals attention_ref over the row's keys [p, n) moved
+    to the front (causal and windowed masks count from the first real key)."""
+    q = torch.randn(1, 3, 4, 16, generator=generator)
+    k = torch.randn(1, 50, 2, 16, generator=generator)
+    v = torch.randn(1, 50, 2, 16, generator=generator)
+    k[:, :7] = float("nan")
+    v[:, :7] = float("nan")
+    seqlens = torch.tensor([40], dtype=torch.int32)
+    for window in ((-1, -1), (5, 0)):
+        padded = flashsplit.reference.attention_ref(q, k, v, seqlens, causal=True, window_size=window,
+                                                    cache_leftpad=torch.tensor([7], dtype=torch.int32))
+        moved = flashsplit.reference.attention_ref(q, k[:, 7:], v[:, 7:], seqlens - 7, causal=True, window_size=window)
+        torch.testing.assert_close(padded[0], moved[0])
+        torch.testing.assert_close(padded[1], moved[1])

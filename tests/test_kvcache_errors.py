@@ -31,7 +31,8 @@ def test_k_without_v(generator):
 @pytest.mark.parametrize("change, error, match", [
     (lambda a: a.update(k=a["k"].float()), TypeError, r"^k: expected q's dtype torch.float16.*got torch.float32"),
     (lambda a: a.update(v=a["v"].to(torch.bfloat16)), TypeError, r"^v: expected q's dtype"),
-    (lambda a: a.update(k=a["k"][:, :, :1]), ValueError, r"^k: expected shape \[3, seqlen_new, 2, 64\], got \[3, 1, 1, 64\]"),
+    (lambda a: a.update(k=a["k"][:, :, :1]), ValueError,
+     r"^k: expected shape \[3, seqlen_new, 2, 64\], got \[3, 1, 1, 64\]"),
     (lambda a: a.update(k=a["k"][:2]), ValueError, r"^k: expected shape \[3, seqlen_new, 2, 64\]"),
     (lambda a: a.update(v=torch.cat([a["v"], a["v"]], 1)), ValueError, r"^k and v: expected the same shape"),
     (lambda a: a.update(k=a["k"][0]), ValueError, r"^k: expected 4 dims"),

@@ -168,5 +168,5 @@ def append_kv_kernel(
             for h0 in range(0, num_heads, BLOCK_H):
                 x, offs_h, mask = load_rows(Q + b * stride_qb + t * stride_qm, stride_qh, h0, num_heads, head_dim,
                                             offs_d, cos, sin, partner, BLOCK_H, True)
-                ptrs = Q_ROT + b * stride_rb + t * stride_rm + offs_h.to(tl.int64)[:, None] * stride_rh + offs_d[None, :]
-                tl.store(ptrs, x.to(Q_ROT.dtype.element_ty), mask=mask)
+                rows = Q_ROT + b * stride_rb + t * stride_rm + offs_h.to(tl.int64)[:, None] * stride_rh
+                tl.store(rows + offs_d[None, :], x.to(Q_ROT.dtype.element_ty), mask=mask)
