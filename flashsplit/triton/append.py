@@ -95,7 +95,7 @@ def launch_append(tensors: DecodeTensors, q_rot: torch.Tensor | None, problem: D
     fp8 = k_cache.dtype in FP8_FORMATS
     fp8_emin, fp8_mbits = FP8_FORMATS.get(k_cache.dtype, (0, 0))
     paged = block_table is not None
-    grid = (max(seqlen_new, problem.seqlen_q if rotary else 0), batch, 1)
+    grid = (max(seqlen_new, problem.seqlen_q if rotary else 0), batch, 3 if rotary else 2)  # keys, values, q
     pointers = (k_new, v_new, k_cache, v_cache, tensors.cache_seqlens, tensors.cache_leftpad, block_table,
                 tensors.cache_batch_idx, cos, tensors.rotary_sin, q if rotary else None, q_rot,
                 tensors.k_descale if fp8 else None, tensors.v_descale if fp8 else None)

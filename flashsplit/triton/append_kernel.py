@@ -3,12 +3,13 @@
 Device code only; :mod:`flashsplit.triton.append` launches it, on the decode call's stream and
 before the split kernel, which then sees ``cache_seqlens + L_new`` keys per row.
 
-One program per (token ``t``, batch row ``b``). With ``t < L_new`` it writes ``k[b, t]`` and
-``v[b, t]`` (every KV head) at key ``n = cache_seqlens[b] + t`` of the row: dense at cache row
+One program per (token ``t``, batch row ``b``, part): with ``t < L_new`` part 0 writes ``k[b, t]``
+and part 1 ``v[b, t]`` (every KV head) at key ``n = cache_seqlens[b] + t`` of the row: dense at cache row
 ``b`` (or ``cache_batch_idx[b]``), paged through ``block_table[b, n // page_size]``. A key outside
 ``[0, capacity)`` (a wrong length: unchecked without a host sync) is not written, and page ids
 and cache rows are clamped into the cache, so a wrong value gives a wrong row, never a stray
-write. With ROTARY, ``t < L_q`` also rotates ``q[b, t]`` into the scratch ``Q_ROT``.
+write. With ROTARY, part 2 rotates ``q[b, t]`` (``t < L_q``) into the scratch ``Q_ROT``. The parts
+run side by side: the split kernel waits for the whole grid, so its latency is one part's.
 """
 
 import triton
@@ -118,7 +119,8 @@ def append_kv_kernel(
     FP8_MAX: tl.constexpr,
     LAUNCH_DEPENDENTS: tl.constexpr,
 ):
-    """Append token ``t = program_id(0)`` of row ``b = program_id(1)`` (see the module docstring).
+    """Append token ``t = program_id(0)`` of row ``b = program_id(1)``, its keys, values or q by
+    ``program_id(2)`` (see the module docstring).
 
     Rotary positions count from the row's first real key: new key ``t`` is at ``cache_seqlens[b] -
     leftpad[b] + t``, query ``t`` at the same position with Q_PER_TOKEN (causal or windowed
@@ -130,37 +132,41 @@ def append_kv_kernel(
         gdc_launch_dependents()
     t = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
+    part = tl.program_id(2)  # 0: the new keys, 1: the new values, 2: q (ROTARY); side by side, not in turn
     start = tl.load(SEQLENS + b)
     position = start
     if HAS_LEFTPAD:
         position = start - tl.load(LEFTPAD + b)
     offs_d = tl.arange(0, BLOCK_D)
-    if t < seqlen_new:
-        n = start + t
-        write = (n >= 0) & (n < capacity)
-        slot = tl.minimum(tl.maximum(n, 0), capacity - 1)
-        if PAGED:
-            page = tl.load(BLOCK_TABLE + b * stride_btb + slot // PAGE_SIZE)
-            row = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
-            slot = slot % PAGE_SIZE
-        elif HAS_BATCH_IDX:
-            row = tl.minimum(tl.maximum(tl.load(BATCH_IDX + b), 0), num_pages - 1).to(tl.int64)
-        else:
-            row = b
-        slot = slot.to(tl.int64)
-        if ROTARY:
-            cos, sin, partner = rotary_factors(COS, SIN, stride_cos, position + t, seqlen_ro, rotary_half, offs_d,
-                                               INTERLEAVED)
-        else:  # unused
-            cos, sin, partner = offs_d, offs_d, offs_d
-        store_new_keys(K_NEW, K_CACHE, K_DESCALE, b, t, row * stride_kb + slot * stride_kn, write, stride_knb,
-                       stride_knt, stride_knh, stride_kh, stride_kdb, stride_kdh, num_heads_kv, head_dim, offs_d,
-                       cos, sin, partner, BLOCK_H, ROTARY, FP8, FP8_EMIN, FP8_MBITS, FP8_MAX)
-        store_new_keys(V_NEW, V_CACHE, V_DESCALE, b, t, row * stride_vb + slot * stride_vn, write, stride_vnb,
-                       stride_vnt, stride_vnh, stride_vh, stride_vdb, stride_vdh, num_heads_kv, head_dim, offs_d,
-                       cos, sin, partner, BLOCK_H, False, FP8, FP8_EMIN, FP8_MBITS, FP8_MAX)
+    if part < 2:
+        if t < seqlen_new:
+            n = start + t
+            write = (n >= 0) & (n < capacity)
+            slot = tl.minimum(tl.maximum(n, 0), capacity - 1)
+            if PAGED:
+                page = tl.load(BLOCK_TABLE + b * stride_btb + slot // PAGE_SIZE)
+                row = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+                slot = slot % PAGE_SIZE
+            elif HAS_BATCH_IDX:
+                row = tl.minimum(tl.maximum(tl.load(BATCH_IDX + b), 0), num_pages - 1).to(tl.int64)
+            else:
+                row = b
+            slot = slot.to(tl.int64)
+            if part == 0:
+                if ROTARY:
+                    cos, sin, partner = rotary_factors(COS, SIN, stride_cos, position + t, seqlen_ro, rotary_half,
+                                                       offs_d, INTERLEAVED)
+                else:  # unused
+                    cos, sin, partner = offs_d, offs_d, offs_d
+                store_new_keys(K_NEW, K_CACHE, K_DESCALE, b, t, row * stride_kb + slot * stride_kn, write, stride_knb,
+                               stride_knt, stride_knh, stride_kh, stride_kdb, stride_kdh, num_heads_kv, head_dim,
+                               offs_d, cos, sin, partner, BLOCK_H, ROTARY, FP8, FP8_EMIN, FP8_MBITS, FP8_MAX)
+            else:
+                store_new_keys(V_NEW, V_CACHE, V_DESCALE, b, t, row * stride_vb + slot * stride_vn, write, stride_vnb,
+                               stride_vnt, stride_vnh, stride_vh, stride_vdb, stride_vdh, num_heads_kv, head_dim,
+                               offs_d, offs_d, offs_d, offs_d, BLOCK_H, False, FP8, FP8_EMIN, FP8_MBITS, FP8_MAX)
     if ROTARY:
-        if t < seqlen_q:
+        if part == 2 and t < seqlen_q:
             if Q_PER_TOKEN:
                 position += t
             cos, sin, partner = rotary_factors(COS, SIN, stride_cos, position, seqlen_ro, rotary_half, offs_d,
