@@ -2,13 +2,15 @@
 
     out = flashsplit.decode(q, k_cache, v_cache, cache_seqlens=seqlens)
 
-See :func:`decode`, :func:`combine` and :func:`plan`.
+See :func:`decode`, :func:`combine` and :func:`plan`; :func:`flash_attn_with_kvcache` takes
+FlashAttention's signature (new-token append, left padding, rotary).
 """
 
 from .api import combine, decode, plan
 from .debug import check_inputs
+from .kvcache import flash_attn_with_kvcache
 from .plan import MAX_SPLITS, SPLIT_GRANULE, SplitPlan, split_bounds
 from .registry import names as backends
 
-__all__ = ["decode", "combine", "plan", "check_inputs", "SplitPlan", "split_bounds", "backends", "MAX_SPLITS", "SPLIT_GRANULE"]
+__all__ = ["decode", "combine", "plan", "check_inputs", "flash_attn_with_kvcache", "SplitPlan", "split_bounds", "backends", "MAX_SPLITS", "SPLIT_GRANULE"]
 __version__ = "0.1.0"

@@ -11,7 +11,8 @@ from . import dispatch, torch_ops
 from .call import DecodeOptions, DecodeTensors
 from .plan import SplitPlan
 from .problem import DecodeProblem
-from .validation import check_combine_inputs, check_plan_args, check_sinks, check_softcap, check_window
+from .validation import (check_cache_update_args, check_combine_inputs, check_plan_args, check_sinks, check_softcap,
+                         check_window)
 from .registry import select
 from .target import GpuTarget, device_target, gpu_target
 
@@ -37,6 +38,10 @@ def plan(
     softcap: float = 0.0,
     has_sinks: bool = False,
     batch_invariant: bool = False,
+    seqlen_new: int = 0,
+    has_leftpad: bool = False,
+    has_batch_idx: bool = False,
+    rotary_dim: int = 0,
 ) -> SplitPlan:
     """What :func:`decode` will do for these shapes, in pure Python (no GPU needed).
 
@@ -47,8 +52,10 @@ def plan(
     device, or an H200 when there is none. ``num_sms`` overrides the GPU's SM count.
     ``device="cpu"`` plans for the Triton interpreter. ``window_size``, ``softcap``,
     ``has_sinks`` (``sinks`` given) and ``batch_invariant`` as in :func:`decode`: a left window
-    bound shrinks the span the splits cover (``SplitPlan.span``). Arguments describing tensors
-    that :func:`decode` would refuse raise its ``TypeError``/``ValueError``.
+    bound shrinks the span the splits cover (``SplitPlan.span``). ``seqlen_new`` (new keys per row,
+    ``k``/``v`` given), ``has_leftpad``, ``has_batch_idx`` and ``rotary_dim`` describe a call that
+    updates the cache (they choose the backend: one that cannot run them is not chosen). Arguments
+    describing tensors that :func:`decode` would refuse raise its ``TypeError``/``ValueError``.
 
     >>> p = plan(1, 32768, 32, 8, 128, gpu="h200", backend="triton")
     >>> p.num_splits, p.grid
@@ -70,11 +77,13 @@ def plan(
         raise TypeError(f"has_sinks, batch_invariant: expected bools, got {has_sinks!r}, {batch_invariant!r}")
     if batch_invariant and num_splits:
         raise ValueError(f"num_splits: batch_invariant=True splits each row by its own length; expected 0, got {num_splits}")
+    check_cache_update_args(seqlen_new, has_leftpad, has_batch_idx, rotary_dim, seqlen_k, head_dim, page_size)
     problem = DecodeProblem(
         batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_heads=num_heads, num_heads_kv=num_heads_kv,
         head_dim=head_dim, dtype=dtype, causal=causal, has_cache_seqlens=has_cache_seqlens, device_type=device.type,
         kv_dtype=kv_dtype, page_size=page_size, gpu=target, window_left=window_left, window_right=window_right,
-        softcap=check_softcap(softcap), has_sinks=has_sinks, batch_invariant=batch_invariant,
+        softcap=check_softcap(softcap), has_sinks=has_sinks, batch_invariant=batch_invariant, seqlen_new=seqlen_new,
+        has_leftpad=has_leftpad, has_batch_idx=has_batch_idx, rotary_dim=rotary_dim,
     )
     chosen, rule, reason = select(problem, backend)
     return dispatch.make_plan(problem, chosen, rule, reason, num_splits)
@@ -100,8 +109,16 @@ def decode(
     sinks: torch.Tensor | None = None,
     batch_invariant: bool = False,
     backend: str = "auto",
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    rotary_cos: torch.Tensor | None = None,
+    rotary_sin: torch.Tensor | None = None,
+    cache_batch_idx: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
+    rotary_interleaved: bool = True,
 ):
-    """Split-KV decode attention over a KV cache (FlashAttention ``flash_attn_with_kvcache`` style).
+    """Split-KV decode attention over a KV cache (FlashAttention ``flash_attn_with_kvcache`` style;
+    :func:`flashsplit.flash_attn_with_kvcache` takes FlashAttention's own signature).
 
     Args:
         q: ``[B, L_q, H_q, D]`` fp16 or bf16; ``L_q`` >= 1 (several tokens for speculative decoding).
@@ -149,6 +166,31 @@ def decode(
             fixed order, on kernel configurations that do not depend on the batch. Per backend;
             ``num_splits`` must then be 0.
         backend: ``"auto"`` (the best backend that supports the problem), ``"triton"`` or ``"cute"``.
+        k, v: ``[B, L_new, H_kv, D]`` in q's dtype, last dim contiguous, ``L_new`` >= 1: new keys
+            and values, written into the caches (in place) at keys ``[cache_seqlens[b],
+            cache_seqlens[b] + L_new)`` of row b (dense, through ``block_table``, or in cache row
+            ``cache_batch_idx[b]``) before the attention, which then covers ``cache_seqlens[b] +
+            L_new`` keys; ``cache_seqlens`` (required) itself is not changed. An fp8 cache stores
+            ``k / k_descale`` (fp32 division, saturated to the format's largest finite value,
+            rounded to nearest even). A new key past the capacity (a wrong length, unchecked
+            without a host sync: :func:`check_inputs`) is not written and the row's length is
+            clamped to the capacity: a wrong row, never a stray write. The append is a small
+            kernel on the same stream, before the attention's; graph-capturable.
+        rotary_cos, rotary_sin: ``[L_ro, rotary_dim / 2]`` in q's dtype or float32, contiguous,
+            ``rotary_dim <= D`` and ``L_ro >= `` the cache's capacity; only with ``k``/``v``.
+            Rotate the new keys at positions ``cache_seqlens[b] - cache_leftpad[b] + t`` and q
+            (a rotated copy; ``q`` itself is not changed) at the same positions when causal or
+            windowed, else every q row at ``cache_seqlens[b] - cache_leftpad[b]``. The first
+            ``rotary_dim`` features rotate, the rest pass through.
+        rotary_interleaved: True: pairs of features ``(2j, 2j + 1)`` (GPT-J); False: ``(j, j +
+            rotary_dim / 2)`` (GPT-NeoX).
+        cache_batch_idx: int32 ``[B]``, dense caches only: row b reads (and writes) cache row
+            ``cache_batch_idx[b]`` of caches ``[B_cache, L_k, H_kv, D]`` of any ``B_cache >= 1``.
+            Indices are clamped into the cache; with ``k`` they should be distinct (duplicates
+            write the same row twice, in no defined order).
+        cache_leftpad: int32 ``[B]``: row b's keys are ``[cache_leftpad[b], cache_seqlens[b])``
+            (left-padded batched prompts); positions for causal, windowed and rotary attention
+            count from its first real key. Clamped into ``[0, seqlen]`` on the device.
 
     Returns:
         ``out`` ``[B, L_q, H_q, D]`` in q's dtype, and with ``return_lse`` also ``lse`` fp32
@@ -176,12 +218,16 @@ def decode(
                 lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
         except (RuntimeError, NotImplementedError):  # a nested or other odd q: validation names it
             pass
-    tensors = DecodeTensors(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, sinks)
-    options = DecodeOptions(softmax_scale, causal, num_splits, backend, _pair(window_size), softcap, batch_invariant)
+    tensors = DecodeTensors(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, sinks,
+                            k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad)
+    options = DecodeOptions(softmax_scale, causal, num_splits, backend, _pair(window_size), softcap, batch_invariant,
+                            rotary_interleaved)
     if torch.compiler.is_compiling():
         # Dynamo cannot trace the kernel launchers (nor validate fake tensors' pointers): the
-        # operator validates and launches when the compiled graph runs.
-        torch_ops.decode_into(*tensors, *options)
+        # operator validates and launches when the compiled graph runs. A call that writes new
+        # keys goes through the operator whose schema says the caches are written.
+        operator = torch_ops.decode_into if k is None and v is None else torch_ops.decode_append_into
+        operator(*tensors, *options)
     else:
         dispatch.decode_into(tensors, options, fresh_out)
     return (out, lse) if return_lse else out
@@ -206,13 +252,20 @@ def decode_into(
     sinks: torch.Tensor | None = None,
     batch_invariant: bool = False,
     backend: str = "auto",
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    rotary_cos: torch.Tensor | None = None,
+    rotary_sin: torch.Tensor | None = None,
+    cache_batch_idx: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
+    rotary_interleaved: bool = True,
 ) -> None:
     """:func:`decode` writing into given outputs: ``out`` ``[B, L_q, H_q, D]`` (q's dtype) and,
     unless None, ``lse`` fp32 ``[B, H_q, L_q]``, contiguous. Validates every argument."""
     dispatch.decode_into(DecodeTensors(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale,
-                                       v_descale, sinks),
+                                       v_descale, sinks, k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad),
                          DecodeOptions(softmax_scale, causal, num_splits, backend, _pair(window_size), softcap,
-                                       batch_invariant))
+                                       batch_invariant, rotary_interleaved))
 
 
 def _pair(window_size):

@@ -27,6 +27,13 @@ class DecodeTensors(NamedTuple):
     k_descale: torch.Tensor | None = None  #: fp32, one element or ``[B, H_kv]`` (fp8 caches)
     v_descale: torch.Tensor | None = None  #: like ``k_descale``
     sinks: torch.Tensor | None = None  #: fp32 or bf16 ``[H_q]``: a learned logit per q head
+    #: ``[B, L_new, H_kv, D]`` in q's dtype: new keys written into the cache before the attention
+    k_new: torch.Tensor | None = None
+    v_new: torch.Tensor | None = None  #: like ``k_new``: new values
+    rotary_cos: torch.Tensor | None = None  #: ``[L_ro, rotary_dim / 2]``: rotary table for the new keys and q
+    rotary_sin: torch.Tensor | None = None  #: like ``rotary_cos``
+    cache_batch_idx: torch.Tensor | None = None  #: int32 ``[B]``: the dense cache row each batch row uses
+    cache_leftpad: torch.Tensor | None = None  #: int32 ``[B]``: the first key of each row
 
 
 class DecodeOptions(NamedTuple):
@@ -39,22 +46,28 @@ class DecodeOptions(NamedTuple):
     window_size: tuple[int, int] = (-1, -1)
     softcap: float = 0.0
     batch_invariant: bool = False
+    #: GPT-J pairs (True) or GPT-NeoX halves (False) for ``rotary_cos``/``rotary_sin``.
+    rotary_interleaved: bool = True
 
 
 #: Tensors the call writes (the operator's schema marks them mutated).
 WRITTEN = ("out", "lse")
+#: Tensors a call with new keys (``k_new``/``v_new``) also writes.
+APPENDED = ("k_cache", "v_cache")
 #: Tensors every call has (the others may be None).
 REQUIRED = ("q", "k_cache", "v_cache", "out")
 #: Schema types of the options (torch.library), in field order.
 OPTION_TYPES = {"softmax_scale": "float?", "causal": "bool", "num_splits": "int", "backend": "str",
-                "window_size": "int[]", "softcap": "float", "batch_invariant": "bool"}
+                "window_size": "int[]", "softcap": "float", "batch_invariant": "bool", "rotary_interleaved": "bool"}
 
 
-def operator_schema() -> str:
-    """The ``torch.library`` schema of ``flashsplit::decode_into``, from the fields above."""
+def operator_schema(appends: bool = False) -> str:
+    """The ``torch.library`` schema of ``flashsplit::decode_into`` (``appends``: of
+    ``flashsplit::decode_append_into``, which also writes the caches), from the fields above."""
+    written = WRITTEN + APPENDED if appends else WRITTEN
     tensors = []
     for i, name in enumerate(DecodeTensors._fields):
-        alias = f"({chr(ord('a') + WRITTEN.index(name))}!)" if name in WRITTEN else ""
+        alias = f"({chr(ord('a') + written.index(name))}!)" if name in written else ""
         optional = "" if name in REQUIRED else "?"
         tensors.append(f"Tensor{alias}{optional} {name}")
     options = [f"{OPTION_TYPES[name]} {name}" for name in DecodeOptions._fields]

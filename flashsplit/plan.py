@@ -18,7 +18,9 @@ to the granule: ``first = floor(max(n - L_q - w, 0) / G) * G``, and the splits d
 ``n - first`` keys from there (a 4k window over a 128k cache is split like a 4k cache). A
 batch-invariant decode divides each row's span into :data:`BATCH_INVARIANT_SPLITS` splits of at
 least :data:`BATCH_INVARIANT_MIN_SPLIT` keys instead of the launch's split count, so a row's splits
-depend on its own length only, never on the batch it is decoded in. Worked example, ``G = 128``, ``S = 4``,
+depend on its own length only, never on the batch it is decoded in. A left-padded row
+(``cache_leftpad``: its keys are ``[leftpad, n)``) is split as the row of its ``n - leftpad`` real
+keys, shifted by ``leftpad``. Worked example, ``G = 128``, ``S = 4``,
 ``n = 1000``: ceil(1000 / 128) = 8 granules, 2 per split, 256 tokens per split; the splits
 cover [0, 256), [256, 512), [512, 768), [768, 1000). With ``n = 300``: 3 granules, 1 per
 split; [0, 128), [128, 256), [256, 300) and split 3 is empty (LSE = -inf).
@@ -97,11 +99,24 @@ def first_key(seqlen: int, seqlen_q: int = 1, window_left: int = -1, granule: in
     return max(seqlen - seqlen_q - window_left, 0) // granule * granule
 
 
+def row_start(seqlen: int, seqlen_q: int = 1, window_left: int = -1, granule: int = SPLIT_GRANULE,
+              leftpad: int = 0) -> int:
+    """The first key of the splits of a row whose keys are ``[leftpad, seqlen)``: ``leftpad``
+    (clamped into ``[0, seqlen]``, as the kernels do) plus :func:`first_key` of its real keys.
+
+    >>> row_start(10000, 1, 4096, leftpad=100)
+    5860
+    """
+    leftpad = min(max(leftpad, 0), max(seqlen, 0))
+    return leftpad + first_key(seqlen - leftpad, seqlen_q, window_left, granule)
+
+
 def split_bounds(seqlen: int, num_splits: int, granule: int = SPLIT_GRANULE, *, seqlen_q: int = 1,
-                 window_left: int = -1, invariant: bool = False) -> list[tuple[int, int]]:
+                 window_left: int = -1, invariant: bool = False, leftpad: int = 0) -> list[tuple[int, int]]:
     """``[(start, end), ...]`` for each of the ``num_splits`` splits of a row of ``seqlen`` keys
     (end <= start: empty); ``seqlen_q`` / ``window_left`` place the row's first key
-    (:func:`first_key`), ``invariant``: the batch-invariant split length (:func:`tokens_per_split`).
+    (:func:`first_key`), ``invariant``: the batch-invariant split length (:func:`tokens_per_split`);
+    ``leftpad``: the row's keys are ``[leftpad, seqlen)`` (:func:`row_start`).
 
     >>> split_bounds(1000, 4)
     [(0, 256), (256, 512), (512, 768), (768, 1000)]
@@ -109,16 +124,19 @@ def split_bounds(seqlen: int, num_splits: int, granule: int = SPLIT_GRANULE, *, 
     [(0, 128), (128, 256), (256, 300), (384, 300)]
     >>> split_bounds(1000, 2, window_left=300)
     [(640, 896), (896, 1000)]
+    >>> split_bounds(1000, 2, leftpad=100)
+    [(100, 612), (612, 1000)]
     """
-    first = first_key(seqlen, seqlen_q, window_left, granule)
+    first = row_start(seqlen, seqlen_q, window_left, granule, leftpad)
     tps = tokens_per_split(seqlen - first, num_splits, granule, invariant)
     return [(first + s * tps, min(first + (s + 1) * tps, seqlen)) for s in range(num_splits)]
 
 
 def splits_used(seqlen: int, num_splits: int, granule: int = SPLIT_GRANULE, *, seqlen_q: int = 1,
-                window_left: int = -1, invariant: bool = False) -> int:
-    """How many of the splits hold at least one key of a row of ``seqlen`` keys."""
-    span = seqlen - first_key(seqlen, seqlen_q, window_left, granule)
+                window_left: int = -1, invariant: bool = False, leftpad: int = 0) -> int:
+    """How many of the splits hold at least one key of a row of ``seqlen`` keys (``leftpad``: its
+    keys start there)."""
+    span = seqlen - row_start(seqlen, seqlen_q, window_left, granule, leftpad)
     if span <= 0:
         return 0
     return cdiv(span, tokens_per_split(span, num_splits, granule, invariant))
@@ -226,10 +244,10 @@ class SplitPlan:
     #: Batch-invariant decode: each row's splits follow from its own length (:func:`tokens_per_split`).
     batch_invariant: bool = False
 
-    def boundaries(self, seqlen: int) -> list[tuple[int, int]]:
-        """Per-split ``(start, end)`` key ranges for a row holding ``seqlen`` live keys."""
+    def boundaries(self, seqlen: int, leftpad: int = 0) -> list[tuple[int, int]]:
+        """Per-split ``(start, end)`` key ranges for a row holding keys ``[leftpad, seqlen)``."""
         return split_bounds(seqlen, self.num_splits, self.granule, seqlen_q=self.seqlen_q,
-                            window_left=self.window_left, invariant=self.batch_invariant)
+                            window_left=self.window_left, invariant=self.batch_invariant, leftpad=leftpad)
 
     def __str__(self) -> str:
         combine = "then a combine kernel" if self.runs_combine else "no combine (one split)"

@@ -20,13 +20,20 @@ MAX_HEAD_DIM = 256
 
 class Variant(NamedTuple):
     """Which keys each query sees and how its scores are formed, beyond plain attention (static
-    facts the kernels specialize on; see :class:`DecodeProblem`'s fields of the same names)."""
+    facts the kernels specialize on; see :class:`DecodeProblem`'s fields of the same names; the
+    attention kernels see ``cache_seqlens + seqlen_new`` keys per row)."""
 
     window_left: int = -1
     window_right: int = -1
     softcap: float = 0.0
     has_sinks: bool = False
     batch_invariant: bool = False
+    #: New keys appended before the attention: a row's kernels see ``cache_seqlens + seqlen_new`` keys.
+    seqlen_new: int = 0
+    #: Rows start at ``cache_leftpad[b]``.
+    has_leftpad: bool = False
+    #: Dense row b reads cache row ``cache_batch_idx[b]``.
+    has_batch_idx: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,33 @@ class DecodeProblem:
     #: Each row's splits from its own length (:func:`flashsplit.plan.tokens_per_split`) and fixed kernel
     #: configurations: a row's result does not depend on the batch it is decoded in.
     batch_invariant: bool = False
+    #: New keys and values per row (``k``/``v`` given: ``L_new``), written into the cache at
+    #: ``[cache_seqlens[b], cache_seqlens[b] + L_new)`` before the attention, which covers them.
+    seqlen_new: int = 0
+    #: ``cache_leftpad`` given: row b's keys are ``[cache_leftpad[b], cache_seqlens[b])``.
+    has_leftpad: bool = False
+    #: ``cache_batch_idx`` given (dense caches): row b reads and writes cache row ``cache_batch_idx[b]``.
+    has_batch_idx: bool = False
+    #: Features rotated by ``rotary_cos``/``rotary_sin`` (new keys and q); 0: no rotary.
+    rotary_dim: int = 0
+    #: GPT-J pairs (True) or GPT-NeoX halves (False).
+    rotary_interleaved: bool = True
+
+    @property
+    def has_new_kv(self) -> bool:
+        """New keys and values are appended (``k``/``v`` given)."""
+        return self.seqlen_new > 0
+
+    @property
+    def has_rotary(self) -> bool:
+        """Rotary embedding of the new keys and of q (``rotary_cos``/``rotary_sin`` given)."""
+        return self.rotary_dim > 0
+
+    @property
+    def rotary_q_per_token(self) -> bool:
+        """q row ``m`` is rotated at its own position (causal or windowed attention, as
+        FlashAttention does); otherwise every q row at the row's length."""
+        return self.causal or self.window_left >= 0 or self.window_right >= 0
 
     @property
     def left_bound(self) -> bool:
@@ -88,7 +122,8 @@ class DecodeProblem:
 
     @property
     def variant(self) -> Variant:
-        return Variant(self.window_left, self.window_right, self.softcap, self.has_sinks, self.batch_invariant)
+        return Variant(self.window_left, self.window_right, self.softcap, self.has_sinks, self.batch_invariant,
+                       self.seqlen_new, self.has_leftpad, self.has_batch_idx)
 
     @property
     def target(self) -> GpuTarget | None:

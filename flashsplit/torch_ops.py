@@ -4,8 +4,11 @@ Dynamo cannot trace through Triton's or CuteDSL's launchers, so under ``torch.co
 :func:`flashsplit.decode` allocates its outputs in the graph and calls this operator, which
 the compiler treats as one opaque node (no graph break). Its arguments are the fields of
 :class:`~flashsplit.call.DecodeTensors` then :class:`~flashsplit.call.DecodeOptions`, in that
-order (the schema is generated from them). Eager calls do not go through the dispatcher at all:
-its per-call cost would count against the decode step's host time.
+order (the schema is generated from them). ``torch.ops.flashsplit.decode_append_into`` is the same
+operator for calls that write new keys into the cache (``k_new``/``v_new``): its schema also marks
+``k_cache`` and ``v_cache`` mutated, which ``decode_into``'s does not, so a plain decode never makes
+the compiler treat a cache as written. Eager calls do not go through the dispatcher at all: its
+per-call cost would count against the decode step's host time.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from .call import DecodeOptions, DecodeTensors, operator_schema
 
 _LIBRARY = torch.library.Library("flashsplit", "DEF")
 _LIBRARY.define("decode_into" + operator_schema())
+_LIBRARY.define("decode_append_into" + operator_schema(appends=True))
 _TENSORS = len(DecodeTensors._fields)
 
 
@@ -32,6 +36,8 @@ def _decode_into_fake(*args) -> None:
     return None
 
 
-_LIBRARY.impl("decode_into", _decode_into, "CompositeExplicitAutograd")
-torch.library.register_fake("flashsplit::decode_into", _decode_into_fake, lib=_LIBRARY)
+for _name in ("decode_into", "decode_append_into"):
+    _LIBRARY.impl(_name, _decode_into, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"flashsplit::{_name}", _decode_into_fake, lib=_LIBRARY)
 decode_into = torch.ops.flashsplit.decode_into
+decode_append_into = torch.ops.flashsplit.decode_append_into

@@ -130,6 +130,26 @@ def check_plan_args(batch, seqlen_k, num_heads, num_heads_kv, head_dim, seqlen_q
         raise ValueError(f"device: expected a device such as 'cuda' or 'cpu', got {device!r}") from e
 
 
+def check_cache_update_args(seqlen_new, has_leftpad, has_batch_idx, rotary_dim, seqlen_k: int, head_dim: int,
+                            page_size: int) -> None:
+    """:func:`flashsplit.plan`'s description of a cache update, judged as :func:`check_decode_inputs`
+    judges the tensors it stands for."""
+    for name, value in (("seqlen_new", seqlen_new), ("rotary_dim", rotary_dim)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    for name, value in (("has_leftpad", has_leftpad), ("has_batch_idx", has_batch_idx)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+    if not 0 <= seqlen_new <= seqlen_k:
+        raise ValueError(f"seqlen_new: expected new keys per row in [0, seqlen_k = {seqlen_k}], got {seqlen_new}")
+    if rotary_dim and not seqlen_new:
+        raise ValueError("rotary_dim: only with new keys (seqlen_new >= 1)")
+    if not 0 <= rotary_dim <= head_dim or rotary_dim % 2:
+        raise ValueError(f"rotary_dim: expected an even number in [0, head_dim = {head_dim}], got {rotary_dim}")
+    if has_batch_idx and page_size:
+        raise ValueError("has_batch_idx: cache_batch_idx is only for a dense cache (page_size 0)")
+
+
 def check_num_splits(num_splits) -> int:
     if isinstance(num_splits, bool) or not isinstance(num_splits, int):
         raise TypeError(f"num_splits: expected an int, got {type(num_splits).__name__}")
@@ -147,7 +167,7 @@ def check_decode_inputs(tensors: DecodeTensors, options: DecodeOptions = DecodeO
     :func:`flashsplit.check_inputs`. ``tensors.out`` may be None (nothing to check); ``tensors.lse``
     is checked by the caller, which knows the problem.
     """
-    q, k_cache, v_cache, out, _, cache_seqlens, block_table, k_descale, v_descale, sinks = tensors
+    q, k_cache, v_cache, out, _, cache_seqlens, block_table, k_descale, v_descale, sinks = tensors[:10]
     causal, num_splits = options.causal, options.num_splits
     _require_tensor("q", q)
     _require_rank("q", q, 4, "[batch, seqlen_q, num_heads, head_dim]")
@@ -171,12 +191,19 @@ def check_decode_inputs(tensors: DecodeTensors, options: DecodeOptions = DecodeO
     if not kv_fp8 and k_cache.dtype != q.dtype:
         raise TypeError(f"k_cache/v_cache: expected q's dtype {q.dtype} (or an fp8 dtype), got {k_cache.dtype}")
     if paged:
+        if tensors.cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx: only for a dense cache; with block_table each row's pages are its "
+                             "cache (reorder the table's rows instead)")
         seqlen_k, page_size = _check_block_table(block_table, k_cache, batch, q.device)
     else:
-        if k_cache.shape[0] != batch:
+        if tensors.cache_batch_idx is not None:
+            if k_cache.shape[0] == 0 and batch > 0:
+                raise ValueError(f"k_cache: expected at least one cache row (dim 0) for cache_batch_idx, got a cache "
+                                 f"of shape {_shape(k_cache)}")
+        elif k_cache.shape[0] != batch:
             raise ValueError(
                 f"k_cache: expected batch {batch} (q's dim 0) for a dense {layout} cache, got {k_cache.shape[0]} "
-                f"(pass block_table for a paged cache)"
+                f"(pass block_table for a paged cache, or cache_batch_idx to pick rows of a larger one)"
             )
         seqlen_k, page_size = k_cache.shape[1], 0
     num_heads_kv, head_dim_k = k_cache.shape[2:]
@@ -226,6 +253,16 @@ def check_decode_inputs(tensors: DecodeTensors, options: DecodeOptions = DecodeO
     if options.batch_invariant and num_splits != 0:
         raise ValueError(f"num_splits: batch_invariant=True splits each row by its own length; "
                          f"expected 0, got {num_splits}")
+    for name in ("cache_leftpad", "cache_batch_idx"):
+        if getattr(tensors, name) is not None:
+            _check_row_index(name, getattr(tensors, name), batch, q.device)
+    seqlen_new = _check_new_kv(tensors, batch, num_heads_kv, head_dim, seqlen_k)
+    if seqlen_new and num_heads == 0:
+        raise ValueError(f"q: expected num_heads >= 1 with k and v (they are written by the decode), got shape "
+                         f"{_shape(q)}")
+    rotary_dim = _check_rotary(tensors, seqlen_new, head_dim, seqlen_k, q)
+    if not isinstance(options.rotary_interleaved, bool):
+        raise TypeError(f"rotary_interleaved: expected a bool, got {type(options.rotary_interleaved).__name__}")
     return DecodeProblem(
         batch=batch,
         seqlen_q=seqlen_q,
@@ -247,7 +284,95 @@ def check_decode_inputs(tensors: DecodeTensors, options: DecodeOptions = DecodeO
         softcap=softcap,
         has_sinks=sinks is not None,
         batch_invariant=options.batch_invariant,
+        seqlen_new=seqlen_new,
+        has_leftpad=tensors.cache_leftpad is not None,
+        has_batch_idx=tensors.cache_batch_idx is not None,
+        rotary_dim=rotary_dim,
+        rotary_interleaved=options.rotary_interleaved,
     )
+
+
+def _check_row_index(name: str, t, batch: int, device) -> None:
+    """``cache_leftpad`` / ``cache_batch_idx``: int32 ``[B]`` on q's device, contiguous."""
+    _require_tensor(name, t)
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name}: expected dtype int32, got {t.dtype}")
+    if t.shape != (batch,):
+        raise ValueError(f"{name}: expected shape [{batch}], got {_shape(t)}")
+    if t.device != device:
+        raise ValueError(f"{name}: expected q's device {device}, got {t.device}")
+    _require_unit_stride(name, t, f"[{batch}] tensor")
+
+
+def _check_new_kv(tensors: DecodeTensors, batch: int, num_heads_kv: int, head_dim: int, seqlen_k: int) -> int:
+    """New keys and values (``k``/``v``, both or neither): ``[B, L_new, H_kv, D]`` in q's dtype
+    and device, last dim contiguous, ``1 <= L_new <= capacity``, with ``cache_seqlens`` saying
+    where they go. Returns ``L_new`` (0 without them)."""
+    q, k_new, v_new = tensors.q, tensors.k_new, tensors.v_new
+    if k_new is None and v_new is None:
+        return 0
+    if k_new is None or v_new is None:
+        given, missing = ("k", "v") if v_new is None else ("v", "k")
+        raise ValueError(f"{given}: given without {missing}; pass both new keys and values, or neither")
+    for name, t in (("k", k_new), ("v", v_new)):
+        _require_tensor(name, t)
+        _require_rank(name, t, 4, "[batch, seqlen_new, num_heads_kv, head_dim]")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}: expected q's dtype {q.dtype} (an fp8 cache stores it quantized), got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name}: expected q's device {q.device}, got {t.device}")
+        if t.shape[0] != batch or tuple(t.shape[2:]) != (num_heads_kv, head_dim):
+            raise ValueError(f"{name}: expected shape [{batch}, seqlen_new, {num_heads_kv}, {head_dim}], "
+                             f"got {_shape(t)}")
+        _require_last_dim_contiguous(name, t)
+    if k_new.shape != v_new.shape:
+        raise ValueError(f"k and v: expected the same shape, got {_shape(k_new)} and {_shape(v_new)}")
+    seqlen_new = k_new.shape[1]
+    if seqlen_new == 0:
+        raise ValueError(f"k: expected seqlen_new (dim 1) >= 1, got shape {_shape(k_new)}; pass k=None, v=None to "
+                         f"append nothing")
+    if seqlen_new > seqlen_k:
+        raise ValueError(f"k: {seqlen_new} new keys per row cannot fit a cache of capacity {seqlen_k}")
+    if tensors.cache_seqlens is None:
+        raise ValueError("cache_seqlens: required with k and v (row b's new keys are written at cache_seqlens[b] on); "
+                         "got None")
+    for name in ("k_cache", "v_cache"):  # written: one slot per element
+        _require_distinct_elements(name, getattr(tensors, name))
+    return seqlen_new
+
+
+def _check_rotary(tensors: DecodeTensors, seqlen_new: int, head_dim: int, seqlen_k: int, q) -> int:
+    """Rotary tables (``rotary_cos``/``rotary_sin``, both or neither, only with new keys):
+    ``[L_ro, rotary_dim / 2]``, one dtype (q's or float32), contiguous, ``rotary_dim <= D`` and
+    ``L_ro >= capacity`` (FlashAttention's rule: every position a key can hold). Returns
+    ``rotary_dim`` (0 without them)."""
+    cos, sin = tensors.rotary_cos, tensors.rotary_sin
+    if cos is None and sin is None:
+        return 0
+    if cos is None or sin is None:
+        given, missing = ("rotary_cos", "rotary_sin") if sin is None else ("rotary_sin", "rotary_cos")
+        raise ValueError(f"{given}: given without {missing}; pass both rotary tables, or neither")
+    if not seqlen_new:
+        raise ValueError("rotary_cos: only with k and v (the new keys and q are rotated as they are appended)")
+    for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
+        _require_tensor(name, t)
+        _require_rank(name, t, 2, "[seqlen_ro, rotary_dim / 2]")
+        if t.dtype not in (q.dtype, torch.float32):
+            raise TypeError(f"{name}: expected q's dtype {q.dtype} or float32, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name}: expected q's device {q.device}, got {t.device}")
+        _require_compact(name, t)
+    if cos.shape != sin.shape or cos.dtype != sin.dtype:
+        raise ValueError(f"rotary_cos and rotary_sin: expected one shape and dtype, got {_shape(cos)} {cos.dtype} "
+                         f"and {_shape(sin)} {sin.dtype}")
+    seqlen_ro, half = cos.shape
+    if not 1 <= 2 * half <= head_dim:
+        raise ValueError(f"rotary_cos: expected rotary_dim = 2 * dim 1 in [2, head_dim = {head_dim}], got "
+                         f"{2 * half} (shape {_shape(cos)})")
+    if seqlen_ro < seqlen_k:
+        raise ValueError(f"rotary_cos: expected at least {seqlen_k} positions (the cache's capacity), got "
+                         f"{seqlen_ro} (shape {_shape(cos)})")
+    return 2 * half
 
 
 def check_sinks(sinks, num_heads: int, device) -> None:

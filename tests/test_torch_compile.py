@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import flashsplit
+from flashsplit.call import DecodeOptions, DecodeTensors
 from flashsplit.testing import DecodeCase, make_inputs
 
 from conftest import DEVICE
@@ -32,5 +33,4 @@ def test_custom_op_validates_at_run_time():
     k = torch.randn(2, 64, 3, 64, device=DEVICE).half()  # 8 heads are not a multiple of 3
     out = torch.empty_like(q)
     with pytest.raises(ValueError, match="multiple of num_heads_kv"):
-        torch.ops.flashsplit.decode_into(q, k, k, out, None, None, None, None, None, None,
-                                         None, False, 0, "auto", [-1, -1], 0.0, False)
+        torch.ops.flashsplit.decode_into(*DecodeTensors(q, k, k, out), *DecodeOptions())

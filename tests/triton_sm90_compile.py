@@ -18,6 +18,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from flashsplit.triton.append import FP8_FORMATS  # noqa: E402
+from flashsplit.triton.append_kernel import append_kv_kernel  # noqa: E402
 from flashsplit.triton.backend import TritonBackend, _page_chunk, choose_tiles, combine_warps  # noqa: E402
 from flashsplit.triton.combine_kernel import combine_kernel  # noqa: E402
 from flashsplit.triton.split_kernel import split_kv_kernel  # noqa: E402
@@ -95,11 +97,42 @@ def split_variants():
                    FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=paged, KV=kv,
                    LEFT_BOUND=window, SOFTCAP=not window, HAS_SINKS=True, MERGE_IN_LAST_SPLIT=paged,
                    INVARIANT=window and not paged)
+    for paged, kv, new in itertools.product([False, True], ["same", "fp8e4nv"], [1, 3]):
+        # appended keys (SEQLEN_ADD), left padding, cache rows by index (dense), after the append (PDL)
+        yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, RIGHT_BOUND=new > 1,
+                   FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=paged, KV=kv,
+                   MERGE_IN_LAST_SPLIT=new == 1, SEQLEN_ADD=new, HAS_LEFTPAD=True, HAS_BATCH_IDX=not paged,
+                   WAIT_FOR_APPEND=True, LEFT_BOUND=paged)
+    yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=False, RIGHT_BOUND=False,  # one
+               FINAL_FOR_SINGLE_SPLIT_ROWS=False, WRITE_LSE=True, HAS_OUT=True, HAS_LEFTPAD=True,  # split,
+               HAS_BATCH_IDX=True, SEQLEN_ADD=1)  # padded rows of a larger cache
     for rows, dim in itertools.product([1, 4, 20, 64], [64, 96, 128, 256]):
         tiles = choose_tiles(rows, dim)
         yield dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d, HAS_SEQLENS=True,
                    HAS_PARTIALS=True, RIGHT_BOUND=True, FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True,
                    EVEN_D=tiles.block_d == dim)
+
+
+def append_variants(dtype: str):
+    """The append kernel as the launcher builds it: dense, paged and by cache row; rotary
+    (GPT-J and GPT-NeoX pairs) or not; 16-bit and fp8 caches; the split kernel as its dependent."""
+    fp8_names = {"fp8e4nv": "float8_e4m3fn", "fp8e5": "float8_e5m2"}
+    import torch
+
+    for layout, rotary, kv in itertools.product(["dense", "paged", "rows"], [0, 1, 2], [dtype, "fp8e4nv", "fp8e5"]):
+        fp8 = kv != dtype
+        emin, mbits = FP8_FORMATS[getattr(torch, fp8_names[kv])] if fp8 else (0, 0)
+        pointers = {"K_NEW": f"*{dtype}", "V_NEW": f"*{dtype}", "K_CACHE": f"*{kv}", "V_CACHE": f"*{kv}",
+                    "SEQLENS": "*i32", "LEFTPAD": "*i32" if rotary else None,
+                    "BLOCK_TABLE": "*i32" if layout == "paged" else None,
+                    "BATCH_IDX": "*i32" if layout == "rows" else None,
+                    "COS": "*fp32" if rotary else None, "SIN": "*fp32" if rotary else None,
+                    "Q": f"*{dtype}" if rotary else None, "Q_ROT": f"*{dtype}" if rotary else None,
+                    "K_DESCALE": "*fp32" if fp8 else None, "V_DESCALE": "*fp32" if fp8 else None}
+        yield dict(pointers=pointers, BLOCK_H=32, BLOCK_D=128, PAGE_SIZE=16 if layout == "paged" else 0,
+                   PAGED=layout == "paged", HAS_LEFTPAD=bool(rotary), HAS_BATCH_IDX=layout == "rows",
+                   ROTARY=bool(rotary), INTERLEAVED=rotary == 1, Q_PER_TOKEN=rotary == 2, FP8=fp8, FP8_EMIN=emin,
+                   FP8_MBITS=mbits, FP8_MAX=448.0 if kv == "fp8e4nv" else 57344.0, LAUNCH_DEPENDENTS=layout != "rows")
 
 
 def main() -> int:
@@ -118,6 +151,9 @@ def main() -> int:
             for name in ("LEFT_BOUND", "SOFTCAP", "HAS_SINKS"):
                 flags.setdefault(name, False)
             flags.setdefault("INVARIANT", False)
+            for name in ("HAS_LEFTPAD", "HAS_BATCH_IDX", "WAIT_FOR_APPEND"):
+                flags.setdefault(name, False)
+            flags.setdefault("SEQLEN_ADD", 0)
             flags.setdefault("EVEN_D", True)  # head dims of a power of two (the variants above: 128)
             flags["FULL_TILES"] = flags["HAS_DESCALE"] and TritonBackend.full_tiles_fp8  # as the launcher sets it
             # fp8 V read as int16 pairs, converted by PTX cvt on sm_90 (the launcher's choice there);
@@ -139,7 +175,9 @@ def main() -> int:
                         "LSE_PARTIAL": "*fp32" if flags["HAS_PARTIALS"] else None,
                         "LSE": "*fp32" if flags["WRITE_LSE"] else None,
                         "ARRIVALS": "*i32" if flags["MERGE_IN_LAST_SPLIT"] else None,
-                        "SINKS": "*fp32" if flags.get("HAS_SINKS") else None}
+                        "SINKS": "*fp32" if flags.get("HAS_SINKS") else None,
+                        "LEFTPAD": "*i32" if flags["HAS_LEFTPAD"] else None,
+                        "BATCH_IDX": "*i32" if flags["HAS_BATCH_IDX"] else None}
             started = time.perf_counter()
             ptx = compile_variant(split_kv_kernel, pointers, {**flags, "GRANULE": 128, "RUNTIME_BOUND_WHILE": False},
                                   floats=("qk_scale_log2", "softcap_log2"))
@@ -162,9 +200,10 @@ def main() -> int:
         for skip, write_lse, block_d, chunk in itertools.product([False, True], [False, True], [64, 128, 256],
                                                                  [32, 8]):
             pointers = {"OUT_PARTIAL": "*fp32", "LSE_PARTIAL": "*fp32", "OUT": f"*{dtype}",
-                        "SEQLENS": "*i32" if skip else None, "LSE": "*fp32" if write_lse else None, "SINKS": None}
+                        "SEQLENS": "*i32" if skip else None, "LSE": "*fp32" if write_lse else None, "SINKS": None,
+                        "LEFTPAD": None}
             # BLOCK_S 32: one chunk (CHUNK_S 32) or a loop over chunks (8); decode waits on the split (PDL).
-            plain = dict(LEFT_BOUND=False, INVARIANT=False, HAS_SINKS=False)
+            plain = dict(LEFT_BOUND=False, INVARIANT=False, HAS_SINKS=False, SEQLEN_ADD=0, HAS_LEFTPAD=False)
             compile_variant(combine_kernel, pointers, dict(BLOCK_D=block_d, BLOCK_S=32, CHUNK_S=chunk, GRANULE=128,
                                                            SKIP_SINGLE_SPLIT_ROWS=skip, WRITE_LSE=write_lse,
                                                            WAIT_FOR_PRIOR_GRID=skip, **plain),
@@ -176,13 +215,20 @@ def main() -> int:
                                                                WAIT_FOR_PRIOR_GRID=skip, **plain),
                                 num_warps=combine_warps(16, block_d))
                 count += 1
-        for window, invariant in ((True, False), (False, True), (True, True)):  # windows, invariant, sinks
+        for window, invariant, padded in ((True, False, False), (False, True, False), (True, True, False),
+                                          (True, False, True), (False, False, True)):
+            # windows, invariant, sinks; appended keys and left padding
             pointers = {"OUT_PARTIAL": "*fp32", "LSE_PARTIAL": "*fp32", "OUT": f"*{dtype}", "SEQLENS": "*i32",
-                        "LSE": "*fp32", "SINKS": "*fp32"}
+                        "LSE": "*fp32", "SINKS": "*fp32", "LEFTPAD": "*i32" if padded else None}
             compile_variant(combine_kernel, pointers, dict(BLOCK_D=128, BLOCK_S=32, CHUNK_S=32, GRANULE=128,
                                                            SKIP_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True,
                                                            WAIT_FOR_PRIOR_GRID=True, LEFT_BOUND=window,
-                                                           INVARIANT=invariant, HAS_SINKS=True), num_warps=4)
+                                                           INVARIANT=invariant, HAS_SINKS=True,
+                                                           SEQLEN_ADD=3 if padded else 0, HAS_LEFTPAD=padded),
+                            num_warps=4)
+            count += 1
+        for flags in append_variants(dtype):
+            compile_variant(append_kv_kernel, flags.pop("pointers"), flags, floats=(), num_warps=4)
             count += 1
     print(f"compiled {count} Triton kernel variants for sm_90")
     return 0

@@ -3,7 +3,8 @@
 Pure Python; no GPU needed. A :class:`Case` is one cell of the grid: one decode step
 (``L_q = 1``) over a full KV cache of ``seqlen_k`` keys per batch row, in one cache format
 (dense or paged, 16-bit or fp8) and one attention :class:`Variant` (plain, or a sliding window,
-softcap, sinks, batch-invariant decode, alone or combined).
+softcap, sinks, batch-invariant decode, new keys appended by the call, rotary, alone or
+combined).
 """
 
 from __future__ import annotations
@@ -83,12 +84,15 @@ def format_label(page_size: int, kv: str) -> str:
 SINK_MEAN = 3.0
 
 
-def variant_label(window: int = -1, softcap: float = 0.0, sinks: bool = False, batch_invariant: bool = False) -> str:
-    """An attention variant in a few words: ``"plain"``, ``"window 128 + sinks"``, ``"softcap 30"``."""
+def variant_label(window: int = -1, softcap: float = 0.0, sinks: bool = False, batch_invariant: bool = False,
+                  append: int = 0, rotary: bool = False) -> str:
+    """An attention variant in a few words: ``"plain"``, ``"window 128 + sinks"``, ``"append 1 + rotary"``."""
     parts = [f"window {window}"] if window >= 0 else []
     parts += [f"softcap {softcap:g}"] if softcap > 0 else []
     parts += ["sinks"] if sinks else []
     parts += ["batch-invariant"] if batch_invariant else []
+    parts += [f"append {append}"] if append else []
+    parts += ["rotary"] if rotary else []
     return " + ".join(parts) or "plain"
 
 
@@ -96,13 +100,17 @@ def variant_label(window: int = -1, softcap: float = 0.0, sinks: bool = False, b
 class Variant:
     """An attention variant of a decode step: ``window`` keys left of the query (-1: none; passed
     as ``window_size=(window, 0)``, the causal sliding window, which at ``L_q = 1`` sees the same
-    keys as ``(window, -1)``), ``softcap`` (0: off), ``sinks`` (one fp32 logit per q head) and
-    ``batch_invariant`` decode."""
+    keys as ``(window, -1)``), ``softcap`` (0: off), ``sinks`` (one fp32 logit per q head),
+    ``batch_invariant`` decode, ``append`` new keys and values per row that the call writes into
+    the cache first (``k``/``v``; 0: none) and ``rotary`` embedding of them and of q (full
+    ``rotary_dim``, GPT-NeoX halves; only with an append)."""
 
     window: int = -1
     softcap: float = 0.0
     sinks: bool = False
     batch_invariant: bool = False
+    append: int = 0
+    rotary: bool = False
 
     @property
     def plain(self) -> bool:
@@ -110,7 +118,7 @@ class Variant:
 
     @property
     def label(self) -> str:
-        return variant_label(self.window, self.softcap, self.sinks, self.batch_invariant)
+        return variant_label(self.window, self.softcap, self.sinks, self.batch_invariant, self.append, self.rotary)
 
 
 #: The baseline variant: full attention, no softcap, no sinks, the split heuristic.
@@ -123,8 +131,10 @@ class Case:
     num_heads_kv, head_dim]``, or with ``page_size`` > 0 a paged one ``[num_pages, page_size,
     num_heads_kv, head_dim]`` with an int32 ``block_table`` ``[batch, pages_per_row]``; with an
     fp8 ``kv_dtype`` the cache is fp8 with fp32 descales per (row, KV head); the
-    :class:`Variant` fields (``window``, ``softcap``, ``sinks``, ``batch_invariant``) say which
-    attention the step computes."""
+    :class:`Variant` fields (``window``, ``softcap``, ``sinks``, ``batch_invariant``, ``append``,
+    ``rotary``) say which attention the step computes. With ``append`` each row holds ``seqlen_k -
+    append`` keys and the call appends the rest, so it attends to ``seqlen_k`` keys, as the plain
+    step of the cell does (every replay writes the same keys to the same slots)."""
 
     batch: int
     seqlen_k: int
@@ -138,10 +148,12 @@ class Case:
     softcap: float = 0.0        # 0: off
     sinks: bool = False         # one fp32 sink logit per q head
     batch_invariant: bool = False
+    append: int = 0             # new keys per row written by the call (0: none)
+    rotary: bool = False        # rotary embedding of the new keys and q
 
     @property
     def variant(self) -> Variant:
-        return Variant(self.window, self.softcap, self.sinks, self.batch_invariant)
+        return Variant(self.window, self.softcap, self.sinks, self.batch_invariant, self.append, self.rotary)
 
     @property
     def window_size(self) -> tuple[int, int]:
@@ -225,10 +237,19 @@ class Case:
         return self.batch * self.num_heads * self.head_dim * self.itemsize
 
     @property
+    def append_bytes(self) -> int:
+        """Bytes of an append: the new keys and values read (q's dtype) and written (the cache's),
+        and the rotary tables' rows read (fp32 cos and sin, ``head_dim / 2`` each)."""
+        new = 2 * self.batch * self.append * self.num_heads_kv * self.head_dim
+        tables = 2 * 4 * self.batch * self.append * self.head_dim // 2 if self.rotary else 0
+        return new * (self.itemsize + self.kv_itemsize) + tables
+
+    @property
     def moved_bytes(self) -> int:
-        """KV the query sees + block table / descales / sinks + q read + output written: the bytes
-        a GB/s figure counts (under a window, the window's keys only: all a decode must read)."""
-        return self.read_kv_bytes + self.meta_bytes + 2 * self.q_bytes
+        """KV the query sees + block table / descales / sinks + q read + output written (+ an
+        append's bytes): the bytes a GB/s figure counts (under a window, the window's keys only:
+        all a decode must read)."""
+        return self.read_kv_bytes + self.meta_bytes + 2 * self.q_bytes + self.append_bytes
 
     @property
     def heads(self) -> str:
@@ -350,6 +371,20 @@ def parse_page_size(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a page size >= 0 (0 = dense), got {text!r}")
     return value
+
+
+def parse_append_list(text: str) -> list[int]:
+    """``--append``: new keys per row that each call writes, ``"0,1,4"`` -> ``[0, 1, 4]`` (0: none)."""
+    out = []
+    for part in _split_list(text):
+        try:
+            value = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected new keys per row (0 = no append), got {part!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"expected new keys per row >= 0 (0 = no append), got {part!r}")
+        out.append(value)
+    return out
 
 
 def parse_page_size_list(text: str) -> list[int]:
@@ -485,10 +520,12 @@ def rotation_note(case: Case, sets: int, l2_bytes: int = DEFAULT_L2_BYTES) -> st
 
 
 def variant_list(windows=(-1,), softcaps=(0.0,), sinks=(False,), batch_invariant=(False,),
-                 baseline: bool = False) -> list[Variant]:
-    """Every combination of the values, in order (window outermost); with ``baseline`` the plain
-    variant comes first, so each variant has what it is compared with."""
-    variants = [Variant(w, float(c), s, b) for w in windows for c in softcaps for s in sinks for b in batch_invariant]
+                 baseline: bool = False, appends=(0,), rotary=(False,)) -> list[Variant]:
+    """Every combination of the values, in order (window outermost), rotary only with an
+    append; with ``baseline`` the plain variant comes first, so each variant has what it is
+    compared with."""
+    variants = [Variant(w, float(c), s, b, a, r) for w in windows for c in softcaps for s in sinks
+                for b in batch_invariant for a in appends for r in rotary if a or not r]
     return list(dict.fromkeys(([PLAIN] if baseline else []) + variants))
 
 
@@ -530,7 +567,10 @@ def build_grid(batches, seqlens, shape: Shape, dtype: str = "bf16", mem_cap_byte
         for seqlen in seqlens:
             for (page_size, kv_dtype), v in ((f, v) for f in formats for v in variants):
                 case = Case(batch, seqlen, shape.num_heads, shape.num_heads_kv, shape.head_dim, dtype, page_size,
-                            kv_dtype, v.window, v.softcap, v.sinks, v.batch_invariant)
+                            kv_dtype, v.window, v.softcap, v.sinks, v.batch_invariant, v.append, v.rotary)
+                if v.append >= seqlen:
+                    skipped.append(SkippedCell(case, f"an append of {v.append} keys needs a cache of more keys"))
+                    continue
                 nbytes = set_bytes(case)
                 sets = case_rotation(case, l2_bytes, mem_cap_bytes)
                 if nbytes * sets > mem_cap_bytes:

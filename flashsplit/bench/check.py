@@ -4,8 +4,9 @@ The reference runs in float64 on a few batch rows only (the first and the last):
 copy of a whole 34 GB cache would not fit, and a wrong kernel is wrong on every row anyway.
 For a paged or fp8 cache it attends to those rows gathered from their pages and dequantized
 (:meth:`~.inputs.InputSets.reference_kv`): the attention the kernel is asked for. The reference
-computes the case's attention variant too (window, softcap, sinks), so a contender that ignores
-one fails the check wherever it changes the result by more than the tolerance.
+computes the case's attention variant too (window, softcap, sinks, the appended keys, rotary),
+so a contender that ignores one fails the check wherever it changes the result by more than the
+tolerance.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def reference_row(inputs: InputSets, b: int) -> torch.Tensor:
         sl = slice(b, b + 1)
         k, v = inputs.reference_kv(b)
         case = inputs.case
-        ref, _ = attention_ref(inputs.q[0][sl], k, v, inputs.cache_seqlens[sl], upcast=True,
+        ref, _ = attention_ref(inputs.reference_q(b), k, v, inputs.cache_seqlens[sl] + case.append, upcast=True,
                                window_size=case.window_size, softcap=case.softcap, sinks=inputs.sinks)
         inputs.ref_cache[b] = ref
     return inputs.ref_cache[b]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .cases import (DEFAULT_BATCHES, DEFAULT_MEM_CAP_GB, DEFAULT_PRESET, DEFAULT_SEQLENS, KV_DTYPES, L2_FACTOR,
                     PLAIN, PRESETS, SAME_KV, SINK_MEAN, Shape, Variant, build_grid, flatten, format_list,
-                    format_seqlen, parse_head_dim, parse_heads, parse_int_list, parse_kv_dtype_list,
+                    format_seqlen, parse_append_list, parse_head_dim, parse_heads, parse_int_list, parse_kv_dtype_list,
                     parse_page_size_list, parse_positive_int, parse_seqlen, parse_seqlen_list, parse_softcap_list,
                     parse_splits, parse_switch, parse_window_list, switch_values, variant_list)
 from .contenders import contender_names
@@ -41,6 +41,8 @@ examples:
                                                     # plain 129-key cache: the keys the window sees)
   flashsplit bench --softcap 0 50 --batch-invariant off on --contenders triton,flash-attn3
                                                     # softcap and batch-invariant variants, FA3 alongside
+  flashsplit bench --append 1 --rotary off on --compare-variants --batch 1 16 --seqlen 16k 128k
+                                                    # appending a token (and rotary) vs plain decode
   flashsplit bench --dry-run                        # no GPU needed: cells, contenders, planned splits
   flashsplit bench --from-json a.json b.json --plot ab.png   # re-render saved runs, merged (no GPU needed)
 """
@@ -52,8 +54,9 @@ FORMATS_NOTE = ("cache formats: paged caches hold every row's pages in one shuff
 
 VARIANTS_NOTE = (f"attention variants: a window of w keys is window_size=(w, 0) (the causal sliding window; at "
                  f"L_q = 1 the same keys as (w, -1)), and GB/s counts the keys it sees, min(L_k, w + 1) per row, with "
-                 f"rotation sets sized by those keys; sinks are fp32 N({SINK_MEAN:g}, 1), one per q head; the "
-                 f"reference check computes the variant")
+                 f"rotation sets sized by those keys; sinks are fp32 N({SINK_MEAN:g}, 1), one per q head; an append "
+                 f"of n keys starts from rows of L_k - n keys (the call attends to L_k, as plain decode does) and "
+                 f"rotary rotates all of head_dim (GPT-NeoX halves); the reference check computes the variant")
 
 
 def _parse_contenders(text: str) -> list[str]:
@@ -112,6 +115,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     var.add_argument("--batch-invariant", type=parse_switch, nargs="*", metavar="on|off",
                      help="decode with batch_invariant=True (fixed-length splits; FlashAttention: num_splits=1); "
                           "bare: on; 'off on' runs both")
+    var.add_argument("--append", type=parse_append_list, nargs="+", metavar="N",
+                     help="new keys per row each call writes into the cache first (k=, v=; rows hold L_k - N keys "
+                          "before the call), 0 = none; several values run each (default 0)")
+    var.add_argument("--rotary", type=parse_switch, nargs="*", metavar="on|off",
+                     help="rotary embedding of the appended keys and q (rotary_cos/rotary_sin, rotary_dim = head_dim); "
+                          "only with --append; bare: on; 'off on' runs both")
     var.add_argument("--compare-variants", action="store_true",
                      help="also run each cell as plain decode and report each variant's time / plain time per "
                           "contender (for a window of w, also / a plain (w + 1)-key cache where --seqlen lists "
@@ -206,12 +215,14 @@ def resolve_formats(args: argparse.Namespace) -> list[tuple[int, str]]:
 
 
 def resolve_variants(args: argparse.Namespace) -> list[Variant]:
-    """The attention variants to run: every --window x --softcap x --sinks x --batch-invariant
-    combination, with ``--compare-variants`` preceded by the plain decode they are compared with."""
+    """The attention variants to run: every --window x --softcap x --sinks x --batch-invariant x
+    --append x --rotary combination (rotary only with an append), with ``--compare-variants``
+    preceded by the plain decode they are compared with."""
     windows = flatten(args.window) if args.window else [-1]
     softcaps = flatten(args.softcap) if args.softcap else [0.0]
+    appends = flatten(args.append) if args.append else [0]
     return variant_list(windows, softcaps, switch_values(args.sinks), switch_values(args.batch_invariant),
-                        baseline=args.compare_variants)
+                        baseline=args.compare_variants, appends=appends, rotary=switch_values(args.rotary))
 
 
 def resolve_grid(args: argparse.Namespace, l2_bytes: int):
@@ -239,10 +250,12 @@ def _options_error(args: argparse.Namespace) -> str | None:
         return "--compare-formats needs a format to compare: --page-size N (N > 0) and/or --kv-dtype fp8e4m3|fp8e5m2"
     if args.compare_variants and args.sweep_splits:
         return "--compare-variants and --sweep-splits do not combine (a sweep has many rows per variant)"
+    if True in switch_values(args.rotary) and not any(flatten(args.append or [[0]])):
+        return "--rotary rotates appended keys: it needs --append N (N >= 1)"
     variants = resolve_variants(args)
     if args.compare_variants and variants == [PLAIN]:
         return ("--compare-variants needs a variant to compare: --window LEFT (LEFT >= 0), --softcap X (X > 0), "
-                "--sinks and/or --batch-invariant")
+                "--sinks, --batch-invariant and/or --append N (N >= 1)")
     if args.sweep_splits and any(v.batch_invariant for v in variants):
         return ("--sweep-splits and --batch-invariant do not combine (batch-invariant decode fixes the split length, "
                 "so num_splits cannot be swept)")

@@ -33,13 +33,13 @@ NO_GPU_REASON = "needs a CUDA GPU; none found"
 
 #: Attention-variant features (:class:`~.cases.Variant` field names) and their names in reasons.
 VARIANT_FEATURES = {"window": "sliding-window", "softcap": "softcap", "sinks": "sinks",
-                    "batch_invariant": "batch-invariant"}
+                    "batch_invariant": "batch-invariant", "append": "new-key append", "rotary": "rotary"}
 
 
 def case_features(case: Case) -> list[str]:
     """The :data:`VARIANT_FEATURES` keys ``case`` uses (empty for plain attention)."""
     used = {"window": case.window >= 0, "softcap": case.softcap > 0, "sinks": case.sinks,
-            "batch_invariant": case.batch_invariant}
+            "batch_invariant": case.batch_invariant, "append": case.append > 0, "rotary": case.rotary}
     return [f for f in VARIANT_FEATURES if used[f]]
 
 
@@ -136,7 +136,8 @@ class Contender(abc.ABC):
 class FlashsplitContender(Contender):
     """``flashsplit.decode(..., backend=backend, num_splits=num_splits)`` (0: the heuristic), with
     ``block_table`` / ``k_descale`` / ``v_descale`` for paged / fp8 caches and ``window_size`` /
-    ``softcap`` / ``sinks`` / ``batch_invariant`` for a variant (a backend that refuses the format
+    ``softcap`` / ``sinks`` / ``batch_invariant`` / ``k``, ``v`` and the rotary tables for a
+    variant (a backend that refuses the format
     or variant is skipped with the registry's reason; so is a fixed ``num_splits`` under
     batch-invariant decode, which fixes the split length itself)."""
 
@@ -165,7 +166,8 @@ class FlashsplitContender(Contender):
                                    kv_dtype=KV_DTYPES[case.kv_dtype], num_splits=self.num_splits,
                                    num_sms=num_sms, device="cuda", backend=self.backend,
                                    window_size=case.window_size, softcap=case.softcap, has_sinks=case.sinks,
-                                   batch_invariant=case.batch_invariant)
+                                   batch_invariant=case.batch_invariant, seqlen_new=case.append,
+                                   rotary_dim=case.head_dim if case.rotary else 0)
         except ValueError as e:  # the registry's refusal carries the backend's reason
             raise Unsupported(str(e)) from None
 
@@ -178,7 +180,8 @@ class FlashsplitContender(Contender):
         q, k, v, lens = inputs.q, inputs.k, inputs.v, inputs.cache_seqlens
         backend, num_splits = self.backend, self.num_splits
         variant = inputs.variant_kwargs()  # window_size, softcap, sinks, batch_invariant (plain: none)
-        extra = [{**inputs.cache_kwargs(i), **variant} for i in range(len(inputs))]  # + block_table, descales
+        # + block_table, descales; an append's k, v (and rotary tables)
+        extra = [{**inputs.cache_kwargs(i), **variant, **inputs.append_kwargs(i)} for i in range(len(inputs))]
 
         def run(i: int):
             return flashsplit.decode(q[i], k[i], v[i], cache_seqlens=lens, num_splits=num_splits, backend=backend,
@@ -326,7 +329,8 @@ class FlashAttnContender(Contender):
 
     The block table goes in as ``block_table`` (FA2) or ``page_table`` (FA3), by the signature;
     so do the variants: ``window_size=(w, 0)``, ``softcap``, sinks (whichever of
-    :data:`SINK_PARAMS` the build has) and, for batch-invariant decode, ``num_splits=1``.
+    :data:`SINK_PARAMS` the build has), for batch-invariant decode ``num_splits=1``, and an
+    append's ``k``, ``v``, ``rotary_cos``, ``rotary_sin``.
     """
 
     family = "external"
@@ -359,7 +363,8 @@ class FlashAttnContender(Contender):
         """The keyword that carries ``feature`` in this build (None: it has none)."""
         if feature == "sinks":
             return next((p for p in self.SINK_PARAMS if p in params), None)
-        wanted = {"window": "window_size", "softcap": "softcap", "batch_invariant": "num_splits"}[feature]
+        wanted = {"window": "window_size", "softcap": "softcap", "batch_invariant": "num_splits", "append": "k",
+                  "rotary": "rotary_cos"}[feature]
         return wanted if wanted in params else None
 
     def variant_reason(self, case: Case) -> str | None:
@@ -385,13 +390,16 @@ class FlashAttnContender(Contender):
             name = self._variant_param(feature, params)
             if name is None:
                 raise Unsupported(_no_input(self.library, [feature], "in this build"))
+            if feature in ("append", "rotary"):  # per input set: append_kwargs below
+                continue
             kwargs[name] = {"window": case.window_size, "softcap": case.softcap, "sinks": inputs.sinks,
                             "batch_invariant": 1}[feature]
             if feature == "batch_invariant":
                 note = "num_splits=1 (one split per row: batch-invariant by construction)"
+        extra = [inputs.append_kwargs(i) for i in range(len(inputs))]
 
         def run(i: int):
-            return fn(q[i], k[i], v[i], **kwargs)
+            return fn(q[i], k[i], v[i], **kwargs, **extra[i])
 
         # Some versions return (out, lse); the check wants the output only.
         return Prepared(run, to_bshd=lambda o: o[0] if isinstance(o, (tuple, list)) else o, note=note)

@@ -51,6 +51,7 @@ def compare(kind: str, row: BenchRow, base: BenchRow) -> FormatComparison:
     c = FormatComparison(row.contender, row.batch, row.seqlen_k, row.num_heads, row.num_heads_kv, row.head_dim,
                          row.dtype, kind, page_size=row.page_size, kv_dtype=row.kv, window=row.window,
                          softcap=row.softcap, sinks=row.sinks, batch_invariant=row.batch_invariant,
+                         append=row.append, rotary=row.rotary,
                          base_page_size=base.page_size, base_kv_dtype=base.kv)
     if kind == "paged" and row.page_size in PAGED_TARGETS:
         c.target = f"paged/dense <= {PAGED_TARGETS[row.page_size]:.2f}"

@@ -11,7 +11,10 @@ Cache formats (see :class:`~.cases.Case`):
   (:func:`flashsplit.testing.quantize_fp8`), passed as ``k_descale`` / ``v_descale``.
 
 A case with ``sinks`` also gets one fp32 sink logit per q head, N(:data:`~.cases.SINK_MEAN`, 1),
-shared by every set (learned weights, like the block table, do not change between calls).
+shared by every set (learned weights, like the block table, do not change between calls). A case
+with an ``append`` gets new keys and values per set ``[B, append, H_kv, D]``, its rows holding
+``seqlen_k - append`` keys before the call, and with ``rotary`` RoPE tables ``[capacity, D / 2]``
+(fp32, shared); each call writes the same new keys into the same slots.
 
 Paged and fp8 caches are written in chunks of batch rows straight into their final tensors,
 so no dense 16-bit copy of the whole cache is ever held; the reference check gathers and
@@ -24,8 +27,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..reference import dequantize, gather_paged
+from ..reference import dequantize, gather_paged, quantize_ref, rotary_ref
 from ..testing import quantize_fp8
+from ..testing_kvcache import rotary_tables
 from .cases import SINK_MEAN, Case
 
 #: Largest fp32 chunk of cache rows generated at once for a paged or fp8 cache (quantizing
@@ -41,7 +45,9 @@ class InputSets:
     ``[B, L_k, H_kv, D]`` (flashsplit's and FlashAttention's layout) or paged ``[num_pages,
     page_size, H_kv, D]`` with ``block_table`` int32 ``[B, pages_per_row]`` (shared by every
     set); for fp8 ``k_descale[i]``/``v_descale[i]`` fp32 ``[B, H_kv]``. ``cache_seqlens`` int32
-    ``[B]`` (every row full). ``sinks`` fp32 ``[H]`` when the case has sinks (shared by every set).
+    ``[B]`` (every row full, or full but for an append's keys). ``sinks`` fp32 ``[H]`` when the
+    case has sinks (shared by every set). With an append ``k_new[i]``/``v_new[i]`` ``[B, append,
+    H_kv, D]`` in q's dtype, and with rotary ``rotary_cos``/``rotary_sin`` fp32 ``[capacity, D / 2]``.
     """
 
     case: Case
@@ -53,6 +59,10 @@ class InputSets:
     k_descale: list[torch.Tensor] | None = None
     v_descale: list[torch.Tensor] | None = None
     sinks: torch.Tensor | None = None
+    k_new: list[torch.Tensor] | None = None
+    v_new: list[torch.Tensor] | None = None
+    rotary_cos: torch.Tensor | None = None
+    rotary_sin: torch.Tensor | None = None
     #: float64 reference outputs of set 0, by batch row (filled by :mod:`.check`, shared by
     #: every contender and every num_splits of a sweep).
     ref_cache: dict = field(default_factory=dict, repr=False)
@@ -86,6 +96,28 @@ class InputSets:
             kwargs["batch_invariant"] = True
         return kwargs
 
+    #: The rotary convention of the bench's calls (Llama's GPT-NeoX halves).
+    ROTARY_INTERLEAVED = False
+
+    def append_kwargs(self, i: int) -> dict:
+        """``flashsplit.decode`` / ``flash_attn_with_kvcache`` keyword arguments of set ``i``'s
+        append (``k``, ``v``, and the rotary tables; empty without an append)."""
+        if self.k_new is None:
+            return {}
+        kwargs = {"k": self.k_new[i], "v": self.v_new[i]}
+        if self.rotary_cos is not None:
+            kwargs.update(rotary_cos=self.rotary_cos, rotary_sin=self.rotary_sin,
+                          rotary_interleaved=self.ROTARY_INTERLEAVED)
+        return kwargs
+
+    def reference_q(self, b: int) -> torch.Tensor:
+        """Batch row ``b`` of set 0's q as the call attends with it: rotated at the row's length."""
+        q = self.q[0][b:b + 1]
+        if self.rotary_cos is None:
+            return q
+        positions = self.cache_seqlens[b:b + 1].long()[:, None]
+        return rotary_ref(q, self.rotary_cos, self.rotary_sin, positions, self.ROTARY_INTERLEAVED).to(q.dtype)
+
     def reference_kv(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Batch row ``b`` of set 0 as a dense ``[1, L_k, H_kv, D]`` k, v: gathered from its pages
         and dequantized (fp32) where the cache is paged / fp8; what the reference attends to."""
@@ -99,6 +131,17 @@ class InputSets:
             if descale is not None:
                 row = dequantize(row, descale[0][b:b + 1])
             out.append(row)
+        if self.k_new is not None:  # the appended keys as the call stores them
+            start, count = int(self.cache_seqlens[b]), self.case.append
+            new_k, new_v = self.k_new[0][b:b + 1], self.v_new[0][b:b + 1]
+            if self.rotary_cos is not None:
+                positions = start + torch.arange(count, device=new_k.device)[None, :]
+                new_k = rotary_ref(new_k, self.rotary_cos, self.rotary_sin, positions, self.ROTARY_INTERLEAVED)
+            for j, (new, descale) in enumerate(((new_k, self.k_descale), (new_v, self.v_descale))):
+                scale = None if descale is None else descale[0][b:b + 1]
+                stored = quantize_ref(new, self.case.cache_torch_dtype, scale)
+                out[j] = out[j].clone()
+                out[j][:, start:start + count] = dequantize(stored, scale) if scale is not None else stored
         return out[0], out[1]
 
 
@@ -200,9 +243,17 @@ def make_inputs(case: Case, num_sets: int, device: str | torch.device = "cuda", 
         vs.append(v)
         k_scales.append(k_scale)
         v_scales.append(v_scale)
-    lens = torch.full((case.batch,), case.seqlen_k, dtype=torch.int32, device=device)
+    lens = torch.full((case.batch,), case.seqlen_k - case.append, dtype=torch.int32, device=device)
     sinks = None
     if case.sinks:
         sinks = torch.randn((case.num_heads,), generator=gen, device=device, dtype=torch.float32) + SINK_MEAN
+    k_new = v_new = cos = sin = None
+    if case.append:  # drawn after the sets: the cache is that of the same case without an append
+        new_shape = (case.batch, case.append, case.num_heads_kv, case.head_dim)
+        k_new = [randn(new_shape) for _ in range(num_sets)]
+        v_new = [randn(new_shape) for _ in range(num_sets)]
+        if case.rotary:
+            cos, sin = rotary_tables(case.capacity, case.head_dim, torch.float32, device)
     return InputSets(case, qs, ks, vs, lens, block_table=table,
-                     k_descale=k_scales if case.fp8 else None, v_descale=v_scales if case.fp8 else None, sinks=sinks)
+                     k_descale=k_scales if case.fp8 else None, v_descale=v_scales if case.fp8 else None, sinks=sinks,
+                     k_new=k_new, v_new=v_new, rotary_cos=cos, rotary_sin=sin)

@@ -5,7 +5,8 @@ A :class:`Report` is a :class:`RunHeader` (the machine and the ceilings), the
 ``--compare-formats`` the :class:`FormatComparison` list and for ``--compare-variants`` the
 :class:`VariantComparison` list. Every row type names its cell by the :class:`CellFields`, its
 cache format (``page_size``, ``kv_dtype``) and its attention variant (``window``, ``softcap``,
-``sinks``, ``batch_invariant``; reports written before variants existed read back as plain).
+``sinks``, ``batch_invariant``, ``append``, ``rotary``; reports written before a field existed
+read it back at its plain default).
 ``report_from_json(report_to_json(r)) == r`` and ``rows_from_csv(rows_to_csv(rows)) == rows``.
 """
 
@@ -38,20 +39,23 @@ class CellFields:
 
 
 class VariantFields:
-    """What the row types with ``window``, ``softcap``, ``sinks`` and ``batch_invariant`` fields share."""
+    """What the row types with ``window``, ``softcap``, ``sinks``, ``batch_invariant``, ``append``
+    and ``rotary`` fields share."""
 
     window: int
     softcap: float
     sinks: bool
     batch_invariant: bool
+    append: int
+    rotary: bool
 
     @property
     def variant(self) -> Variant:
-        return Variant(self.window, self.softcap, self.sinks, self.batch_invariant)
+        return Variant(self.window, self.softcap, self.sinks, self.batch_invariant, self.append, self.rotary)
 
     @property
     def variant_label(self) -> str:
-        return variant_label(self.window, self.softcap, self.sinks, self.batch_invariant)
+        return variant_label(self.window, self.softcap, self.sinks, self.batch_invariant, self.append, self.rotary)
 
 
 @dataclass
@@ -64,6 +68,8 @@ class BenchRow(CellFields, VariantFields):
     softcap: float = 0.0              # softcap (0: off), sinks, batch-invariant decode
     sinks: bool = False
     batch_invariant: bool = False
+    append: int = 0                   # new keys per row written by the call; rotary of them and q
+    rotary: bool = False
     status: str = OK
     num_splits: int | None = None     # flashsplit contenders: from flashsplit.plan
     device_us: float | None = None
@@ -95,6 +101,8 @@ class SweepSummary(CellFields, VariantFields):
     softcap: float = 0.0
     sinks: bool = False
     batch_invariant: bool = False
+    append: int = 0
+    rotary: bool = False
     heuristic_splits: int | None = None
     heuristic_us: float | None = None
     best_splits: int | None = None
@@ -120,6 +128,8 @@ class FormatComparison(CellFields, VariantFields):
     softcap: float = 0.0
     sinks: bool = False
     batch_invariant: bool = False
+    append: int = 0
+    rotary: bool = False
     base_page_size: int = 0           # the format it is compared with
     base_kv_dtype: str = ""
     us: float | None = None           # device us of the format
@@ -145,6 +155,8 @@ class VariantComparison(CellFields, VariantFields):
     softcap: float = 0.0
     sinks: bool = False
     batch_invariant: bool = False
+    append: int = 0
+    rotary: bool = False
     us: float | None = None           # device us of the variant
     base_us: float | None = None      # device us of the plain decode, same cell
     ratio: float | None = None        # us / base_us

@@ -57,7 +57,7 @@ def _short(e: BaseException, limit: int = 160) -> str:
 def empty_row(contender: str, case: Case, **kw) -> BenchRow:
     return BenchRow(contender, case.batch, case.seqlen_k, case.num_heads, case.num_heads_kv, case.head_dim,
                     case.dtype, case.page_size, case.kv, case.window, case.softcap, case.sinks, case.batch_invariant,
-                    **kw)
+                    case.append, case.rotary, **kw)
 
 
 def fill_bandwidth(row: BenchRow, case: Case, device: DeviceInfo, ceiling_bw: float | None) -> None:

@@ -34,6 +34,7 @@ def compare(row: BenchRow, base: BenchRow, short: BenchRow | None = None) -> Var
     c = VariantComparison(row.contender, row.batch, row.seqlen_k, row.num_heads, row.num_heads_kv, row.head_dim,
                           row.dtype, page_size=row.page_size, kv_dtype=row.kv, window=row.window,
                           softcap=row.softcap, sinks=row.sinks, batch_invariant=row.batch_invariant,
+                          append=row.append, rotary=row.rotary,
                           short_seqlen=row.window + 1 if row.window >= 0 else 0)
     notes = [_untimed(r, what) for r, what in ((row, "variant"), (base, "plain")) if not _timed(r)]
     if short is not None and not _timed(short):

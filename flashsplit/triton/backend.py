@@ -21,6 +21,7 @@ from ..registry import Backend
 from ..workspace import ARRIVALS, Workspace, stream_key
 from . import INTERPRETER_OFF, interpreter_active
 from .combine_kernel import combine_kernel
+from .append import PreparedAppend
 from .launch import Relaunch, launch
 from .split_kernel import LOG2E, split_kv_kernel
 
@@ -110,11 +111,17 @@ class TritonBackend(Backend):
     fp8_v_pairs = True
     #: Warps per combine program; 0: :func:`combine_warps`.
     combine_num_warps = 0
+    #: Calls that append keys (``k``/``v``): on Hopper the split kernel is launched as a
+    #: programmatic dependent of the append kernel and waits for its writes on entry, so its
+    #: launch overlaps the append; off: plain stream order.
+    append_pdl = True
 
     def __init__(self) -> None:
         #: The per-stream partials buffer and the in-kernel merge's arrival counters: what the
-        #: prepared launchers (:class:`PreparedDecode`) take memory from.
+        #: prepared launchers (:class:`PreparedDecode`) take memory from; the rotated q of calls
+        #: with rotary tables has a per-stream buffer of its own.
         self.workspace = Workspace()
+        self.rotary_workspace = Workspace()
         self.arrivals = ARRIVALS
 
     def supports(self, problem: DecodeProblem) -> str | None:
@@ -137,10 +144,13 @@ class TritonBackend(Backend):
     def launch_split(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
                      out_partial, lse_partial, out, lse, final_for_single_split_rows: bool,
                      block_table=None, k_descale=None, v_descale=None, arrivals=None, sinks=None,
-                     variant: Variant = Variant()) -> Relaunch | None:
+                     variant: Variant = Variant(), cache_leftpad=None, cache_batch_idx=None,
+                     after_append: bool = False) -> Relaunch | None:
         """The split kernel; with ``arrivals`` (:meth:`arrivals_for`) its last program per row
         merges the partials into ``out``/``lse`` (no combine kernel follows). ``variant``: the
-        window, softcap, sinks and fixed split length (``sinks`` ``[H_q]`` when it has sinks)."""
+        window, softcap, sinks, fixed split length, appended keys, left padding and cache rows
+        (``sinks`` ``[H_q]``, ``cache_leftpad`` / ``cache_batch_idx`` int32 ``[B]`` when it has
+        them). ``after_append``: launched as a programmatic dependent of the append kernel."""
         batch, seqlen_q, num_heads, head_dim = q.shape
         num_heads_kv = k_cache.shape[2]
         seqlen_k = _capacity(k_cache, block_table)
@@ -157,7 +167,8 @@ class TritonBackend(Backend):
         v_pairs = self.fp8_v_pairs and v_cache.dtype in FP8_DTYPES and _v_pairs(v_cache)
         v_arg = v_cache.view(torch.int16) if v_pairs else v_cache  # the same address: replays pass v_cache's
         tensors = (q, k_cache, v_arg, cache_seqlens, block_table, k_descale, v_descale,
-                   out_partial, lse_partial, out, lse, arrivals, sinks if variant.has_sinks else None)
+                   out_partial, lse_partial, out, lse, arrivals, sinks if variant.has_sinks else None,
+                   cache_leftpad if variant.has_leftpad else None, cache_batch_idx if variant.has_batch_idx else None)
         window_right = 0 if causal else variant.window_right
         tail = (
             *q.stride()[:3], *k_cache.stride()[:3], *v_arg.stride()[:3],
@@ -192,23 +203,31 @@ class TritonBackend(Backend):
             variant.softcap > 0,  # SOFTCAP
             variant.has_sinks,  # HAS_SINKS
             variant.batch_invariant,  # INVARIANT
+            variant.seqlen_new,  # SEQLEN_ADD
+            variant.has_leftpad,  # HAS_LEFTPAD
+            variant.has_batch_idx,  # HAS_BATCH_IDX
+            after_append,  # WAIT_FOR_APPEND
         )
-        return launch(split_kv_kernel, grid, tensors, tail,
-                      dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages))
+        options = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+        if after_append:
+            options["launch_pdl"] = True
+        return launch(split_kv_kernel, grid, tensors, tail, options)
 
     def launch_combine(self, out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows: bool,
                        seqlen_k: int = 0, after_split: bool = False, sinks=None,
-                       variant: Variant = Variant()) -> Relaunch | None:
+                       variant: Variant = Variant(), cache_leftpad=None) -> Relaunch | None:
         """``seqlen_k`` (the cache capacity) clamps ``cache_seqlens`` when rows are skipped.
         ``after_split``: launched right behind the split kernel, as its programmatic dependent.
         ``variant``: where skipped rows' splits start (its window) and their length (fixed
-        splits); with sinks, ``sinks`` ``[H_q]`` joins each row's softmax here."""
+        splits); with sinks, ``sinks`` ``[H_q]`` joins each row's softmax here; appended keys and
+        ``cache_leftpad`` as in :meth:`launch_split`."""
         num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
         block_d = max(16, triton.next_power_of_2(head_dim))
         block_s = max(16, triton.next_power_of_2(num_splits))
         pdl = after_split and _pdl(out)
         grid = (batch * seqlen_q * num_heads, 1, 1)
-        tensors = (out_partial, lse_partial, cache_seqlens, out, lse, sinks if variant.has_sinks else None)
+        tensors = (out_partial, lse_partial, cache_seqlens, out, lse, sinks if variant.has_sinks else None,
+                   cache_leftpad if variant.has_leftpad else None)
         # CHUNK_S: all splits in one chunk (one memory round trip) up to 64 fp32 registers a thread;
         # fixed splits (batch-invariant) walk chunks of 16 on 4 warps, whatever the split count.
         invariant = variant.batch_invariant
@@ -225,6 +244,8 @@ class TritonBackend(Backend):
             variant.window_left >= 0,  # LEFT_BOUND
             variant.batch_invariant,  # INVARIANT
             variant.has_sinks,  # HAS_SINKS
+            variant.seqlen_new,  # SEQLEN_ADD
+            variant.has_leftpad,  # HAS_LEFTPAD
         )
         num_warps = combine_warps(block_s, block_d) if invariant else (self.combine_num_warps
                                                                          or combine_warps(block_s, block_d))
@@ -249,7 +270,12 @@ class TritonBackend(Backend):
 
     def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float):
         num_splits = _splits_launched(num_splits, problem)
-        return PreparedDecode(self, num_splits, softmax_scale, problem.causal, problem.variant)
+        append = None
+        if problem.has_new_kv:
+            pdl = self.append_pdl and problem.device_type == "cuda" and not interpreter_active() \
+                and problem.target.capability >= (9, 0)
+            append = PreparedAppend(problem, self.rotary_workspace, pdl)
+        return PreparedDecode(self, num_splits, softmax_scale, problem.causal, problem.variant, append)
 
     def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
                          block_table=None, k_descale=None, v_descale=None, variant: Variant = Variant()):
@@ -270,16 +296,19 @@ class PreparedDecode:
 
     The first call launches through Triton and keeps :class:`~flashsplit.triton.launch.Relaunch`
     handles; later calls replay them with the new tensors, and take the partial buffers from
-    the stream's workspace (a fresh allocation while a CUDA graph is being captured).
+    the stream's workspace (a fresh allocation while a CUDA graph is being captured). ``append``:
+    the call's append step (:class:`~flashsplit.triton.append.PreparedAppend`), run first; the
+    split kernel then reads the q it returns.
     """
 
     def __init__(self, backend: TritonBackend, num_splits: int, softmax_scale: float, causal: bool,
-                 variant: Variant = Variant()):
+                 variant: Variant = Variant(), append: PreparedAppend | None = None):
         self.backend = backend
         self.num_splits = num_splits  # as launched (see _splits_launched)
         self.softmax_scale = softmax_scale
         self.causal = causal
         self.variant = variant
+        self.append = append
         # Fixed per prepared launch (its compiled kernel). Fixed splits (batch-invariant) always take
         # the combine kernel: one reduction order, whatever the split count.
         self.merge = num_splits <= backend.merge_max_splits and not variant.batch_invariant
@@ -290,18 +319,25 @@ class PreparedDecode:
         self._partials_numel = self._lse_offset = 0
 
     def __call__(self, tensors: DecodeTensors) -> None:
-        q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, sinks = tensors
+        q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, sinks = tensors[:10]
+        leftpad, batch_idx = tensors.cache_leftpad, tensors.cache_batch_idx
         num_splits, variant = self.num_splits, self.variant
+        after_append = False
+        if self.append is not None:
+            q = self.append(tensors)  # the new keys are in the cache; q may be a rotated copy
+            after_append = self.append.pdl
+        rows = _address(leftpad), _address(batch_idx)
         if num_splits == 1:
             if self.split is not None:
                 self.split((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _address(cache_seqlens),
                             _address(block_table), _address(k_descale), _address(v_descale), None, None,
-                            out.data_ptr(), _address(lse), None, _address(sinks)))
+                            out.data_ptr(), _address(lse), None, _address(sinks), *rows))
             else:
                 self.split = self.backend.launch_split(
                     q, k_cache, v_cache, cache_seqlens, 1, self.softmax_scale, self.causal, None, None, out, lse,
                     final_for_single_split_rows=True, block_table=block_table, k_descale=k_descale,
-                    v_descale=v_descale, sinks=sinks, variant=variant)
+                    v_descale=v_descale, sinks=sinks, variant=variant, cache_leftpad=leftpad,
+                    cache_batch_idx=batch_idx, after_append=after_append)
             return
         # Rows whose live keys fit in one split skip the partials, and the merge skips them.
         shortcut = cache_seqlens is not None
@@ -325,20 +361,22 @@ class PreparedDecode:
             arrivals = self.backend.arrivals_for(q) if merge else None
             self.split((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), seqlens, _address(block_table),
                         _address(k_descale), _address(v_descale), op, lp, out_ptr, lse_ptr, _address(arrivals),
-                        sinks_ptr), stream)
+                        sinks_ptr, *rows), stream)
             if not merge:
-                self.combine((op, lp, seqlens, out_ptr, lse_ptr, sinks_ptr), stream)
+                self.combine((op, lp, seqlens, out_ptr, lse_ptr, sinks_ptr, rows[0]), stream)
             return
         out_partial, lse_partial = self.backend.alloc_partials(q, num_splits)
         arrivals = self.backend.arrivals_for(q) if merge else None
         self.split = self.backend.launch_split(
             q, k_cache, v_cache, cache_seqlens, num_splits, self.softmax_scale, self.causal, out_partial,
             lse_partial, out, lse, final_for_single_split_rows=shortcut, block_table=block_table,
-            k_descale=k_descale, v_descale=v_descale, arrivals=arrivals, sinks=sinks, variant=variant)
+            k_descale=k_descale, v_descale=v_descale, arrivals=arrivals, sinks=sinks, variant=variant,
+            cache_leftpad=leftpad, cache_batch_idx=batch_idx, after_append=after_append)
         if not merge:
             self.combine = self.backend.launch_combine(
                 out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows=shortcut,
-                seqlen_k=_capacity(k_cache, block_table), after_split=True, sinks=sinks, variant=variant)
+                seqlen_k=_capacity(k_cache, block_table), after_split=True, sinks=sinks, variant=variant,
+                cache_leftpad=leftpad)
 
     def _size_partials(self, q: torch.Tensor) -> None:
         rows, self._partials_numel = _partials_size(q, self.num_splits)

@@ -10,12 +10,12 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from .split_rule import add_sink, load_seqlen, row_first_key, row_splits_used
+from .split_rule import add_sink, load_leftpad, load_seqlen, padded_row_first_key, row_first_key, row_splits_used
 
 
 @triton.jit
 def combine_kernel(
-    OUT_PARTIAL, LSE_PARTIAL, SEQLENS, OUT, LSE, SINKS,
+    OUT_PARTIAL, LSE_PARTIAL, SEQLENS, OUT, LSE, SINKS, LEFTPAD,
     stride_ops, stride_opb, stride_opm, stride_oph,
     stride_lps, stride_lpb, stride_lph,
     stride_ob, stride_om, stride_oh,
@@ -32,13 +32,16 @@ def combine_kernel(
     LEFT_BOUND: tl.constexpr = False,
     INVARIANT: tl.constexpr = False,
     HAS_SINKS: tl.constexpr = False,
+    SEQLEN_ADD: tl.constexpr = 0,
+    HAS_LEFTPAD: tl.constexpr = False,
 ):
     """Writes ``OUT[b, m, h, :]`` (OUT's dtype) and ``LSE[b, h, m]`` (fp32, natural log).
 
     A row where every split is empty gets O = 0 and LSE = -inf (or, HAS_SINKS, LSE = ``SINKS[h]``:
     the sink joins every softmax once, here). With SKIP_SINGLE_SPLIT_ROWS, batch rows whose keys
     fit in one split were finished by the split kernel and are skipped (the split rule's
-    LEFT_BOUND / INVARIANT say where a row's splits start and how long they are). A
+    LEFT_BOUND / INVARIANT / HAS_LEFTPAD say where a row's splits start and how long they are;
+    a row holds ``SEQLENS[b] + SEQLEN_ADD`` keys, as in the split kernel). A
     batch-invariant decode launches at most BATCH_INVARIANT_SPLITS splits and merges them on one
     fixed BLOCK_S = CHUNK_S tile, so a row's reduction order never depends on the launch.
     """
@@ -47,8 +50,12 @@ def combine_kernel(
     m = (pid // num_heads) % seqlen_q
     b = (pid // (num_heads * seqlen_q)).to(tl.int64)
     if SKIP_SINGLE_SPLIT_ROWS:
-        seqlen = load_seqlen(SEQLENS, b, seqlen_k)
-        span = seqlen - row_first_key(seqlen, seqlen_q, window_left, GRANULE, LEFT_BOUND)
+        seqlen = load_seqlen(SEQLENS, b, seqlen_k, SEQLEN_ADD)
+        if HAS_LEFTPAD:
+            span = seqlen - padded_row_first_key(seqlen, load_leftpad(LEFTPAD, b, seqlen), seqlen_q, window_left,
+                                                 GRANULE, LEFT_BOUND)
+        else:
+            span = seqlen - row_first_key(seqlen, seqlen_q, window_left, GRANULE, LEFT_BOUND)
         if row_splits_used(span, num_splits, GRANULE, INVARIANT) <= 1:
             return
     if WAIT_FOR_PRIOR_GRID:

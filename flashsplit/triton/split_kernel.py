@@ -9,9 +9,10 @@ per KV head instead of once per q head.
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .split_rule import add_sink, load_seqlen, row_first_key, row_split_range, row_splits_used
+from .split_rule import (add_sink, load_leftpad, load_seqlen, padded_row_first_key, row_first_key, row_split_range,
+                         row_splits_used)
 
 LOG2E = 1.4426950408889634
 LOG2E_F = tl.constexpr(LOG2E)
@@ -356,7 +357,7 @@ def store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, SINKS,
 @triton.jit
 def split_kv_kernel(
     Q, K, V, SEQLENS, BLOCK_TABLE, K_DESCALE, V_DESCALE,
-    OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, SINKS,
+    OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, SINKS, LEFTPAD, BATCH_IDX,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -395,6 +396,10 @@ def split_kv_kernel(
     SOFTCAP: tl.constexpr = False,
     HAS_SINKS: tl.constexpr = False,
     INVARIANT: tl.constexpr = False,
+    SEQLEN_ADD: tl.constexpr = 0,
+    HAS_LEFTPAD: tl.constexpr = False,
+    HAS_BATCH_IDX: tl.constexpr = False,
+    WAIT_FOR_APPEND: tl.constexpr = False,
 ):
     """Attention of one split of one row's keys for one tile of packed (query, q head) rows.
 
@@ -404,6 +409,12 @@ def split_kv_kernel(
     splits cover only the keys some query sees (:func:`row_first_key`). SOFTCAP caps the scores
     (``softcap_log2`` = softcap * log2(e)); HAS_SINKS adds ``SINKS[hq]`` to each finished softmax;
     INVARIANT splits each row by its own length (batch-invariant decode).
+
+    A row holds ``SEQLENS[b] + SEQLEN_ADD`` keys (SEQLEN_ADD new keys were appended, the lengths
+    are not updated); HAS_LEFTPAD: its keys start at ``LEFTPAD[b]`` (masks are unchanged: a
+    query's position and the keys' shift alike); HAS_BATCH_IDX: a dense row b reads cache row
+    ``BATCH_IDX[b]``. WAIT_FOR_APPEND: launched as a programmatic dependent of the append kernel,
+    whose writes (the new keys, a rotated q) it waits for before reading.
 
     Writes the fp32 partial ``OUT_PARTIAL[split, b, m, hq, :]``, ``LSE_PARTIAL[split, b, hq, m]``
     (natural log, -inf when no key is visible). With FINAL_FOR_SINGLE_SPLIT_ROWS, a row whose
@@ -428,16 +439,22 @@ def split_kv_kernel(
     row_block = tl.program_id(2) % row_blocks
 
     if HAS_SEQLENS:
-        seqlen = load_seqlen(SEQLENS, b, seqlen_k)
+        seqlen = load_seqlen(SEQLENS, b, seqlen_k, SEQLEN_ADD)
     else:
         seqlen = seqlen_k
-    first = row_first_key(seqlen, seqlen_q, window_left, GRANULE, LEFT_BOUND)
+    if HAS_LEFTPAD:
+        first = padded_row_first_key(seqlen, load_leftpad(LEFTPAD, b, seqlen), seqlen_q, window_left, GRANULE,
+                                     LEFT_BOUND)
+    else:
+        first = row_first_key(seqlen, seqlen_q, window_left, GRANULE, LEFT_BOUND)
     start, end = row_split_range(seqlen, first, split, num_splits, GRANULE, INVARIANT)
     write_final = False  # runtime: this row's keys fit in one split (decided by split 0)
     if HAS_PARTIALS and FINAL_FOR_SINGLE_SPLIT_ROWS:
         write_final = row_splits_used(seqlen - first, num_splits, GRANULE, INVARIANT) <= 1
         if write_final and split > 0:
             return
+    if WAIT_FOR_APPEND:  # the append kernel's keys and rotated q are written and visible after this
+        gdc_wait()
 
     offs_r = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_m = offs_r // group
@@ -472,8 +489,11 @@ def split_kv_kernel(
         v_base = V + kvh * stride_vh
         bt_row = BLOCK_TABLE + b * stride_btb
     else:
-        k_base = K + b * stride_kb + kvh * stride_kh
-        v_base = V + b * stride_vb + kvh * stride_vh
+        cache_row = b
+        if HAS_BATCH_IDX:  # clamped like a page id: a wrong index reads a wrong row, never stray memory
+            cache_row = tl.minimum(tl.maximum(tl.load(BATCH_IDX + b), 0), num_pages - 1).to(tl.int64)
+        k_base = K + cache_row * stride_kb + kvh * stride_kh
+        v_base = V + cache_row * stride_vb + kvh * stride_vh
         bt_row = BLOCK_TABLE
     v_scale = 1.0
     if HAS_DESCALE:  # fp8 cache: K's scale multiplies the scores, V's the output

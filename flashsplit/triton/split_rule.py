@@ -5,7 +5,8 @@ with :func:`flashsplit.plan.split_bounds`: a row's splits cover ``[first, seqlen
 ``first`` is 0, or with a left window bound the first key any query of the row can see,
 rounded down to the granule; INVARIANT (batch-invariant decode) splits a row by its own length
 (BATCH_INVARIANT_SPLITS splits of at least BATCH_INVARIANT_MIN_SPLIT keys) instead of dividing
-its span among the launch's splits.
+its span among the launch's splits. A left-padded row (``cache_leftpad``) is split as the row of
+its real keys, shifted by its padding (:func:`flashsplit.plan.row_start`).
 """
 
 import triton
@@ -18,10 +19,20 @@ BATCH_INVARIANT_MIN_SPLIT = tl.constexpr(_MIN_SPLIT)
 
 
 @triton.jit
-def load_seqlen(SEQLENS, b, capacity):
-    """Row b's live length, clamped to [0, capacity]: a wrong ``cache_seqlens`` value (which
-    ``decode`` cannot check without a host sync) must not send a kernel past the cache."""
-    return tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), capacity)
+def load_seqlen(SEQLENS, b, capacity, SEQLEN_ADD: tl.constexpr):
+    """Row b's live length plus the SEQLEN_ADD keys appended before the attention, clamped to
+    [0, capacity]: a wrong ``cache_seqlens`` value (which ``decode`` cannot check without a host
+    sync) must not send a kernel past the cache."""
+    seqlen = tl.load(SEQLENS + b)
+    if SEQLEN_ADD != 0:
+        seqlen = seqlen + SEQLEN_ADD
+    return tl.minimum(tl.maximum(seqlen, 0), capacity)
+
+
+@triton.jit
+def load_leftpad(LEFTPAD, b, seqlen):
+    """Row b's first key (``cache_leftpad[b]``), clamped to [0, seqlen]."""
+    return tl.minimum(tl.maximum(tl.load(LEFTPAD + b), 0), seqlen)
 
 
 @triton.jit
@@ -32,6 +43,13 @@ def row_first_key(seqlen, seqlen_q, window_left, GRANULE: tl.constexpr, LEFT_BOU
         return tl.maximum(seqlen - seqlen_q - window_left, 0) // GRANULE * GRANULE
     else:
         return seqlen * 0
+
+
+@triton.jit
+def padded_row_first_key(seqlen, leftpad, seqlen_q, window_left, GRANULE: tl.constexpr, LEFT_BOUND: tl.constexpr):
+    """:func:`row_first_key` of a row whose keys are ``[leftpad, seqlen)``: its real keys' first
+    key, shifted by ``leftpad`` (``flashsplit.plan.row_start``)."""
+    return leftpad + row_first_key(seqlen - leftpad, seqlen_q, window_left, GRANULE, LEFT_BOUND)
 
 
 @triton.jit
