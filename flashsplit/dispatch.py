@@ -117,9 +117,14 @@ def signature(tensors: DecodeTensors, options: DecodeOptions, fresh_out: bool = 
     cannot: ``.conj().imag`` has a last-dim stride of 2, never that of a valid q, cache, out, lse
     or sinks, and there are no complex int32 tensors."""
     try:
-        q, k, v, out, lse, cache_seqlens, block_table, k_descale, v_descale, sinks = tensors
+        q, k, v, out, lse, cache_seqlens, block_table, k_descale, v_descale, sinks = tensors[:10]
         if not (type(q) is type(k) is type(v) is torch.Tensor):
             return None  # a subclass or a wrong type: validation explains, nothing cached
+        updates = tensors[10:]  # the cache-update tensors (k_new, ..., cache_leftpad): usually all None
+        for t in updates:
+            if t is not None:
+                updates = tuple(None if u is None else _facts(u) for u in updates)
+                break
         return (q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15,
                 k.shape, k.stride(), k.dtype, k.device, k.data_ptr() & 15,
                 v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15,
@@ -129,7 +134,7 @@ def signature(tensors: DecodeTensors, options: DecodeOptions, fresh_out: bool = 
                 None if block_table is None else _facts(block_table),
                 None if k_descale is None else (_facts(k_descale), k_descale.is_neg()),
                 None if v_descale is None else (_facts(v_descale), v_descale.is_neg()),
-                None if sinks is None else _facts(sinks),
+                None if sinks is None else _facts(sinks), updates,
                 options, tuple(map(type, options)))
     except Exception:  # a wrong type, a sparse tensor's stride(), ...: validation explains
         return None

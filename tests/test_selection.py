@@ -9,7 +9,7 @@ import torch
 import flashsplit
 from flashsplit import selection
 from flashsplit.problem import DecodeProblem
-from flashsplit.registry import select
+from flashsplit.registry import get, select
 from flashsplit.target import KNOWN_GPUS
 
 HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
@@ -153,3 +153,16 @@ def test_plan_rejects_what_decode_rejects(kwargs, error, needle):
     head_dim = args.pop("head_dim")
     with pytest.raises(error, match=needle):
         flashsplit.plan(1, 4096, 32, 8, head_dim, **args)
+
+
+@needs_cutlass
+@pytest.mark.parametrize("field", [dict(seqlen_new=1), dict(rotary_dim=64), dict(has_leftpad=True),
+                                   dict(has_batch_idx=True)], ids=lambda f: next(iter(f)))
+def test_cute_refuses_cache_updates_and_auto_runs_them_on_triton(field):
+    """Appending keys, rotary, left padding and cache_batch_idx are not in the cute kernel: it says
+    so, and auto takes Triton for them."""
+    import dataclasses
+
+    problem = dataclasses.replace(_problem(), **field)
+    assert get("cute").supports(problem) is not None
+    assert select(problem, "auto")[0].name == "triton"

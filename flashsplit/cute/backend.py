@@ -39,6 +39,14 @@ class CuteBackend(Backend):
 
     # ------------------------------------------------------------------ capability
     def supports(self, problem: DecodeProblem) -> str | None:
+        if problem.has_new_kv:
+            return "appending new keys (k/v) is not in the cute backend yet (triton runs it)"
+        if problem.has_rotary:
+            return "rotary embedding is not in the cute backend yet (triton runs it)"
+        if problem.has_leftpad:
+            return "cache_leftpad is not in the cute kernel yet (triton runs it)"
+        if problem.has_batch_idx:
+            return "cache_batch_idx is not in the cute kernel yet (triton runs it)"
         if problem.head_dim not in configs.HEAD_DIMS:
             return f"head_dim {problem.head_dim} is not one of {configs.HEAD_DIMS}"
         if problem.dtype not in _DTYPE_NAMES:

@@ -159,7 +159,7 @@ class PreparedCuteDecode:
         self.combine: CombineLaunch | None = None
 
     def __call__(self, tensors: DecodeTensors) -> None:
-        q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, sinks = tensors
+        q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, sinks = tensors[:10]
         batch, seqlen_q, num_heads, head_dim = q.shape
         splits = self.num_splits
         rows = batch * seqlen_q * num_heads
