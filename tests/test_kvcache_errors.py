@@ -73,13 +73,14 @@ def test_cache_batch_idx_with_a_paged_cache(generator):
 @pytest.mark.parametrize("value, error, match", [
     (lambda: torch.zeros(3, dtype=torch.int64), TypeError, r"expected dtype int32, got torch.int64"),
     (lambda: torch.zeros(4, dtype=torch.int32), ValueError, r"expected shape \[3\], got \[4\]"),
-    (lambda: torch.zeros(3, 2, dtype=torch.int32)[:, 0], ValueError, r"expected a contiguous \[3\] tensor"),
+    (lambda: torch.zeros(3, 2, dtype=torch.int32, device=DEVICE)[:, 0], ValueError, r"expected a contiguous \[3\] tensor"),
     (lambda: torch.zeros(3, dtype=torch.int32, device="meta"), ValueError, r"expected q's device"),
     (lambda: [0, 1, 2], TypeError, r"expected a torch.Tensor, got list"),
 ])
 def test_bad_row_indices(name, value, error, match, generator):
     _, args = _args(generator)
     tensor = value()
+    # (a strided view is made on the test device: .to() would make it contiguous)
     args[name] = tensor.to(DEVICE) if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta" else tensor
     _raises(error, f"^{name}: {match}", args)
 

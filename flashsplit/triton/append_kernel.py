@@ -37,7 +37,10 @@ def round_to_fp8(y, FP8_EMIN: tl.constexpr, FP8_MBITS: tl.constexpr, FP8_MAX: tl
     step = ((spacing + 127) << 23).to(tl.float32, bitcast=True)
     inv_step = ((127 - spacing) << 23).to(tl.float32, bitcast=True)
     rounded = ((tl.abs(y) * inv_step + ROUNDING_MAGIC) - ROUNDING_MAGIC) * step
-    return tl.where(bits < 0, -rounded, rounded)  # the sign by its bit: -0.0 stays -0.0
+    # The sign goes back on as a bit, so -0.0 stays -0.0: a select of -rounded lost it on the H200
+    # (the compiled select treats the zeros as equal), where the interpreter kept it.
+    sign = bits & -2147483648
+    return (rounded.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
