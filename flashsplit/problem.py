@@ -122,8 +122,9 @@ class DecodeProblem:
 
     @property
     def variant(self) -> Variant:
-        return Variant(self.window_left, self.window_right, self.softcap, self.has_sinks, self.batch_invariant,
-                       self.seqlen_new, self.has_leftpad, self.has_batch_idx)
+        """This problem's fields of the same names as :class:`Variant`'s (read by name, so the two
+        cannot drift apart)."""
+        return Variant(*(getattr(self, name) for name in Variant._fields))
 
     @property
     def target(self) -> GpuTarget | None:
