@@ -34,6 +34,12 @@ class Variant(NamedTuple):
     has_leftpad: bool = False
     #: Dense row b reads cache row ``cache_batch_idx[b]``.
     has_batch_idx: bool = False
+    #: q (and the new keys) rotated over this many features; 0: no rotary.
+    rotary_dim: int = 0
+    #: GPT-J pairs (True) or GPT-NeoX halves (False).
+    rotary_interleaved: bool = True
+    #: q row ``m`` rotated at its own position (else every q row at the row's length).
+    rotary_q_per_token: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,8 +107,8 @@ class DecodeProblem:
     @property
     def rotary_q_per_token(self) -> bool:
         """q row ``m`` is rotated at its own position (causal or windowed attention, as
-        FlashAttention does); otherwise every q row at the row's length."""
-        return self.causal or self.window_left >= 0 or self.window_right >= 0
+        FlashAttention does); otherwise every q row at the row's length. False without rotary."""
+        return self.has_rotary and (self.causal or self.window_left >= 0 or self.window_right >= 0)
 
     @property
     def left_bound(self) -> bool:

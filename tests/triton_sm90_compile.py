@@ -102,7 +102,8 @@ def split_variants():
         yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, RIGHT_BOUND=new > 1,
                    FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=paged, KV=kv,
                    MERGE_IN_LAST_SPLIT=new == 1, SEQLEN_ADD=new, HAS_LEFTPAD=True, HAS_BATCH_IDX=not paged,
-                   WAIT_FOR_APPEND=True, LEFT_BOUND=paged)
+                   WAIT_FOR_APPEND=True, LEFT_BOUND=paged, ROTARY=True, ROTARY_INTERLEAVED=new == 1,
+                   ROTARY_PER_TOKEN=new > 1)
     yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=False, RIGHT_BOUND=False,  # one
                FINAL_FOR_SINGLE_SPLIT_ROWS=False, WRITE_LSE=True, HAS_OUT=True, HAS_LEFTPAD=True,  # split,
                HAS_BATCH_IDX=True, SEQLEN_ADD=1)  # padded rows of a larger cache
@@ -127,11 +128,10 @@ def append_variants(dtype: str):
                     "BLOCK_TABLE": "*i32" if layout == "paged" else None,
                     "BATCH_IDX": "*i32" if layout == "rows" else None,
                     "COS": "*fp32" if rotary else None, "SIN": "*fp32" if rotary else None,
-                    "Q": f"*{dtype}" if rotary else None, "Q_ROT": f"*{dtype}" if rotary else None,
                     "K_DESCALE": "*fp32" if fp8 else None, "V_DESCALE": "*fp32" if fp8 else None}
         yield dict(pointers=pointers, BLOCK_H=32, BLOCK_D=128, PAGE_SIZE=16 if layout == "paged" else 0,
                    PAGED=layout == "paged", HAS_LEFTPAD=bool(rotary), HAS_BATCH_IDX=layout == "rows",
-                   ROTARY=bool(rotary), INTERLEAVED=rotary == 1, Q_PER_TOKEN=rotary == 2, FP8=fp8, FP8_EMIN=emin,
+                   ROTARY=bool(rotary), INTERLEAVED=rotary == 1, FP8=fp8, FP8_EMIN=emin,
                    FP8_MBITS=mbits, FP8_MAX=448.0 if kv == "fp8e4nv" else 57344.0, LAUNCH_DEPENDENTS=layout != "rows")
 
 
@@ -154,6 +154,9 @@ def main() -> int:
             for name in ("HAS_LEFTPAD", "HAS_BATCH_IDX", "WAIT_FOR_APPEND"):
                 flags.setdefault(name, False)
             flags.setdefault("SEQLEN_ADD", 0)
+            flags.setdefault("ROTARY", False)
+            flags.setdefault("ROTARY_INTERLEAVED", True)
+            flags.setdefault("ROTARY_PER_TOKEN", False)
             flags.setdefault("EVEN_D", True)  # head dims of a power of two (the variants above: 128)
             flags["FULL_TILES"] = flags["HAS_DESCALE"] and TritonBackend.full_tiles_fp8  # as the launcher sets it
             # fp8 V read as int16 pairs, converted by PTX cvt on sm_90 (the launcher's choice there);
@@ -177,7 +180,8 @@ def main() -> int:
                         "ARRIVALS": "*i32" if flags["MERGE_IN_LAST_SPLIT"] else None,
                         "SINKS": "*fp32" if flags.get("HAS_SINKS") else None,
                         "LEFTPAD": "*i32" if flags["HAS_LEFTPAD"] else None,
-                        "BATCH_IDX": "*i32" if flags["HAS_BATCH_IDX"] else None}
+                        "BATCH_IDX": "*i32" if flags["HAS_BATCH_IDX"] else None,
+                        "COS": "*fp32" if flags["ROTARY"] else None, "SIN": "*fp32" if flags["ROTARY"] else None}
             started = time.perf_counter()
             ptx = compile_variant(split_kv_kernel, pointers, {**flags, "GRANULE": 128, "RUNTIME_BOUND_WHILE": False},
                                   floats=("qk_scale_log2", "softcap_log2"))
@@ -195,6 +199,12 @@ def main() -> int:
                 # K/V tiles stream through a 3-stage cp.async pipeline, two tiles in flight, in the
                 # dense and the paged kernel alike (paged used to wait for every tile: wait_group 0).
                 assert re.search(r"cp\.async\.wait_group\s+2;", ptx), f"K/V loads not pipelined: {flags}"
+            if flags["WAIT_FOR_APPEND"]:
+                # Keys before the append's start loading before the wait for its writes (dense: the
+                # first tiles' loop comes first; paged: the wait is per chunk, inside the loop).
+                assert "griddepcontrol.wait" in ptx, f"no wait for the append: {flags}"
+                if not flags["PAGED"]:
+                    assert ptx.rindex("griddepcontrol.wait") > ptx.index("cp.async.cg"), f"waits first: {flags}"
             print(f"split {dtype} {flags}: {time.perf_counter() - started:.2f} s", flush=True)
             count += 1
         for skip, write_lse, block_d, chunk in itertools.product([False, True], [False, True], [64, 128, 256],

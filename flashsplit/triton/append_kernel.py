@@ -1,4 +1,4 @@
-"""Triton append kernel: write new keys and values into the cache (rotated, quantized), rotate q.
+"""Triton append kernel: write new keys and values into the cache (rotated, quantized).
 
 Device code only; :mod:`flashsplit.triton.append` launches it, on the decode call's stream and
 before the split kernel, which then sees ``cache_seqlens + L_new`` keys per row.
@@ -8,13 +8,15 @@ and part 1 ``v[b, t]`` (every KV head) at key ``n = cache_seqlens[b] + t`` of th
 ``b`` (or ``cache_batch_idx[b]``), paged through ``block_table[b, n // page_size]``. A key outside
 ``[0, capacity)`` (a wrong length: unchecked without a host sync) is not written, and page ids
 and cache rows are clamped into the cache, so a wrong value gives a wrong row, never a stray
-write. With ROTARY, part 2 rotates ``q[b, t]`` (``t < L_q``) into the scratch ``Q_ROT``. The parts
-run side by side: the split kernel waits for the whole grid, so its latency is one part's.
+write. The parts run side by side. On Hopper the split kernel is this kernel's programmatic
+dependent: it starts at once and waits for these writes only before the tiles that hold new keys.
 """
 
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
+
+from .rotary import rotary_factors
 
 ROUNDING_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: x + it - it rounds |x| < 2^22 to an integer, ties to even
 
@@ -41,29 +43,6 @@ def round_to_fp8(y, FP8_EMIN: tl.constexpr, FP8_MBITS: tl.constexpr, FP8_MAX: tl
     # (the compiled select treats the zeros as equal), where the interpreter kept it.
     sign = bits & -2147483648
     return (rounded.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def rotary_factors(COS, SIN, stride_cos, position, seqlen_ro, rotary_half, offs_d, INTERLEAVED: tl.constexpr):
-    """``(cos, signed sin, partner column)`` ``[BLOCK_D]`` of one token at ``position`` (clamped
-    into the table): column ``d < rotary_dim`` becomes ``x[d] * cos + x[partner] * signed_sin``;
-    later columns get cos 1 and sin 0 (they pass through).
-
-    INTERLEAVED (GPT-J): pair ``j`` is columns ``(2j, 2j + 1)``; else (GPT-NeoX) ``(j, j + rotary_dim / 2)``.
-    """
-    rotated = offs_d < 2 * rotary_half
-    if INTERLEAVED:
-        pair = offs_d // 2
-        partner = offs_d ^ 1
-        first = offs_d % 2 == 0
-    else:
-        first = offs_d < rotary_half
-        pair = tl.where(first, offs_d, offs_d - rotary_half)
-        partner = tl.where(first, offs_d + rotary_half, offs_d - rotary_half)
-    row = tl.minimum(tl.maximum(position, 0), seqlen_ro - 1).to(tl.int64) * stride_cos
-    cos = tl.load(COS + row + pair, mask=rotated, other=1.0).to(tl.float32)
-    sin = tl.load(SIN + row + pair, mask=rotated, other=0.0).to(tl.float32)
-    return cos, tl.where(first, -sin, sin), tl.where(rotated, partner, offs_d)
 
 
 @triton.jit
@@ -100,13 +79,11 @@ def store_new_keys(NEW, CACHE, DESCALE, b, t, key_offset, write, stride_nb, stri
 
 @triton.jit
 def append_kv_kernel(
-    K_NEW, V_NEW, K_CACHE, V_CACHE, SEQLENS, LEFTPAD, BLOCK_TABLE, BATCH_IDX, COS, SIN, Q, Q_ROT,
-    K_DESCALE, V_DESCALE,
+    K_NEW, V_NEW, K_CACHE, V_CACHE, SEQLENS, LEFTPAD, BLOCK_TABLE, BATCH_IDX, COS, SIN, K_DESCALE, V_DESCALE,
     stride_knb, stride_knt, stride_knh, stride_vnb, stride_vnt, stride_vnh,
     stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
-    stride_qb, stride_qm, stride_qh, stride_rb, stride_rm, stride_rh,
     stride_btb, stride_cos, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
-    seqlen_new, seqlen_q, num_heads_kv, num_heads, head_dim, capacity, num_pages, seqlen_ro, rotary_half,
+    seqlen_new, num_heads_kv, head_dim, capacity, num_pages, seqlen_ro, rotary_half,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
@@ -115,67 +92,52 @@ def append_kv_kernel(
     HAS_BATCH_IDX: tl.constexpr,
     ROTARY: tl.constexpr,
     INTERLEAVED: tl.constexpr,
-    Q_PER_TOKEN: tl.constexpr,
     FP8: tl.constexpr,
     FP8_EMIN: tl.constexpr,
     FP8_MBITS: tl.constexpr,
     FP8_MAX: tl.constexpr,
     LAUNCH_DEPENDENTS: tl.constexpr,
 ):
-    """Append token ``t = program_id(0)`` of row ``b = program_id(1)``, its keys, values or q by
+    """Append token ``t = program_id(0)`` of row ``b = program_id(1)``, its keys or values by
     ``program_id(2)`` (see the module docstring).
 
     Rotary positions count from the row's first real key: new key ``t`` is at ``cache_seqlens[b] -
-    leftpad[b] + t``, query ``t`` at the same position with Q_PER_TOKEN (causal or windowed
-    attention), else every query at ``cache_seqlens[b] - leftpad[b]``. ``rotary_half`` pairs of
-    features rotate (``rotary_dim / 2``, the tables' width).
+    leftpad[b] + t``. ``rotary_half`` pairs of features rotate (``rotary_dim / 2``, the tables'
+    width); the split kernel rotates q.
     """
     if LAUNCH_DEPENDENTS:
         # The split kernel may be scheduled now; it waits (griddepcontrol.wait) for these writes.
         gdc_launch_dependents()
     t = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
-    part = tl.program_id(2)  # 0: the new keys, 1: the new values, 2: q (ROTARY); side by side, not in turn
+    part = tl.program_id(2)  # 0: the new keys, 1: the new values; side by side, not in turn
     start = tl.load(SEQLENS + b)
     position = start
     if HAS_LEFTPAD:
         position = start - tl.load(LEFTPAD + b)
     offs_d = tl.arange(0, BLOCK_D)
-    if part < 2:
-        if t < seqlen_new:
-            n = start + t
-            write = (n >= 0) & (n < capacity)
-            slot = tl.minimum(tl.maximum(n, 0), capacity - 1)
-            if PAGED:
-                page = tl.load(BLOCK_TABLE + b * stride_btb + slot // PAGE_SIZE)
-                row = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
-                slot = slot % PAGE_SIZE
-            elif HAS_BATCH_IDX:
-                row = tl.minimum(tl.maximum(tl.load(BATCH_IDX + b), 0), num_pages - 1).to(tl.int64)
-            else:
-                row = b
-            slot = slot.to(tl.int64)
-            if part == 0:
-                if ROTARY:
-                    cos, sin, partner = rotary_factors(COS, SIN, stride_cos, position + t, seqlen_ro, rotary_half,
-                                                       offs_d, INTERLEAVED)
-                else:  # unused
-                    cos, sin, partner = offs_d, offs_d, offs_d
-                store_new_keys(K_NEW, K_CACHE, K_DESCALE, b, t, row * stride_kb + slot * stride_kn, write, stride_knb,
-                               stride_knt, stride_knh, stride_kh, stride_kdb, stride_kdh, num_heads_kv, head_dim,
-                               offs_d, cos, sin, partner, BLOCK_H, ROTARY, FP8, FP8_EMIN, FP8_MBITS, FP8_MAX)
-            else:
-                store_new_keys(V_NEW, V_CACHE, V_DESCALE, b, t, row * stride_vb + slot * stride_vn, write, stride_vnb,
-                               stride_vnt, stride_vnh, stride_vh, stride_vdb, stride_vdh, num_heads_kv, head_dim,
-                               offs_d, offs_d, offs_d, offs_d, BLOCK_H, False, FP8, FP8_EMIN, FP8_MBITS, FP8_MAX)
-    if ROTARY:
-        if part == 2 and t < seqlen_q:
-            if Q_PER_TOKEN:
-                position += t
-            cos, sin, partner = rotary_factors(COS, SIN, stride_cos, position, seqlen_ro, rotary_half, offs_d,
-                                               INTERLEAVED)
-            for h0 in range(0, num_heads, BLOCK_H):
-                x, offs_h, mask = load_rows(Q + b * stride_qb + t * stride_qm, stride_qh, h0, num_heads, head_dim,
-                                            offs_d, cos, sin, partner, BLOCK_H, True)
-                rows = Q_ROT + b * stride_rb + t * stride_rm + offs_h.to(tl.int64)[:, None] * stride_rh
-                tl.store(rows + offs_d[None, :], x.to(Q_ROT.dtype.element_ty), mask=mask)
+    n = start + t
+    write = (n >= 0) & (n < capacity)
+    slot = tl.minimum(tl.maximum(n, 0), capacity - 1)
+    if PAGED:
+        page = tl.load(BLOCK_TABLE + b * stride_btb + slot // PAGE_SIZE)
+        row = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+        slot = slot % PAGE_SIZE
+    elif HAS_BATCH_IDX:
+        row = tl.minimum(tl.maximum(tl.load(BATCH_IDX + b), 0), num_pages - 1).to(tl.int64)
+    else:
+        row = b
+    slot = slot.to(tl.int64)
+    if part == 0:
+        if ROTARY:
+            cos, sin, partner = rotary_factors(COS, SIN, stride_cos, position + t, seqlen_ro, rotary_half,
+                                               offs_d, INTERLEAVED)
+        else:  # unused
+            cos, sin, partner = offs_d, offs_d, offs_d
+        store_new_keys(K_NEW, K_CACHE, K_DESCALE, b, t, row * stride_kb + slot * stride_kn, write, stride_knb,
+                       stride_knt, stride_knh, stride_kh, stride_kdb, stride_kdh, num_heads_kv, head_dim,
+                       offs_d, cos, sin, partner, BLOCK_H, ROTARY, FP8, FP8_EMIN, FP8_MBITS, FP8_MAX)
+    else:
+        store_new_keys(V_NEW, V_CACHE, V_DESCALE, b, t, row * stride_vb + slot * stride_vn, write, stride_vnb,
+                       stride_vnt, stride_vnh, stride_vh, stride_vdb, stride_vdh, num_heads_kv, head_dim,
+                       offs_d, offs_d, offs_d, offs_d, BLOCK_H, False, FP8, FP8_EMIN, FP8_MBITS, FP8_MAX)

@@ -118,10 +118,8 @@ class TritonBackend(Backend):
 
     def __init__(self) -> None:
         #: The per-stream partials buffer and the in-kernel merge's arrival counters: what the
-        #: prepared launchers (:class:`PreparedDecode`) take memory from; the rotated q of calls
-        #: with rotary tables has a per-stream buffer of its own.
+        #: prepared launchers (:class:`PreparedDecode`) take memory from.
         self.workspace = Workspace()
-        self.rotary_workspace = Workspace()
         self.arrivals = ARRIVALS
 
     def supports(self, problem: DecodeProblem) -> str | None:
@@ -145,14 +143,16 @@ class TritonBackend(Backend):
                      out_partial, lse_partial, out, lse, final_for_single_split_rows: bool,
                      block_table=None, k_descale=None, v_descale=None, arrivals=None, sinks=None,
                      variant: Variant = Variant(), cache_leftpad=None, cache_batch_idx=None,
-                     after_append: bool = False) -> Relaunch | None:
+                     after_append: bool = False, rotary_cos=None, rotary_sin=None) -> Relaunch | None:
         """The split kernel; with ``arrivals`` (:meth:`arrivals_for`) its last program per row
         merges the partials into ``out``/``lse`` (no combine kernel follows). ``variant``: the
         window, softcap, sinks, fixed split length, appended keys, left padding and cache rows
         (``sinks`` ``[H_q]``, ``cache_leftpad`` / ``cache_batch_idx`` int32 ``[B]`` when it has
-        them). ``after_append``: launched as a programmatic dependent of the append kernel."""
+        them). ``after_append``: launched as a programmatic dependent of the append kernel.
+        ``rotary_cos``/``rotary_sin`` ``[L_ro, rotary_dim / 2]``: q is rotated as the variant says."""
         batch, seqlen_q, num_heads, head_dim = q.shape
         num_heads_kv = k_cache.shape[2]
+        rotary = variant.rotary_dim > 0
         seqlen_k = _capacity(k_cache, block_table)
         page_size = k_cache.shape[1] if block_table is not None else 0
         group = num_heads // num_heads_kv
@@ -168,17 +168,20 @@ class TritonBackend(Backend):
         v_arg = v_cache.view(torch.int16) if v_pairs else v_cache  # the same address: replays pass v_cache's
         tensors = (q, k_cache, v_arg, cache_seqlens, block_table, k_descale, v_descale,
                    out_partial, lse_partial, out, lse, arrivals, sinks if variant.has_sinks else None,
-                   cache_leftpad if variant.has_leftpad else None, cache_batch_idx if variant.has_batch_idx else None)
+                   cache_leftpad if variant.has_leftpad else None, cache_batch_idx if variant.has_batch_idx else None,
+                   *((rotary_cos, rotary_sin) if rotary else (None, None)))
         window_right = 0 if causal else variant.window_right
         tail = (
             *q.stride()[:3], *k_cache.stride()[:3], *v_arg.stride()[:3],
             *_strides(out_partial, 4), *_strides(lse_partial, 3),
             *_strides(out, 3), *_strides(lse, 2),
             *_strides(block_table, 1), *_descale_strides(k_descale), *_descale_strides(v_descale),
+            rotary_cos.stride(0) if rotary else 0,
             # group and head_dim are runtime values (masks, index math): fewer compiled variants. The
             # page size is a constexpr (one variant per page size): no integer division per key.
             seqlen_q, seqlen_k, num_splits, row_blocks, group, head_dim, page_size, k_cache.shape[0],
             softmax_scale * LOG2E, variant.window_left, window_right, variant.softcap * LOG2E,
+            rotary_cos.shape[0] if rotary else 1, rotary_cos.shape[1] if rotary else 0,
             # constexprs, in the kernel's order (a Relaunch passes every argument positionally)
             tiles.block_m, tiles.block_n, tiles.block_d, SPLIT_GRANULE,
             cache_seqlens is not None,  # HAS_SEQLENS
@@ -207,6 +210,9 @@ class TritonBackend(Backend):
             variant.has_leftpad,  # HAS_LEFTPAD
             variant.has_batch_idx,  # HAS_BATCH_IDX
             after_append,  # WAIT_FOR_APPEND
+            rotary,  # ROTARY
+            variant.rotary_interleaved,  # ROTARY_INTERLEAVED
+            variant.rotary_q_per_token,  # ROTARY_PER_TOKEN
         )
         options = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
         if after_append:
@@ -274,7 +280,7 @@ class TritonBackend(Backend):
         if problem.has_new_kv:
             pdl = self.append_pdl and problem.device_type == "cuda" and not interpreter_active() \
                 and problem.target.capability >= (9, 0)
-            append = PreparedAppend(problem, self.rotary_workspace, pdl)
+            append = PreparedAppend(problem, pdl)
         return PreparedDecode(self, num_splits, softmax_scale, problem.causal, problem.variant, append)
 
     def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
@@ -324,9 +330,10 @@ class PreparedDecode:
         num_splits, variant = self.num_splits, self.variant
         after_append = False
         if self.append is not None:
-            q = self.append(tensors)  # the new keys are in the cache; q may be a rotated copy
+            self.append(tensors)  # writes the new keys; the split kernel waits for them (PDL) or follows
             after_append = self.append.pdl
-        rows = _address(leftpad), _address(batch_idx)
+        cos, sin = tensors.rotary_cos, tensors.rotary_sin
+        rows = _address(leftpad), _address(batch_idx), _address(cos), _address(sin)
         if num_splits == 1:
             if self.split is not None:
                 self.split((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _address(cache_seqlens),
@@ -337,7 +344,7 @@ class PreparedDecode:
                     q, k_cache, v_cache, cache_seqlens, 1, self.softmax_scale, self.causal, None, None, out, lse,
                     final_for_single_split_rows=True, block_table=block_table, k_descale=k_descale,
                     v_descale=v_descale, sinks=sinks, variant=variant, cache_leftpad=leftpad,
-                    cache_batch_idx=batch_idx, after_append=after_append)
+                    cache_batch_idx=batch_idx, after_append=after_append, rotary_cos=cos, rotary_sin=sin)
             return
         # Rows whose live keys fit in one split skip the partials, and the merge skips them.
         shortcut = cache_seqlens is not None
@@ -371,7 +378,8 @@ class PreparedDecode:
             q, k_cache, v_cache, cache_seqlens, num_splits, self.softmax_scale, self.causal, out_partial,
             lse_partial, out, lse, final_for_single_split_rows=shortcut, block_table=block_table,
             k_descale=k_descale, v_descale=v_descale, arrivals=arrivals, sinks=sinks, variant=variant,
-            cache_leftpad=leftpad, cache_batch_idx=batch_idx, after_append=after_append)
+            cache_leftpad=leftpad, cache_batch_idx=batch_idx, after_append=after_append, rotary_cos=cos,
+            rotary_sin=sin)
         if not merge:
             self.combine = self.backend.launch_combine(
                 out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows=shortcut,

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from .rotary import load_rotated_rows
 from .split_rule import (add_sink, load_leftpad, load_seqlen, padded_row_first_key, row_first_key, row_split_range,
                          row_splits_used)
 
@@ -357,7 +358,7 @@ def store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, SINKS,
 @triton.jit
 def split_kv_kernel(
     Q, K, V, SEQLENS, BLOCK_TABLE, K_DESCALE, V_DESCALE,
-    OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, SINKS, LEFTPAD, BATCH_IDX,
+    OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, SINKS, LEFTPAD, BATCH_IDX, COS, SIN,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -365,9 +366,9 @@ def split_kv_kernel(
     stride_lps, stride_lpb, stride_lph,
     stride_ob, stride_om, stride_oh,
     stride_lb, stride_lh,
-    stride_btb, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
+    stride_btb, stride_kdb, stride_kdh, stride_vdb, stride_vdh, stride_cos,
     seqlen_q, seqlen_k, num_splits, row_blocks, group, head_dim, PAGE_SIZE: tl.constexpr, num_pages, qk_scale_log2,
-    window_left, window_right, softcap_log2,
+    window_left, window_right, softcap_log2, seqlen_ro, rotary_half,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -400,6 +401,9 @@ def split_kv_kernel(
     HAS_LEFTPAD: tl.constexpr = False,
     HAS_BATCH_IDX: tl.constexpr = False,
     WAIT_FOR_APPEND: tl.constexpr = False,
+    ROTARY: tl.constexpr = False,
+    ROTARY_INTERLEAVED: tl.constexpr = True,
+    ROTARY_PER_TOKEN: tl.constexpr = False,
 ):
     """Attention of one split of one row's keys for one tile of packed (query, q head) rows.
 
@@ -414,7 +418,9 @@ def split_kv_kernel(
     are not updated); HAS_LEFTPAD: its keys start at ``LEFTPAD[b]`` (masks are unchanged: a
     query's position and the keys' shift alike); HAS_BATCH_IDX: a dense row b reads cache row
     ``BATCH_IDX[b]``. WAIT_FOR_APPEND: launched as a programmatic dependent of the append kernel,
-    whose writes (the new keys, a rotated q) it waits for before reading.
+    whose writes it waits for before the first tile that holds a new key (and before returning).
+    ROTARY: q is rotated by ``COS``/``SIN`` (:mod:`~flashsplit.triton.rotary`) at position
+    ``SEQLENS[b] - LEFTPAD[b]``, plus the query's index with ROTARY_PER_TOKEN.
 
     Writes the fp32 partial ``OUT_PARTIAL[split, b, m, hq, :]``, ``LSE_PARTIAL[split, b, hq, m]``
     (natural log, -inf when no key is visible). With FINAL_FOR_SINGLE_SPLIT_ROWS, a row whose
@@ -448,13 +454,14 @@ def split_kv_kernel(
     else:
         first = row_first_key(seqlen, seqlen_q, window_left, GRANULE, LEFT_BOUND)
     start, end = row_split_range(seqlen, first, split, num_splits, GRANULE, INVARIANT)
+    fresh = seqlen - SEQLEN_ADD  # the row's first new key (clamped lengths: at most the real one)
     write_final = False  # runtime: this row's keys fit in one split (decided by split 0)
     if HAS_PARTIALS and FINAL_FOR_SINGLE_SPLIT_ROWS:
         write_final = row_splits_used(seqlen - first, num_splits, GRANULE, INVARIANT) <= 1
         if write_final and split > 0:
+            if WAIT_FOR_APPEND:  # a dependent grid ends after its primary
+                gdc_wait()
             return
-    if WAIT_FOR_APPEND:  # the append kernel's keys and rotated q are written and visible after this
-        gdc_wait()
 
     offs_r = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_m = offs_r // group
@@ -463,8 +470,18 @@ def split_kv_kernel(
     mask_r = offs_r < seqlen_q * group
     mask_d = offs_d < head_dim
 
-    q_ptrs = Q + b * stride_qb + offs_m[:, None] * stride_qm + offs_hq[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=mask_r[:, None] & mask_d[None, :], other=0.0)
+    if ROTARY:  # at the row's old length (leftpad-relative), as the new keys
+        position = tl.load(SEQLENS + b)
+        if HAS_LEFTPAD:
+            position -= tl.load(LEFTPAD + b)
+        if ROTARY_PER_TOKEN:
+            position += offs_m
+        q = load_rotated_rows(Q + b * stride_qb + offs_m * stride_qm + offs_hq * stride_qh, mask_r,
+                              position + tl.zeros([BLOCK_M], tl.int32), COS, SIN, stride_cos, seqlen_ro, rotary_half,
+                              head_dim, offs_d, ROTARY_INTERLEAVED).to(Q.dtype.element_ty)
+    else:
+        q_ptrs = Q + b * stride_qb + offs_m[:, None] * stride_qm + offs_hq[:, None] * stride_qh + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=mask_r[:, None] & mask_d[None, :], other=0.0)
 
     # Bottom-right aligned: query m is token (seqlen - L_q + m) and sees keys up to it (causal)
     # or window_right past it, and from window_left before it.
@@ -507,6 +524,9 @@ def split_kv_kernel(
         while c0 < end:
             first_page, page_ids = chunk_page_ids(bt_row, c0, seqlen, PAGE_SIZE, CHUNK_PAGES)
             c1 = tl.minimum(c0 + CHUNK_TILES * BLOCK_N, end)
+            if WAIT_FOR_APPEND:
+                if c1 > fresh:
+                    gdc_wait()
             m_i, l_i, acc, acc_odd = attend_range(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb,
                                                   stride_kn, stride_vb, stride_vn, c0, c1, end, full_lo, full_limit,
                                                   last_visible, first_visible, m_i, l_i, acc, acc_odd, qk_scale_log2,
@@ -514,13 +534,26 @@ def split_kv_kernel(
                                                   SOFTCAP, PAGED, PAGE_SIZE, CHUNK_PAGES, RUNTIME_BOUND_WHILE,
                                                   FULL_TILES, EVEN_D, V_PAIRS, V_E5M2, PAIRS_PTX)
             c0 = c1
+        if WAIT_FOR_APPEND:  # a dependent grid ends after its primary
+            gdc_wait()
     else:
+        old_end = end  # the tiles before the first one holding a new key
+        if WAIT_FOR_APPEND:
+            old_end = tl.minimum(end, start + tl.maximum(fresh - start, 0) // BLOCK_N * BLOCK_N)
         m_i, l_i, acc, acc_odd = attend_range(q, k_base, v_base, 0, 0, num_pages, stride_kb, stride_kn, stride_vb,
-                                              stride_vn, start, end, end, full_lo, full_limit, last_visible,
+                                              stride_vn, start, old_end, end, full_lo, full_limit, last_visible,
                                               first_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, softcap_log2,
                                               head_dim, BLOCK_N, BLOCK_D, RIGHT_BOUND, LEFT_BOUND, SOFTCAP, PAGED,
                                               PAGE_SIZE, CHUNK_PAGES, RUNTIME_BOUND_WHILE, FULL_TILES, EVEN_D,
                                               V_PAIRS, V_E5M2, PAIRS_PTX)
+        if WAIT_FOR_APPEND:  # the new keys are written and visible after this
+            gdc_wait()
+            m_i, l_i, acc, acc_odd = attend_range(q, k_base, v_base, 0, 0, num_pages, stride_kb, stride_kn,
+                                                  stride_vb, stride_vn, old_end, end, end, full_lo, full_limit,
+                                                  last_visible, first_visible, m_i, l_i, acc, acc_odd, qk_scale_log2,
+                                                  softcap_log2, head_dim, BLOCK_N, BLOCK_D, RIGHT_BOUND, LEFT_BOUND,
+                                                  SOFTCAP, PAGED, PAGE_SIZE, CHUNK_PAGES, RUNTIME_BOUND_WHILE,
+                                                  FULL_TILES, EVEN_D, V_PAIRS, V_E5M2, PAIRS_PTX)
     if V_PAIRS:  # interleave the even and odd columns back: [BLOCK_M, BLOCK_D / 2, 2] -> [BLOCK_M, BLOCK_D]
         acc = tl.reshape(tl.join(acc, acc_odd), [BLOCK_M, BLOCK_D])
 
