@@ -1,0 +1,258 @@
+"""Tiny random-weight transformers models and the generate-level checks of the integration.
+
+A case builds one architecture from its config (a few layers, small hidden sizes, so the Triton
+interpreter stays fast on the CPU), then compares flashsplit against the model's own reference
+attention (SDPA, or eager where SDPA lacks the layer's softcap or sinks):
+
+1. the reference in the test dtype generates greedily: tokens ``T`` and its logits;
+2. the same weights in float32 score ``T`` (teacher-forced through ``generate``): the reference logits;
+3. flashsplit scores ``T`` in the test dtype, with the cache's dead slots (left pads, a
+   StaticCache's empty slots) poisoned with NaN after prefill, and its decode calls counted.
+
+flashsplit's logits may differ from float32's by at most ``ERR_FACTOR`` x the reference's own
+error in the test dtype, plus ``LOGITS_ATOL``; and its greedy choice given ``T``'s prefix must be
+``T``'s token at every step (so free greedy generation gives ``T`` token for token), except at a
+near tie, where float32's top-two logits are closer than the tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+import flashsplit.integrations.transformers as fs_transformers
+
+ERR_FACTOR = 2.0
+#: Absolute slack on logits (their scale here is ~10) per dtype.
+LOGITS_ATOL = {torch.float16: 2e-2, torch.bfloat16: 1.5e-1}
+VOCAB = 512
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One architecture: its transformers classes, config and reference attention."""
+
+    name: str
+    model: str  #: transformers class name, e.g. "LlamaForCausalLM"
+    config: str  #: its config class name
+    kwargs: tuple  #: config fields ((key, value), ...) on top of the shared tiny sizes
+    reference: str  #: "sdpa" or "eager"
+
+    def build_config(self, **overrides):
+        import transformers
+
+        sizes = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                     max_position_embeddings=1024, initializer_range=0.2)
+        sizes.update(dict(self.kwargs))
+        sizes.update(overrides)
+        return getattr(transformers, self.config)(**sizes)
+
+    def build(self, dtype: torch.dtype, device, seed: int = 0, **overrides):
+        """The model in ``dtype`` and in float32, with the same random weights, in eval mode."""
+        import transformers
+
+        torch.manual_seed(seed)
+        model32 = getattr(transformers, self.model)(self.build_config(**overrides)).eval()
+        low = getattr(transformers, self.model)(self.build_config(**overrides)).eval()
+        low.load_state_dict(model32.state_dict())
+        return low.to(device=device, dtype=dtype), model32.to(device)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+ARCHS = {arch.name: arch for arch in [
+    Arch("llama", "LlamaForCausalLM", "LlamaConfig",
+         (("num_attention_heads", 4), ("num_key_value_heads", 2), ("head_dim", 64)), "sdpa"),
+    Arch("llama-d128", "LlamaForCausalLM", "LlamaConfig",
+         (("num_attention_heads", 4), ("num_key_value_heads", 1), ("head_dim", 128)), "sdpa"),
+    # A window shorter than the prompt.
+    Arch("mistral", "MistralForCausalLM", "MistralConfig",
+         (("num_attention_heads", 4), ("num_key_value_heads", 2), ("head_dim", 64), ("sliding_window", 6)), "sdpa"),
+    # GQA 7: seven q heads per KV head.
+    Arch("qwen2", "Qwen2ForCausalLM", "Qwen2Config",
+         (("num_attention_heads", 7), ("num_key_value_heads", 1), ("head_dim", 64)), "sdpa"),
+    # Softcapped scores, alternating sliding and full layers (SDPA has no softcap: eager).
+    Arch("gemma2", "Gemma2ForCausalLM", "Gemma2Config",
+         (("num_attention_heads", 2), ("num_key_value_heads", 1), ("head_dim", 128), ("sliding_window", 6),
+          ("query_pre_attn_scalar", 128), ("attn_logit_softcapping", 5.0), ("tie_word_embeddings", False)), "eager"),
+    # Learned sinks, alternating sliding and full layers, a small MoE (gpt-oss has no SDPA: eager).
+    Arch("gpt-oss", "GptOssForCausalLM", "GptOssConfig",
+         (("num_attention_heads", 4), ("num_key_value_heads", 2), ("head_dim", 64), ("sliding_window", 6),
+          ("num_local_experts", 4), ("num_experts_per_tok", 2)), "eager"),
+]}
+
+
+def left_padded_prompts(lengths, generator: torch.Generator, device, pad_token: int = 0):
+    """``input_ids`` ``[B, max(lengths)]`` of random tokens, left-padded, and the 0/1 ``attention_mask``."""
+    width = max(lengths)
+    ids = torch.randint(1, VOCAB, (len(lengths), width), generator=generator)
+    mask = torch.zeros_like(ids)
+    for b, n in enumerate(lengths):
+        ids[b, : width - n] = pad_token
+        mask[b, width - n:] = 1
+    return ids.to(device), mask.to(device)
+
+
+def make_cache(kind: str, model, max_cache_len: int):
+    """A fresh ``DynamicCache`` or ``StaticCache`` built from the model's config (sliding layers included)."""
+    from transformers import DynamicCache, StaticCache
+
+    if kind == "dynamic":
+        return DynamicCache(config=model.config)
+    if kind == "static":
+        return StaticCache(config=model.config, max_cache_len=max_cache_len)
+    raise ValueError(f"kind: expected 'dynamic' or 'static', got {kind!r}")
+
+
+def poison_dead_slots(cache, pads, prompt_len: int) -> int:
+    """Write NaN into every slot of ``cache`` that holds no token a query may see after prefill:
+    left pads (``pads[b]`` per row) and a static layer's empty slots. A layer of ``S`` slots holds
+    the last ``min(prompt_len, S)`` prompt positions in order (sliding layers keep the window's).
+    Returns the number of slots poisoned (per head)."""
+    poisoned = 0
+    for layer in cache.layers:
+        slots = layer.keys.shape[2]
+        held = min(prompt_len, slots)
+        first = prompt_len - held
+        for b, pad in enumerate(pads):
+            dead = max(0, min(pad - first, held))
+            layer.keys[b, :, :dead] = float("nan")
+            layer.values[b, :, :dead] = float("nan")
+            poisoned += dead
+        layer.keys[:, :, held:] = float("nan")
+        layer.values[:, :, held:] = float("nan")
+        poisoned += (slots - held) * len(pads)
+    return poisoned
+
+
+def _processors(force=None, poison=None):
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class ForceTokens(LogitsProcessor):
+        """Teacher forcing through generate: step t may only pick ``tokens[:, t]``."""
+
+        def __init__(self, tokens):
+            self.tokens, self.step = tokens, 0
+
+        def __call__(self, input_ids, scores):
+            forced = torch.full_like(scores, float("-inf"))
+            forced.scatter_(1, self.tokens[:, self.step: self.step + 1].to(scores.device), 0.0)
+            self.step += 1
+            return forced
+
+    class AfterPrefill(LogitsProcessor):
+        """Runs ``hook`` once, after the prefill forward and before the first decode step."""
+
+        def __init__(self, hook):
+            self.hook, self.done = hook, False
+
+        def __call__(self, input_ids, scores):
+            if not self.done:
+                self.hook()
+                self.done = True
+            return scores
+
+    processors = LogitsProcessorList()
+    if poison is not None:
+        processors.append(AfterPrefill(poison))
+    if force is not None:
+        processors.append(ForceTokens(force))
+    return processors
+
+
+@dataclass
+class Generation:
+    tokens: torch.Tensor  #: ``[B, N]`` new tokens
+    logits: torch.Tensor  #: float32 ``[B, N, V]``, each step's raw logits
+    poisoned: int = 0  #: dead cache slots written with NaN after prefill
+
+
+def generate(model, impl: str, input_ids, attention_mask, cache_kind: str, new_tokens: int, force=None,
+             poison: bool = False) -> Generation:
+    """Greedy ``model.generate`` with attention ``impl`` (teacher-forced to ``force`` ``[B, N]`` when
+    given), no compilation; ``poison``: NaN into the cache's dead slots after prefill."""
+    model.set_attn_implementation(impl)
+    prompt_len = input_ids.shape[1]
+    cache = make_cache(cache_kind, model, prompt_len + new_tokens)
+    pads = (attention_mask == 0).sum(dim=1).tolist()
+    result = Generation(None, None)
+
+    def poison_cache():
+        result.poisoned = poison_dead_slots(cache, pads, prompt_len)
+
+    out = model.generate(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
+                         max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                         disable_compile=True, output_logits=True, return_dict_in_generate=True,
+                         logits_processor=_processors(force, poison_cache if poison else None), pad_token_id=0)
+    result.tokens = out.sequences[:, prompt_len:]
+    result.logits = torch.stack(out.logits, dim=1).float()
+    return result
+
+
+class DecodeCounter:
+    """Counts the decode calls the integration sends to flashsplit (installed with monkeypatch)."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        real = fs_transformers.decode
+
+        def counting_decode(q, *args, **kwargs):
+            self.calls.append(tuple(q.shape))
+            return real(q, *args, **kwargs)
+
+        monkeypatch.setattr(fs_transformers, "decode", counting_decode)
+
+
+def check_generation(arch: Arch, dtype, device, lengths, cache_kind: str, new_tokens: int, monkeypatch,
+                     generator: torch.Generator, tie_margin: float | None = None, **overrides) -> dict:
+    """The checks of this module's docstring for one case; returns the measured errors."""
+    name = fs_transformers.register()
+    model, model32 = arch.build(dtype, device, **overrides)
+    input_ids, attention_mask = left_padded_prompts(lengths, generator, device)
+    reference = generate(model, arch.reference, input_ids, attention_mask, cache_kind, new_tokens)
+    reference32 = generate(model32, arch.reference, input_ids, attention_mask, cache_kind, new_tokens,
+                           force=reference.tokens)
+    counter = DecodeCounter(monkeypatch)
+    ours = generate(model, name, input_ids, attention_mask, cache_kind, new_tokens, force=reference.tokens,
+                    poison=True)
+    monkeypatch.undo()
+
+    layers, heads, head_dim = model.config.num_hidden_layers, model.config.num_attention_heads, model.config.head_dim
+    steps = [shape for shape in counter.calls if shape[1] == 1]
+    assert steps == [(len(lengths), 1, heads, head_dim)] * (layers * (new_tokens - 1)), (
+        f"every decode step of every layer runs through flashsplit: {counter.calls}")
+    # A prompt of at most max_decode_queries tokens over a StaticCache's larger buffer may too.
+    prompt_len = input_ids.shape[1]
+    assert all(shape[1] == prompt_len <= fs_transformers.DEFAULT_MAX_DECODE_QUERIES
+               for shape in counter.calls if shape[1] != 1), counter.calls
+    assert ours.poisoned > 0 or (max(lengths) == min(lengths) and cache_kind == "dynamic")
+    assert torch.isfinite(ours.logits).all(), "NaN from a poisoned cache slot reached the logits"
+    assert torch.isfinite(reference32.logits).all() and torch.isfinite(reference.logits).all()
+
+    ref_err = (reference.logits - reference32.logits).abs().amax().item()
+    err = (ours.logits - reference32.logits).abs().amax().item()
+    atol = LOGITS_ATOL[dtype]
+    assert err <= ERR_FACTOR * ref_err + atol, (
+        f"{arch} {cache_kind}: logits error {err:.4g} vs float32 exceeds {ERR_FACTOR} x the reference's {ref_err:.4g} "
+        f"+ {atol}")
+
+    picked = ours.logits.argmax(dim=-1)
+    if tie_margin is None:
+        tie_margin = ERR_FACTOR * ref_err + atol
+    top2 = reference32.logits.topk(2, dim=-1).values
+    near_tie = (top2[..., 0] - top2[..., 1]) < tie_margin
+    wrong = (picked != reference.tokens) & ~near_tie
+    assert not wrong.any(), (
+        f"{arch} {cache_kind}: greedy tokens differ from {arch.reference}'s at (row, step) "
+        f"{wrong.nonzero().tolist()}: {picked.tolist()} vs {reference.tokens.tolist()}")
+    return {"err": err, "ref_err": ref_err, "near_ties": int(near_tie.sum()), "poisoned": ours.poisoned}
+
+
+def with_fields(arch: Arch, **fields) -> Arch:
+    """``arch`` with config fields added or replaced (a variant of the same architecture)."""
+    merged = dict(arch.kwargs)
+    merged.update(fields)
+    return dataclasses.replace(arch, kwargs=tuple(merged.items()))
