@@ -316,3 +316,35 @@ def with_fields(arch: Arch, **fields) -> Arch:
     merged = dict(arch.kwargs)
     merged.update(fields)
     return dataclasses.replace(arch, kwargs=tuple(merged.items()))
+
+
+def generate_batch(model, impl: str, prompts, new_tokens: int, max_batch_tokens: int, monkeypatch=None,
+                   block_size: int = 16, num_blocks: int = 16):
+    """Greedy continuous batching (``model.generate_batch``) with attention ``impl``: one token
+    list per prompt. With ``monkeypatch``, the paged cache is NaN everywhere but its zeroed
+    padding block (the slots padding tokens read) until tokens are written."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    from transformers.generation.continuous_batching.cache import PagedAttentionCache
+
+    if monkeypatch is not None:
+        original = PagedAttentionCache.__init__
+
+        def poisoned_init(cache, *args, **kwargs):
+            original(cache, *args, **kwargs)
+            trash = slice(cache.read_trash_index, cache.read_trash_index + cache.block_size)
+            for tensor in cache.key_cache + cache.value_cache:
+                tensor.fill_(float("nan"))
+                tensor[trash] = 0
+
+        monkeypatch.setattr(PagedAttentionCache, "__init__", poisoned_init)
+    model.set_attn_implementation(impl)
+    config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                              eos_token_id=-1, pad_token_id=0)
+    batching = ContinuousBatchingConfig(block_size=block_size, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens,
+                                        max_memory_percent=0.5)
+    out = model.generate_batch(prompts, generation_config=config, continuous_batching_config=batching,
+                               progress_bar=False)
+    if monkeypatch is not None:
+        monkeypatch.setattr(PagedAttentionCache, "__init__", original)
+    return [out[key].generated_tokens for key in sorted(out, key=lambda k: int(k.split("_")[-1]))]

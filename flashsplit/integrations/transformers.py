@@ -22,6 +22,9 @@ What runs where:
   exceed 256, key and value head dims that differ, dropout in training, an additive float mask,
   a bidirectional layer) also goes to SDPA / eager.
 
+``register()`` also registers ``"paged|" + name`` for continuous batching
+(``model.generate_batch``): :mod:`flashsplit.integrations.transformers_paged`.
+
 The name must not contain ``"flash"`` (transformers would take it for a hub kernel), ``"sdpa"``
 or ``"flex_attention"`` (it would apply those implementations' checks), ``"|"``, ``"/"`` or ``":"``.
 transformers is imported only when :func:`register` is called: flashsplit imports without it.
@@ -59,7 +62,7 @@ class DecodeSettings:
 def register(name: str = DEFAULT_NAME, *, backend: str = "auto",
              max_decode_queries: int = DEFAULT_MAX_DECODE_QUERIES) -> str:
     """Register flashsplit with transformers' ``AttentionInterface`` and ``AttentionMaskInterface``
-    as ``name``; returns ``name``, for
+    as ``name`` (and ``"paged|" + name`` for continuous batching); returns ``name``, for
     ``from_pretrained(..., attn_implementation=name)`` or ``model.set_attn_implementation(name)``.
 
     ``backend``: flashsplit's backend for the decode steps (``"auto"``, ``"triton"``, ``"cute"``).
@@ -73,9 +76,12 @@ def register(name: str = DEFAULT_NAME, *, backend: str = "auto",
         from transformers.masking_utils import sdpa_mask
     except ImportError as error:
         raise ImportError(f"flashsplit.integrations.transformers needs transformers ({_INSTALL_HINT})") from error
+    from .transformers_paged import make_paged_attention
     AttentionInterface.register(name, make_attention(settings))
     # The decode path reads the live keys from a boolean mask (True: attend), SDPA's format.
     AttentionMaskInterface.register(name, sdpa_mask)
+    # Continuous batching switches a model to "paged|" + its implementation.
+    AttentionInterface.register(f"paged|{name}", make_paged_attention(settings))
     return name
 
 
