@@ -171,9 +171,10 @@ class Generation:
 
 
 def generate(model, impl: str, input_ids, attention_mask, cache_kind: str, new_tokens: int, force=None,
-             poison: bool = False) -> Generation:
+             poison: bool = False, compile_config=None) -> Generation:
     """Greedy ``model.generate`` with attention ``impl`` (teacher-forced to ``force`` ``[B, N]`` when
-    given), no compilation; ``poison``: NaN into the cache's dead slots after prefill."""
+    given); ``poison``: NaN into the cache's dead slots after prefill. No compilation unless
+    ``compile_config`` is given (``"default"``: transformers' own, on a CUDA device)."""
     model.set_attn_implementation(impl)
     prompt_len = input_ids.shape[1]
     cache = make_cache(cache_kind, model, prompt_len + new_tokens)
@@ -185,8 +186,9 @@ def generate(model, impl: str, input_ids, attention_mask, cache_kind: str, new_t
 
     out = model.generate(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
                          max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                         disable_compile=True, output_logits=True, return_dict_in_generate=True,
-                         logits_processor=_processors(force, poison_cache if poison else None), pad_token_id=0)
+                         disable_compile=compile_config is None, output_logits=True, return_dict_in_generate=True,
+                         logits_processor=_processors(force, poison_cache if poison else None), pad_token_id=0,
+                         **({} if compile_config in (None, "default") else {"compile_config": compile_config}))
     result.tokens = out.sequences[:, prompt_len:]
     result.logits = torch.stack(out.logits, dim=1).float()
     return result
