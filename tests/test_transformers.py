@@ -189,3 +189,19 @@ def test_multi_query_steps_match_reference(arch, chunk, cache_kind, monkeypatch,
     """Teacher-forced scoring of a left-padded batch, `chunk` tokens per forward over the cache
     (the verification step of speculative decoding): causal and windowed queries per row."""
     check_chunked_scoring(ARCHS[arch], DTYPE, DEVICE, (13, 8, 11), 8, chunk, cache_kind, monkeypatch, generator)
+
+
+def test_rows_cache_reads_a_mask_once_and_sees_in_place_changes():
+    from flashsplit.integrations.mask_rows import RowsCache
+
+    cache = RowsCache(size=2)
+    mask = _runs_mask([0, 3], [9, 9], 1, 12)
+    first = cache(mask, 2)
+    assert cache(mask, 2)[0] is first[0], "the same mask, unchanged: the cached rows"
+    mask[1, 0, 0, 3] = False  # in place: a new version
+    seqlens, leftpad = cache(mask, 2)
+    assert seqlens.tolist() == [9, 9] and leftpad.tolist() == [0, 4]
+    broadcast = _runs_mask([2], [7], 1, 12).expand(3, 1, 1, 12)
+    assert cache(broadcast, 3)[1].tolist() == [2, 2, 2]
+    other = mask.clone()
+    assert cache(other, 2)[1].tolist() == [0, 4] and len(cache._entries) <= 2

@@ -36,3 +36,43 @@ def rows_from_mask(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     starts = torch.where(seen, slots - 1, seen.shape[-1]).amin(dim=-1)
     starts = torch.minimum(starts, ends)  # a row with no key: (0, 0)
     return ends.to(torch.int32), starts.to(torch.int32)
+
+
+class RowsCache:
+    """:func:`rows_from_mask` once per mask: transformers hands every layer of a type the same mask
+    tensor in a forward, so an eager decode step reads it once per layer type, not once per layer
+    (its reductions are several small kernels, whose launches would add to every layer's host time).
+
+    An entry is keyed by the mask's identity and version counter (an in-place change is a miss) and
+    holds a reference to the mask, so an id is never reused while its entry lives; a few entries
+    are kept. Under torch.compile or a CUDA graph capture it computes every time: the compiler
+    merges the repeats, and a capture must record the reductions it replays.
+    """
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self._entries: dict[tuple[int, int], tuple] = {}
+
+    def __call__(self, mask: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cache_seqlens, cache_leftpad)`` of ``mask`` for a batch of ``batch`` rows (a mask
+        broadcast over the batch gives each row its values)."""
+        if torch.compiler.is_compiling() or (mask.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return _for_batch(*rows_from_mask(mask), batch)
+        key = (id(mask), mask._version)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] is mask and entry[1] == batch:
+            return entry[2], entry[3]
+        if len(self._entries) >= self.size:
+            self._entries.clear()
+        seqlens, leftpad = _for_batch(*rows_from_mask(mask), batch)
+        self._entries[key] = (mask, batch, seqlens, leftpad)
+        return seqlens, leftpad
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+def _for_batch(seqlens: torch.Tensor, leftpad: torch.Tensor, batch: int):
+    if seqlens.shape[0] != batch:  # a mask broadcast over the batch
+        seqlens, leftpad = seqlens.expand(batch).contiguous(), leftpad.expand(batch).contiguous()
+    return seqlens, leftpad

@@ -12,7 +12,7 @@ What runs where:
   after its update (a DynamicCache's live tensor, a StaticCache's whole buffer), read in place
   (``[B, H_kv, L_k, D]`` transposed, no copy); each row's live keys ``[leftpad, seqlen)`` come
   from the attention mask on the device (:func:`~flashsplit.integrations.mask_rows.rows_from_mask`,
-  no host sync), so left-padded batches and a StaticCache's empty slots need nothing more. A
+  no host sync; once per mask, not per layer), so left-padded batches and a StaticCache's empty slots need nothing more. A
   layer's sliding window (Mistral, Gemma 2/3, gpt-oss), softcap (Gemma 2), sinks (gpt-oss) and
   scale go to flashsplit as ``window_size``, ``softcap``, ``sinks``, ``softmax_scale``.
 - **Prefill** (more query tokens, or a query block with no cache before it) goes to PyTorch SDPA
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from ..api import decode
-from .mask_rows import rows_from_mask
+from .mask_rows import RowsCache
 
 #: The name :func:`register` uses by default.
 DEFAULT_NAME = "split_kv"
@@ -46,6 +46,8 @@ DEFAULT_NAME = "split_kv"
 DEFAULT_MAX_DECODE_QUERIES = 16
 #: Activation dtypes flashsplit decodes (others go to SDPA / eager).
 DECODE_DTYPES = (torch.float16, torch.bfloat16)
+#: Each mask's rows, read once per forward and layer type (eager).
+MASK_ROWS = RowsCache()
 _RESERVED = ("flash", "sdpa", "flex_attention", "|", "/", ":")
 _INSTALL_HINT = "pip install 'flashsplit[transformers]'"
 
@@ -151,10 +153,7 @@ def decode_attention(module, query, key, value, attention_mask, scaling, setting
     batch, num_heads, seqlen_q, head_dim = query.shape
     cache_seqlens = cache_leftpad = None
     if attention_mask is not None:
-        cache_seqlens, cache_leftpad = rows_from_mask(attention_mask)
-        if cache_seqlens.shape[0] != batch:  # a mask broadcast over the batch
-            cache_seqlens = cache_seqlens.expand(batch).contiguous()
-            cache_leftpad = cache_leftpad.expand(batch).contiguous()
+        cache_seqlens, cache_leftpad = MASK_ROWS(attention_mask, batch)
     # transformers' sliding_window counts the query itself: keys (p - window, p].
     window = (sliding_window - 1, 0) if sliding_window else (-1, -1)
     if s_aux is not None and (s_aux.dim() != 1 or s_aux.shape[0] != num_heads):
