@@ -205,3 +205,16 @@ def test_rows_cache_reads_a_mask_once_and_sees_in_place_changes():
     assert cache(broadcast, 3)[1].tolist() == [2, 2, 2]
     other = mask.clone()
     assert cache(other, 2)[1].tolist() == [0, 4] and len(cache._entries) <= 2
+
+
+def test_example_generates_the_sdpa_tokens(capsys):
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parent.parent / "examples" / "generate.py"
+    spec = importlib.util.spec_from_file_location("generate_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.main(["--new-tokens", "4"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3 and all(line.endswith("(same as SDPA)") for line in lines), lines
