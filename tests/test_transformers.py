@@ -145,16 +145,17 @@ def test_prefill_and_fp32_go_to_sdpa(monkeypatch, generator):
 ARCH_CASES = [
     pytest.param(arch, cache_kind, lengths, marks=[pytest.mark.full] if full else [],
                  id=f"{arch}-{cache_kind}-B{len(lengths)}")
-    for arch in ["mistral", "qwen2", "gemma2", "gpt-oss", "llama-d128"]
+    for arch in ["mistral", "qwen2", "gemma2", "gpt-oss", "llama-d128", "gemma3"]
     for cache_kind in ["dynamic", "static"]
-    for lengths, full in [((13, 8, 11), False), ((13,), True)]
+    for lengths, full in [((13, 8, 11), arch == "gemma3"), ((13,), True)]
 ]
 
 
 @pytest.mark.parametrize("arch, cache_kind, lengths", ARCH_CASES)
 def test_architecture_generate_matches_reference(arch, cache_kind, lengths, monkeypatch, generator):
     """Mistral (a window shorter than the prompt), Qwen2 (GQA 7), Gemma 2 (softcap, alternating
-    windows; eager), gpt-oss (sinks, alternating windows; eager), and head dim 128."""
+    windows; eager), gpt-oss (sinks, alternating windows; eager), head dim 128, Gemma 3 (two
+    sliding layers per full one)."""
     check_generation(ARCHS[arch], DTYPE, DEVICE, lengths, cache_kind, 6, monkeypatch, generator)
 
 

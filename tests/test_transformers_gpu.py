@@ -26,6 +26,9 @@ WIDE = {
                   head_dim=128),  # Qwen2-7B heads: GQA 7
     "gemma2": dict(hidden_size=2304, intermediate_size=4096, num_attention_heads=8, num_key_value_heads=4,
                    head_dim=256, sliding_window=512, query_pre_attn_scalar=256, attn_logit_softcapping=50.0),
+    "gemma3": dict(hidden_size=2560, intermediate_size=4096, num_attention_heads=8, num_key_value_heads=4,
+                   head_dim=256, sliding_window=512, query_pre_attn_scalar=256,
+                   layer_types=["sliding_attention"] * 3 + ["full_attention"]),  # Gemma-3-4B heads
     "gpt-oss": dict(hidden_size=2880, intermediate_size=1024, num_attention_heads=64, num_key_value_heads=8,
                     head_dim=64, sliding_window=128, num_local_experts=4, num_experts_per_tok=2),
 }
