@@ -79,6 +79,7 @@ def register(name: str = DEFAULT_NAME, *, backend: str = "auto",
     except ImportError as error:
         raise ImportError(f"flashsplit.integrations.transformers needs transformers ({_INSTALL_HINT})") from error
     from .transformers_paged import make_paged_attention
+
     AttentionInterface.register(name, make_attention(settings))
     # The decode path reads the live keys from a boolean mask (True: attend), SDPA's format.
     AttentionMaskInterface.register(name, sdpa_mask)
@@ -187,9 +188,3 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A boolean mask (True: attend) as the additive one eager attention adds to its scores."""
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
 
-
-def installed() -> bool:
-    """Whether transformers can be imported (without importing it)."""
-    import importlib.util
-
-    return importlib.util.find_spec("transformers") is not None
