@@ -51,12 +51,12 @@ class PagedDecodeCounter:
 
 BATCHING_CASES = [
     # Prompts over max_decode_queries prefill through SDPA (block-diagonal mask), then decode.
-    pytest.param("llama", (21, 5, 9), 64, id="llama-prefill-sdpa"),
+    pytest.param("llama", (21, 5, 9), 64, id="llama-prefill-sdpa", marks=pytest.mark.full),
     # 8-token batches: chunked prefill, decode rows beside prefill chunks.
     pytest.param("llama", (21, 5, 9), 8, id="llama-chunked"),
     # Short prompts: the multi-query prefill (rows of 13, 5, 9 queries) runs through flashsplit too.
     pytest.param("qwen2", (13, 5, 9), 64, id="qwen2-short-prompts"),
-    pytest.param("gemma2", (21, 5, 9), 64, id="gemma2"),
+    pytest.param("gemma2", (21, 5, 9), 64, id="gemma2", marks=pytest.mark.full),
     pytest.param("mistral", (21, 5, 9), 8, id="mistral-chunked", marks=pytest.mark.full),
     pytest.param("gpt-oss", (21, 5, 9), 64, id="gpt-oss", marks=pytest.mark.full),
     pytest.param("gemma2", (13, 5, 9), 8, id="gemma2-chunked", marks=pytest.mark.full),

@@ -78,10 +78,10 @@ ARCHS = {arch.name: arch for arch in [
     Arch("gemma2", "Gemma2ForCausalLM", "Gemma2Config",
          (("num_attention_heads", 2), ("num_key_value_heads", 1), ("head_dim", 128), ("sliding_window", 6),
           ("query_pre_attn_scalar", 128), ("attn_logit_softcapping", 5.0), ("tie_word_embeddings", False)), "eager"),
-    # Five sliding layers per full one in Gemma 3 (here two), no softcap.
+    # Five sliding layers per full one in Gemma 3 (here two), no softcap, head dim 256.
     Arch("gemma3", "Gemma3ForCausalLM", "Gemma3TextConfig",
-         (("num_attention_heads", 2), ("num_key_value_heads", 1), ("head_dim", 128), ("sliding_window", 6),
-          ("query_pre_attn_scalar", 128), ("tie_word_embeddings", False), ("num_hidden_layers", 3),
+         (("num_attention_heads", 2), ("num_key_value_heads", 1), ("head_dim", 256), ("sliding_window", 6),
+          ("query_pre_attn_scalar", 256), ("tie_word_embeddings", False), ("num_hidden_layers", 3),
           ("layer_types", ["sliding_attention", "sliding_attention", "full_attention"])), "sdpa"),
     # Learned sinks, alternating sliding and full layers, a small MoE (gpt-oss has no SDPA: eager).
     Arch("gpt-oss", "GptOssForCausalLM", "GptOssConfig",
