@@ -11,8 +11,8 @@ pytest.importorskip("transformers", reason="the transformers extra is not instal
 
 import flashsplit.integrations.transformers as fs_transformers  # noqa: E402
 from flashsplit import dispatch, workspace  # noqa: E402
-from transformers_models import (ARCHS, ERR_FACTOR, LOGITS_ATOL, DecodeCounter, check_greedy, generate,  # noqa: E402
-                                left_padded_prompts)
+from transformers_models import (ARCHS, ERR_FACTOR, LOGITS_ATOL, VOCAB, DecodeCounter, check_greedy,  # noqa: E402
+                                decode_steps, generate, left_padded_prompts, with_fields)
 
 
 def _transient_spy(monkeypatch):
@@ -54,7 +54,7 @@ def test_transformers_default_compiled_static_generate(arch, monkeypatch):
     """transformers' own compilation of static-cache generation (cudagraph trees): it must run
     (no "tensor(s) in the cudagraph pool not tracked as outputs"), and score like eager flashsplit."""
     assert HAS_CUDA
-    generator = torch.Generator().manual_seed(11)
+    generator = torch.Generator(device=DEVICE).manual_seed(11)
     arch = ARCHS[arch]
     name = fs_transformers.register()
     sizes = dict(hidden_size=1024, intermediate_size=2048, num_hidden_layers=4, initializer_range=0.05)
@@ -78,3 +78,37 @@ def test_transformers_default_compiled_static_generate(arch, monkeypatch):
     free = generate(model, name, input_ids, attention_mask, "static", 12, compile_config="default")
     check_greedy(free.tokens, reference.tokens, reference32.logits, ERR_FACTOR * ref_err + LOGITS_ATOL[torch.bfloat16],
                  f"{arch} compiled, free", free=True)
+
+
+#: Llama-3-8B's attention (32 q / 8 KV heads of 128) on 4 layers.
+WIDE_LLAMA = dict(hidden_size=4096, intermediate_size=4096, num_attention_heads=32, num_key_value_heads=8,
+                  head_dim=128, num_hidden_layers=4, initializer_range=0.05, max_position_embeddings=8192)
+
+
+@pytest.mark.gpu
+def test_reduce_overhead_compiled_decode_loop_matches_eager():
+    """A user's own ``torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)`` over a
+    StaticCache of a left-padded batch: the attention traces without a break, cudagraph trees
+    record and replay the steps (none skipped, no pool memory left behind), and the logits are as
+    close to float32's as eager flashsplit's bound (2x bf16 SDPA's error + atol)."""
+    from torch._dynamo.utils import counters
+
+    assert HAS_CUDA
+    generator = torch.Generator(device=DEVICE).manual_seed(13)
+    name = fs_transformers.register()
+    model, model32 = with_fields(ARCHS["llama"], **WIDE_LLAMA).build(torch.bfloat16, DEVICE)
+    input_ids, attention_mask = left_padded_prompts((1500, 700, 1100, 40), generator, DEVICE)
+    tokens = torch.randint(1, VOCAB, (4, 10), generator=generator, device=DEVICE)
+    reference32 = decode_steps(model32, "sdpa", input_ids, attention_mask, tokens)
+    sdpa = decode_steps(model, "sdpa", input_ids, attention_mask, tokens)
+    eager = decode_steps(model, name, input_ids, attention_mask, tokens)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = decode_steps(model, name, input_ids, attention_mask, tokens, compile_mode="reduce-overhead")
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    assert torch.isfinite(compiled).all()
+    tolerance = ERR_FACTOR * (sdpa - reference32).abs().amax().item() + LOGITS_ATOL[torch.bfloat16]
+    for what, logits in [("eager", eager), ("compiled", compiled)]:
+        err = (logits - reference32).abs().amax().item()
+        assert err <= tolerance, f"{what} flashsplit: logits error {err:.4g} vs float32 exceeds {tolerance:.4g}"
+    torch._dynamo.reset()

@@ -42,23 +42,23 @@ def _wide(name):
 @pytest.mark.parametrize("cache_kind", ["dynamic", "static"])
 @pytest.mark.parametrize("arch", list(WIDE))
 def test_wide_generate_matches_reference(arch, cache_kind, monkeypatch):
-    generator = torch.Generator().manual_seed(3)
+    generator = torch.Generator(device=DEVICE).manual_seed(3)
     check_generation(_wide(arch), DTYPE, DEVICE, (1500, 700, 1100, 40), cache_kind, 16, monkeypatch, generator)
 
 
 @pytest.mark.parametrize("arch", list(WIDE))
 def test_wide_multi_query_steps_match_reference(arch, monkeypatch):
-    generator = torch.Generator().manual_seed(5)
+    generator = torch.Generator(device=DEVICE).manual_seed(5)
     check_chunked_scoring(_wide(arch), DTYPE, DEVICE, (1500, 700, 1100), 24, 4, "static", monkeypatch, generator)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt-oss"])
 def test_wide_generate_batch_matches_plain_generate(arch, monkeypatch):
-    generator = torch.Generator().manual_seed(9)
+    generator = torch.Generator(device=DEVICE).manual_seed(9)
     arch = _wide(arch)
     name = fs_transformers.register()
     model, model32 = arch.build(DTYPE, DEVICE)
-    prompts = [torch.randint(1, VOCAB, (n,), generator=generator).tolist() for n in (900, 40, 300, 5)]
+    prompts = [torch.randint(1, VOCAB, (n,), generator=generator, device=DEVICE).tolist() for n in (900, 40, 300, 5)]
     tokens = generate_batch(model, name, prompts, 12, 512, monkeypatch, block_size=64, num_blocks=64)
     for prompt, generated in zip(prompts, tokens):
         input_ids = torch.tensor([prompt], device=DEVICE)

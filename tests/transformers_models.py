@@ -54,10 +54,11 @@ class Arch:
         import transformers
 
         torch.manual_seed(seed)
-        model32 = getattr(transformers, self.model)(self.build_config(**overrides)).eval()
-        low = getattr(transformers, self.model)(self.build_config(**overrides)).eval()
+        with torch.device(device):  # the weights are made where they run
+            model32 = getattr(transformers, self.model)(self.build_config(**overrides)).eval()
+            low = getattr(transformers, self.model)(self.build_config(**overrides)).eval()
         low.load_state_dict(model32.state_dict())
-        return low.to(device=device, dtype=dtype), model32.to(device)
+        return low.to(dtype=dtype), model32
 
     def __str__(self) -> str:
         return self.name
@@ -91,14 +92,13 @@ ARCHS = {arch.name: arch for arch in [
 
 
 def left_padded_prompts(lengths, generator: torch.Generator, device, pad_token: int = 0):
-    """``input_ids`` ``[B, max(lengths)]`` of random tokens, left-padded, and the 0/1 ``attention_mask``."""
+    """``input_ids`` ``[B, max(lengths)]`` of random tokens, left-padded, and the 0/1 ``attention_mask``
+    (drawn on ``generator``'s device, then on ``device``)."""
     width = max(lengths)
-    ids = torch.randint(1, VOCAB, (len(lengths), width), generator=generator)
-    mask = torch.zeros_like(ids)
-    for b, n in enumerate(lengths):
-        ids[b, : width - n] = pad_token
-        mask[b, width - n:] = 1
-    return ids.to(device), mask.to(device)
+    ids = torch.randint(1, VOCAB, (len(lengths), width), generator=generator, device=generator.device).to(device)
+    starts = torch.tensor([width - n for n in lengths], device=device)
+    mask = (torch.arange(width, device=device)[None, :] >= starts[:, None]).long()
+    return ids.masked_fill(mask == 0, pad_token), mask
 
 
 def make_cache(kind: str, model, max_cache_len: int):
@@ -296,7 +296,7 @@ def check_chunked_scoring(arch: Arch, dtype, device, lengths, new_tokens: int, c
     name = fs_transformers.register()
     model, model32 = arch.build(dtype, device)
     prompt, prompt_mask = left_padded_prompts(lengths, generator, device)
-    follow = torch.randint(1, VOCAB, (len(lengths), new_tokens), generator=generator).to(device)
+    follow = torch.randint(1, VOCAB, (len(lengths), new_tokens), generator=generator, device=generator.device).to(device)
     input_ids = torch.cat([prompt, follow], dim=1)
     attention_mask = torch.cat([prompt_mask, torch.ones_like(follow)], dim=1)
     prompt_len = prompt.shape[1]
@@ -355,3 +355,31 @@ def generate_batch(model, impl: str, prompts, new_tokens: int, max_batch_tokens:
     if monkeypatch is not None:
         monkeypatch.setattr(PagedAttentionCache, "__init__", original)
     return [out[key].generated_tokens for key in sorted(out, key=lambda k: int(k.split("_")[-1]))]
+
+
+def decode_steps(model, impl: str, input_ids, attention_mask, tokens, compile_mode: str | None = None) -> torch.Tensor:
+    """Prefill ``input_ids`` (left-padded) into a StaticCache eagerly, then feed ``tokens``
+    ``[B, N]`` one per forward, as a user's own decode loop does. ``compile_mode``: those forwards
+    run through ``torch.compile(model.forward, mode=compile_mode, fullgraph=True)`` (the mask
+    covers the whole cache, so every step has the same shapes). Returns float32 ``[B, N, V]``:
+    the logits after each fed token."""
+    model.set_attn_implementation(impl)
+    batch, prompt_len = input_ids.shape
+    steps = tokens.shape[1]
+    cache = make_cache("static", model, prompt_len + steps)
+    full_mask = torch.cat([attention_mask, torch.ones_like(tokens)], dim=1)
+    first_position = attention_mask.sum(dim=1, keepdim=True)  # [B, 1]: the position after each prompt
+    forward = model.forward
+    if compile_mode is not None:
+        forward = torch.compile(model.forward, mode=compile_mode, fullgraph=True)
+    logits = []
+    with torch.no_grad():
+        model(input_ids=input_ids, attention_mask=attention_mask,
+              position_ids=(attention_mask.cumsum(dim=-1) - 1).clamp(min=0), past_key_values=cache, use_cache=True)
+        for step in range(steps):
+            if compile_mode is not None:
+                torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are copied out
+            out = forward(input_ids=tokens[:, step: step + 1], attention_mask=full_mask,
+                          position_ids=first_position + step, past_key_values=cache, use_cache=True)
+            logits.append(out.logits[:, -1].float().clone())
+    return torch.stack(logits, dim=1)
