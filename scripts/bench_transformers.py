@@ -3,6 +3,7 @@ when a FlashAttention package is installed), eager and compiled, over a filled S
 
     python scripts/bench_transformers.py                      # Llama-3-8B shape, 32 layers, bf16, H200 cells
     python scripts/bench_transformers.py --batch 1 8 --context 8k 32k --json out.json
+    python scripts/bench_transformers.py --modes compiled --cells 1x32k 8x32k   # these cells, in this order
     python scripts/bench_transformers.py --tiny               # any machine: a tiny model, a smoke run
 
 The model has random weights (from its config, no download). The cache is filled with random
@@ -11,7 +12,8 @@ one token per row at position ``context`` with every earlier key live, then the 
 is set back, so every step sees the same context. "compiled" is what transformers runs for
 static-cache generation: ``torch.compile`` with ``mode="reduce-overhead"`` (cudagraph trees).
 Times are CUDA-event means over ``--steps`` steps after ``--warmup``; tokens/s = B / step time.
-Cells whose cache would not fit in memory are reported as skipped.
+Cells whose cache would not fit in memory are reported as skipped. With ``--json`` the file is
+rewritten after every cell, so a run cut short keeps the cells it finished.
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ import torch
 def parse_count(text: str) -> int:
     text = text.lower()
     return int(float(text[:-1]) * 1024) if text.endswith("k") else int(text)
+
+
+def parse_cell(text: str) -> tuple[int, int]:
+    """``"8x32k"`` -> (8, 32768): batch x context."""
+    batch, _, context = text.lower().partition("x")
+    if not context:
+        raise argparse.ArgumentTypeError(f"expected BATCHxCONTEXT (e.g. 8x32k), got {text!r}")
+    return int(batch), parse_count(context)
 
 
 def llama3_8b_config(layers: int):
@@ -133,6 +143,8 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
+    parser.add_argument("--cells", type=parse_cell, nargs="+",
+                        help="BATCHxCONTEXT cells in this order (e.g. 1x32k 8x32k), instead of --batch x --context")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--tiny", action="store_true", help="a tiny model and small cells: a smoke run anywhere")
     args = parser.parse_args(argv)
@@ -143,40 +155,49 @@ def main(argv=None) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float16  # the CPU interpreter's bf16 is wrong
     if args.tiny:
-        config, args.batch, args.context = tiny_config(), [1, 2], [256]
+        config, args.batch, args.context, args.cells = tiny_config(), [1, 2], [256], None
         args.steps, args.warmup = min(args.steps, 3), 1
     else:
         config = llama3_8b_config(args.layers)
+    cells = args.cells or [(batch, context) for batch in args.batch for context in args.context]
     torch.manual_seed(0)
     with torch.device(device):
         model = LlamaForCausalLM(config).to(dtype).eval()
     implementations = [fs_transformers.register(), "sdpa"] + [name for name in [flash_implementation()] if name]
     free = torch.cuda.mem_get_info()[0] if device.type == "cuda" else None
     results = []
-    print(f"{'B':>3} {'context':>8} {'mode':>9} " + " ".join(f"{impl:>18}" for impl in implementations))
-    for batch in args.batch:
-        for context in args.context:
-            need = cache_bytes(config, batch, context, dtype)
-            for mode in args.modes:
-                row = {"batch": batch, "context": context, "mode": mode, "ms": {}}
-                if free is not None and need > 0.8 * free:
-                    row["skipped"] = f"cache {need / 2**30:.1f} GiB > 80% of {free / 2**30:.1f} GiB free"
-                    print(f"{batch:>3} {context:>8} {mode:>9}  skipped: {row['skipped']}")
-                    results.append(row)
-                    continue
+    print(f"{'B':>3} {'context':>8} {'mode':>9} " + " ".join(f"{impl:>18}" for impl in implementations), flush=True)
+    for batch, context in cells:
+        need = cache_bytes(config, batch, context, dtype)
+        for mode in args.modes:
+            row = {"batch": batch, "context": context, "mode": mode, "ms": {}}
+            if free is not None and need > 0.8 * free:
+                row["skipped"] = f"cache {need / 2**30:.1f} GiB > 80% of {free / 2**30:.1f} GiB free"
+                print(f"{batch:>3} {context:>8} {mode:>9}  skipped: {row['skipped']}", flush=True)
+            else:
                 for impl in implementations:
                     row["ms"][impl] = bench_cell(model, impl, mode == "compiled", batch, context, args, device)
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
-                results.append(row)
                 print(f"{batch:>3} {context:>8} {mode:>9} " + " ".join(
-                    f"{row['ms'][i]:>9.3f} ms {batch / row['ms'][i] * 1e3:>6.0f}/s" for i in implementations))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                       "torch": torch.__version__, "dtype": str(dtype), "layers": config.num_hidden_layers,
-                       "results": results}, f, indent=1)
+                    f"{row['ms'][i]:>9.3f} ms {batch / row['ms'][i] * 1e3:>6.0f}/s" for i in implementations), flush=True)
+            results.append(row)
+            if args.json:
+                write_json(args.json, results, config, device, dtype, args)
 
+
+def write_json(path: str, results: list, config, device, dtype, args) -> None:
+    with open(path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                   "torch": torch.__version__, "transformers": _transformers_version(), "dtype": str(dtype),
+                   "layers": config.num_hidden_layers, "steps": args.steps, "warmup": args.warmup,
+                   "results": results}, f, indent=1)
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
 
 if __name__ == "__main__":
     main()
