@@ -3,7 +3,8 @@
 Greedy generation is checked through teacher forcing (tests/transformers_models.py): flashsplit
 scores the reference's tokens, and its argmax must be the reference's token at every step (but
 at a near tie), which is exactly "free greedy generation gives the same tokens"; one test per
-cache also generates freely. On the CPU the models run in fp16 (the interpreter's bf16 is wrong).
+cache kind also generates freely (the dynamic one under --full). On the CPU the models run in fp16
+(the interpreter's bf16 is wrong).
 """
 
 import pytest
