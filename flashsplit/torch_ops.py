@@ -9,6 +9,13 @@ operator for calls that write new keys into the cache (``k_new``/``v_new``): its
 ``k_cache`` and ``v_cache`` mutated, which ``decode_into``'s does not, so a plain decode never makes
 the compiler treat a cache as written. Eager calls do not go through the dispatcher at all: its
 per-call cost would count against the decode step's host time.
+
+The operator launches inside :class:`~flashsplit.workspace.transient_scratch`: its partials,
+counters and rotated-q scratch are fresh tensors dropped when it returns, never the per-stream
+buffers eager calls reuse. A compiled graph may run its operators with the allocator routed to a
+CUDA-graph pool without a capture in progress (the eager warm-up of torch.compile's cudagraph
+trees, ``mode="reduce-overhead"`` and transformers' static-cache generation); a buffer kept
+from such a call would be pool memory no graph output owns, which cudagraph trees refuse.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import torch
 
 from . import dispatch
 from .call import DecodeOptions, DecodeTensors, operator_schema
+from .workspace import transient_scratch
 
 _LIBRARY = torch.library.Library("flashsplit", "DEF")
 _LIBRARY.define("decode_into" + operator_schema())
@@ -29,7 +37,8 @@ def _decode_into(*args) -> None:
     options = DecodeOptions(*args[_TENSORS:])
     # The dispatcher hands lists over as int[] arguments: the options keep tuples (hashable).
     options = options._replace(window_size=tuple(options.window_size))
-    dispatch.decode_into(DecodeTensors(*args[:_TENSORS]), options)
+    with transient_scratch():  # no buffer outlives the call (it may run in a graph pool)
+        dispatch.decode_into(DecodeTensors(*args[:_TENSORS]), options)
 
 
 def _decode_into_fake(*args) -> None:

@@ -5,9 +5,18 @@ caller's current stream, so the next step on that stream may reuse the same memo
 call per step. While a CUDA graph is being captured a fresh tensor is returned instead (it then
 belongs to the graph's private memory pool, so graphs never share scratch with each other or
 with eager calls).
+
+Inside :class:`transient_scratch` (what ``torch.ops.flashsplit.decode_into`` runs its launches
+in) every request is a fresh tensor that the call drops, and nothing is cached: a compiled graph
+may run with the allocator routed to a graph pool that no capture announces (torch.compile's
+cudagraph trees warm a graph up eagerly in its pool), and a buffer kept past the call would be
+memory of that pool that no graph output accounts for, which cudagraph trees refuse ("Detected
+... tensor(s) in the cudagraph pool not tracked as outputs").
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 
@@ -25,6 +34,33 @@ def _stream_key(device: torch.device) -> tuple[int, int]:
 #: ``torch.cuda.is_current_stream_capturing`` without its Python wrapper (0.34 us per call on the
 #: H200's host: it runs on every eager decode step); the wrapper where torch lacks CUDA.
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
+
+
+class _Scratch(threading.local):
+    transient = False  # per thread: cudagraph trees warm up and record on the calling thread
+
+
+_SCRATCH = _Scratch()
+
+
+class transient_scratch:
+    """Context manager: while active on this thread, :class:`Workspace` and :class:`ArrivalCounters`
+    hand out fresh tensors and keep none, so no allocation outlives the call that made it."""
+
+    __slots__ = ("_previous",)
+
+    def __enter__(self) -> "transient_scratch":
+        self._previous = _SCRATCH.transient
+        _SCRATCH.transient = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _SCRATCH.transient = self._previous
+
+
+def scratch_is_transient() -> bool:
+    """Whether this thread is inside :class:`transient_scratch`."""
+    return _SCRATCH.transient
 
 
 class Workspace:
@@ -45,7 +81,7 @@ class Workspace:
     def stream_buffer(self, key: tuple[int, int], numel: int) -> torch.Tensor:
         """:meth:`buffer` for a CUDA device whose (index, raw current stream) the caller already
         has (:func:`stream_key`): the eager hot path, which also launches on that stream."""
-        if _capturing():
+        if _SCRATCH.transient or _capturing():
             return torch.empty(numel, dtype=torch.float32, device=torch.device("cuda", key[0]))
         buffer = self._buffers.get(key)
         if buffer is None or buffer.numel() < numel:
@@ -71,7 +107,9 @@ class ArrivalCounters:
     - calls captured into a CUDA graph: a slice of a per-device arena, zeroed when the first eager
       call made it, never handed out again (a graph may be replayed on any stream, beside eager
       calls and other graphs). Without an arena, or once it is used up, a fresh zeroed tensor
-      (its memset is then a node of the graph).
+      (its memset is then a node of the graph);
+    - inside :class:`transient_scratch` and not capturing: a fresh zeroed tensor, and no arena or
+      buffer is made (it could be memory of a graph pool).
     """
 
     ARENA_COUNTERS = 1 << 20  # 4 MiB per device: ~500 captured calls of 64 rows x 32 q heads
@@ -90,6 +128,8 @@ class ArrivalCounters:
             if arena is not None and arena[1] + numel <= arena[0].numel():
                 arena[1] += numel
                 return arena[0][arena[1] - numel: arena[1]]
+            return torch.zeros(numel, dtype=torch.int32, device=device)
+        if _SCRATCH.transient:
             return torch.zeros(numel, dtype=torch.int32, device=device)
         if index not in self._arenas:
             self._arenas[index] = [torch.zeros(self.ARENA_COUNTERS, dtype=torch.int32, device=device), 0]

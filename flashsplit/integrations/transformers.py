@@ -1,0 +1,190 @@
+"""flashsplit as an attention implementation of Hugging Face transformers.
+
+    import flashsplit.integrations.transformers as fs_transformers
+    name = fs_transformers.register()                     # "split_kv"
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=name)
+    model.generate(**inputs, cache_implementation="static")
+
+What runs where:
+
+- **Decode steps** (at most ``max_decode_queries`` query tokens over a cache) run through
+  :func:`flashsplit.decode`. The keys and values are the cache transformers hands the attention
+  after its update (a DynamicCache's live tensor, a StaticCache's whole buffer), read in place
+  (``[B, H_kv, L_k, D]`` transposed, no copy); each row's live keys ``[leftpad, seqlen)`` come
+  from the attention mask on the device (:func:`~flashsplit.integrations.mask_rows.rows_from_mask`,
+  no host sync; once per mask, not per layer), so left-padded batches and a StaticCache's empty slots need nothing more. A
+  layer's sliding window (Mistral, Gemma 2/3, gpt-oss), softcap (Gemma 2), sinks (gpt-oss) and
+  scale go to flashsplit as ``window_size``, ``softcap``, ``sinks``, ``softmax_scale``.
+- **Prefill** (more query tokens, or a query block with no cache before it) goes to PyTorch SDPA
+  (transformers' ``sdpa_attention_forward``), or to the model's own eager attention for a layer
+  with a softcap or sinks, which SDPA does not have.
+- Anything flashsplit does not run (fp32 activations, head dims that are not a multiple of 8 or
+  exceed 256, key and value head dims that differ, dropout in training, an additive float mask,
+  a bidirectional layer) also goes to SDPA / eager.
+
+``register()`` also registers ``"paged|" + name`` for continuous batching
+(``model.generate_batch``): :mod:`flashsplit.integrations.transformers_paged`.
+
+The name must not contain ``"flash"`` (transformers would take it for a hub kernel), ``"sdpa"``
+or ``"flex_attention"`` (it would apply those implementations' checks), ``"|"``, ``"/"`` or ``":"``.
+transformers is imported only when :func:`register` is called: flashsplit imports without it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from ..api import decode
+from .mask_rows import RowsCache
+
+#: The name :func:`register` uses by default.
+DEFAULT_NAME = "split_kv"
+#: Query tokens per row up to which a step counts as decode (speculative drafts included).
+DEFAULT_MAX_DECODE_QUERIES = 16
+#: Activation dtypes flashsplit decodes (others go to SDPA / eager).
+DECODE_DTYPES = (torch.float16, torch.bfloat16)
+#: Each mask's rows, read once per forward and layer type (eager).
+MASK_ROWS = RowsCache()
+_RESERVED = ("flash", "sdpa", "flex_attention", "|", "/", ":")
+_INSTALL_HINT = "pip install 'flashsplit[transformers]'"
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How a registered implementation decodes: flashsplit's ``backend`` and the largest query
+    block per row that still counts as a decode step."""
+
+    backend: str = "auto"
+    max_decode_queries: int = DEFAULT_MAX_DECODE_QUERIES
+
+
+def register(name: str = DEFAULT_NAME, *, backend: str = "auto",
+             max_decode_queries: int = DEFAULT_MAX_DECODE_QUERIES) -> str:
+    """Register flashsplit with transformers' ``AttentionInterface`` and ``AttentionMaskInterface``
+    as ``name`` (and ``"paged|" + name`` for continuous batching); returns ``name``, for
+    ``from_pretrained(..., attn_implementation=name)`` or ``model.set_attn_implementation(name)``.
+
+    ``backend``: flashsplit's backend for the decode steps (``"auto"``, ``"triton"``, ``"cute"``).
+    ``max_decode_queries``: query tokens per row up to which a step runs through flashsplit
+    (1 or more); longer blocks (prefill) go to SDPA. Registering again replaces the settings.
+    Raises ``ImportError`` without transformers, ``TypeError``/``ValueError`` for a bad argument.
+    """
+    settings = _check_register_args(name, backend, max_decode_queries)
+    try:
+        from transformers import AttentionInterface, AttentionMaskInterface
+        from transformers.masking_utils import sdpa_mask
+    except ImportError as error:
+        raise ImportError(f"flashsplit.integrations.transformers needs transformers ({_INSTALL_HINT})") from error
+    from .transformers_paged import make_paged_attention
+
+    AttentionInterface.register(name, make_attention(settings))
+    # The decode path reads the live keys from a boolean mask (True: attend), SDPA's format.
+    AttentionMaskInterface.register(name, sdpa_mask)
+    # Continuous batching switches a model to "paged|" + its implementation.
+    AttentionInterface.register(f"paged|{name}", make_paged_attention(settings))
+    return name
+
+
+def _check_register_args(name, backend, max_decode_queries) -> DecodeSettings:
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name: expected a non-empty str, got {name!r}")
+    reserved = [word for word in _RESERVED if word in name]
+    if reserved or name == "eager":
+        why = (f"contains {reserved[0]!r}, which transformers reads as another implementation or a hub kernel"
+               if reserved else "is transformers' own implementation")
+        raise ValueError(f"name: {name!r} {why}; pick another name (e.g. {DEFAULT_NAME!r})")
+    if not isinstance(backend, str):
+        raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
+    from ..registry import names
+
+    if backend != "auto" and backend not in names():
+        raise ValueError(f"backend: expected 'auto' or one of {sorted(names())}, got {backend!r}")
+    if isinstance(max_decode_queries, bool) or not isinstance(max_decode_queries, int):
+        raise TypeError(f"max_decode_queries: expected an int, got {type(max_decode_queries).__name__}")
+    if max_decode_queries < 1:
+        raise ValueError(f"max_decode_queries: expected >= 1, got {max_decode_queries}")
+    return DecodeSettings(backend, max_decode_queries)
+
+
+def make_attention(settings: DecodeSettings):
+    """The attention function transformers calls for every layer (its ``AttentionInterface``
+    signature), decoding through flashsplit with ``settings``."""
+
+    def split_kv_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        """``query`` ``[B, H, L_q, D]``, ``key``/``value`` ``[B, H_kv, L_k, D]`` (the cache after its
+        update), ``attention_mask`` bool ``[B, 1, L_q, L_k]`` or None -> (``[B, L_q, H, D]``, None)."""
+        if decode_blocker(module, query, key, value, attention_mask, dropout, settings, kwargs) is not None:
+            return prefill_attention(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                     **kwargs)
+        return decode_attention(module, query, key, value, attention_mask, scaling, settings, **kwargs), None
+
+    return split_kv_attention
+
+
+def decode_blocker(module, query, key, value, attention_mask, dropout, settings: DecodeSettings,
+                   kwargs: dict) -> str | None:
+    """Why this call does not run through flashsplit (None: it does). Reads static facts only
+    (shapes, dtypes, module flags), so it costs no host sync and traces under torch.compile."""
+    seqlen_q, seqlen_k = query.shape[2], key.shape[2]
+    if seqlen_q > settings.max_decode_queries:
+        return f"{seqlen_q} query tokens: prefill"
+    if seqlen_q > 1 and (attention_mask is None or seqlen_k <= seqlen_q):
+        return "a query block with no cache before it: prefill"
+    if query.dtype not in DECODE_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
+        return f"dtype {query.dtype}: flashsplit decodes fp16 and bf16"
+    head_dim = query.shape[-1]
+    if key.shape[-1] != head_dim or value.shape[-1] != head_dim or head_dim % 8 or head_dim > 256:
+        return f"head dims q/k/v {head_dim}/{key.shape[-1]}/{value.shape[-1]}: flashsplit takes one of 8..256"
+    if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor)
+                                       or attention_mask.dtype != torch.bool):
+        return "a mask that is not boolean (an additive bias)"
+    if module.training and dropout:
+        return "dropout in training"
+    if not kwargs.get("is_causal", getattr(module, "is_causal", True)):
+        return "bidirectional attention"
+    return None
+
+
+def decode_attention(module, query, key, value, attention_mask, scaling, settings: DecodeSettings,
+                     sliding_window=None, softcap=None, s_aux=None, **kwargs) -> torch.Tensor:
+    """One decode step through :func:`flashsplit.decode`: ``[B, L_q, H, D]``."""
+    batch, num_heads, seqlen_q, head_dim = query.shape
+    cache_seqlens = cache_leftpad = None
+    if attention_mask is not None:
+        cache_seqlens, cache_leftpad = MASK_ROWS(attention_mask, batch)
+    # transformers' sliding_window counts the query itself: keys (p - window, p].
+    window = (sliding_window - 1, 0) if sliding_window else (-1, -1)
+    if s_aux is not None and (s_aux.dim() != 1 or s_aux.shape[0] != num_heads):
+        raise ValueError(f"s_aux: expected one sink logit per q head ([{num_heads}]), got shape {tuple(s_aux.shape)}")
+    out = torch.empty((batch, seqlen_q, num_heads, head_dim), dtype=query.dtype, device=query.device)
+    decode(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), out=out, cache_seqlens=cache_seqlens,
+           cache_leftpad=cache_leftpad, softmax_scale=scaling, causal=seqlen_q > 1, window_size=window,
+           softcap=float(softcap or 0.0), sinks=None if s_aux is None else s_aux.detach().contiguous(),
+           backend=settings.backend)
+    return out
+
+
+def prefill_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """What a step flashsplit does not decode runs: transformers' SDPA, or the model's own eager
+    attention for a layer with a softcap or sinks (SDPA has neither)."""
+    if kwargs.get("softcap") or kwargs.get("s_aux") is not None:
+        eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+        if eager is None:
+            raise ValueError(f"{type(module).__name__}: a layer with a softcap or sinks needs its model's "
+                             f"eager_attention_forward for prefill, and {type(module).__module__} has none")
+        if isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.bool:
+            attention_mask = additive_mask(attention_mask, query.dtype)
+        return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                  **kwargs)
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask (True: attend) as the additive one eager attention adds to its scores."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+
