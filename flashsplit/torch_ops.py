@@ -15,7 +15,8 @@ counters and rotated-q scratch are fresh tensors dropped when it returns, never 
 buffers eager calls reuse. A compiled graph may run its operators with the allocator routed to a
 CUDA-graph pool without a capture in progress (the eager warm-up of torch.compile's cudagraph
 trees, ``mode="reduce-overhead"`` and transformers' static-cache generation); a buffer kept
-from such a call would be pool memory no graph output owns, which cudagraph trees refuse.
+from such a call would be pool memory no graph output owns, which cudagraph trees refuse. For the same reason a call without ``cache_seqlens`` gets its
+full lengths as a tensor of the call, not one a backend keeps.
 """
 
 from __future__ import annotations
@@ -37,8 +38,27 @@ def _decode_into(*args) -> None:
     options = DecodeOptions(*args[_TENSORS:])
     # The dispatcher hands lists over as int[] arguments: the options keep tuples (hashable).
     options = options._replace(window_size=tuple(options.window_size))
+    tensors = DecodeTensors(*args[:_TENSORS])
+    if tensors.cache_seqlens is None and _full_length_applies(tensors):
+        # Every slot live: the lengths as a tensor of this call (a backend would otherwise keep one).
+        tensors = tensors._replace(cache_seqlens=torch.full((tensors.q.shape[0],), _capacity(tensors),
+                                                            dtype=torch.int32, device=tensors.q.device))
     with transient_scratch():  # no buffer outlives the call (it may run in a graph pool)
-        dispatch.decode_into(DecodeTensors(*args[:_TENSORS]), options)
+        dispatch.decode_into(tensors, options)
+
+
+def _full_length_applies(tensors: DecodeTensors) -> bool:
+    """Whether the call is a decode without an append whose shapes can be read (else validation
+    explains what is wrong: an append needs its lengths)."""
+    q, k, table = tensors.q, tensors.k_cache, tensors.block_table
+    return (tensors.k_new is None and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == 4 and k.dim() == 4
+            and (table is None or (isinstance(table, torch.Tensor) and table.dim() == 2)))
+
+
+def _capacity(tensors: DecodeTensors) -> int:
+    """Keys a row can hold: the dense cache's length, or pages per row x page size."""
+    table = tensors.block_table
+    return tensors.k_cache.shape[1] * (table.shape[1] if table is not None else 1)
 
 
 def _decode_into_fake(*args) -> None:

@@ -157,3 +157,23 @@ def test_reduce_overhead_compile_replays_decode_steps():
         eager_out, eager_lse = _step(q, k, v, seqlens)
         torch.testing.assert_close(out, eager_out, rtol=0, atol=0)
         torch.testing.assert_close(lse, eager_lse, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "cute"])
+def test_reduce_overhead_compile_without_cache_seqlens(backend):
+    """Every slot live (no ``cache_seqlens``) under cudagraph trees: the full lengths the call needs
+    are a tensor of the call, not one kept by a backend in the graph's pool."""
+    case = DecodeCase(batch=2, seqlen_q=1, seqlen_k=2048, num_heads_kv=8, group=4, head_dim=128,
+                      dtype=torch.bfloat16, nan_tail=False)
+    with torch.device(DEVICE):
+        q, k, v, _ = make_inputs(case, DEVICE, torch.Generator(device=DEVICE).manual_seed(11))
+
+    def step(q, k, v):
+        return flashsplit.decode(q, k, v, num_splits=3, backend=backend) * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, mode="reduce-overhead")
+    for _ in range(3):  # warm-up in the pool, record, replay
+        out = compiled(q, k, v)
+        torch.testing.assert_close(out, step(q, k, v), rtol=0, atol=0)
