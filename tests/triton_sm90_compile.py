@@ -98,11 +98,11 @@ def split_variants():
                    LEFT_BOUND=window, SOFTCAP=not window, HAS_SINKS=True, MERGE_IN_LAST_SPLIT=paged,
                    INVARIANT=window and not paged)
     for paged, kv, new in itertools.product([False, True], ["same", "fp8e4nv"], [1, 3]):
-        # appended keys (SEQLEN_ADD), left padding, cache rows by index (dense), after the append (PDL)
+        # appended keys (SEQLEN_ADD), left padding, cache rows by index (dense), rotated q
         yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, RIGHT_BOUND=new > 1,
                    FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=paged, KV=kv,
                    MERGE_IN_LAST_SPLIT=new == 1, SEQLEN_ADD=new, HAS_LEFTPAD=True, HAS_BATCH_IDX=not paged,
-                   WAIT_FOR_APPEND=True, LEFT_BOUND=paged, ROTARY=True, ROTARY_INTERLEAVED=new == 1,
+                   LEFT_BOUND=paged, ROTARY=True, ROTARY_INTERLEAVED=new == 1,
                    ROTARY_PER_TOKEN=new > 1)
     yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=False, RIGHT_BOUND=False,  # one
                FINAL_FOR_SINGLE_SPLIT_ROWS=False, WRITE_LSE=True, HAS_OUT=True, HAS_LEFTPAD=True,  # split,
@@ -116,7 +116,7 @@ def split_variants():
 
 def append_variants(dtype: str):
     """The append kernel as the launcher builds it: dense, paged and by cache row; rotary
-    (GPT-J and GPT-NeoX pairs) or not; 16-bit and fp8 caches; the split kernel as its dependent."""
+    (GPT-J and GPT-NeoX pairs) or not; 16-bit and fp8 caches."""
     fp8_names = {"fp8e4nv": "float8_e4m3fn", "fp8e5": "float8_e5m2"}
     import torch
 
@@ -132,7 +132,7 @@ def append_variants(dtype: str):
         yield dict(pointers=pointers, BLOCK_H=32, BLOCK_D=128, PAGE_SIZE=16 if layout == "paged" else 0,
                    PAGED=layout == "paged", HAS_LEFTPAD=bool(rotary), HAS_BATCH_IDX=layout == "rows",
                    ROTARY=bool(rotary), INTERLEAVED=rotary == 1, FP8=fp8, FP8_EMIN=emin,
-                   FP8_MBITS=mbits, FP8_MAX=448.0 if kv == "fp8e4nv" else 57344.0, LAUNCH_DEPENDENTS=layout != "rows")
+                   FP8_MBITS=mbits, FP8_MAX=448.0 if kv == "fp8e4nv" else 57344.0)
 
 
 def main() -> int:
@@ -151,7 +151,7 @@ def main() -> int:
             for name in ("LEFT_BOUND", "SOFTCAP", "HAS_SINKS"):
                 flags.setdefault(name, False)
             flags.setdefault("INVARIANT", False)
-            for name in ("HAS_LEFTPAD", "HAS_BATCH_IDX", "WAIT_FOR_APPEND"):
+            for name in ("HAS_LEFTPAD", "HAS_BATCH_IDX"):
                 flags.setdefault(name, False)
             flags.setdefault("SEQLEN_ADD", 0)
             flags.setdefault("ROTARY", False)
@@ -199,12 +199,6 @@ def main() -> int:
                 # K/V tiles stream through a 3-stage cp.async pipeline, two tiles in flight, in the
                 # dense and the paged kernel alike (paged used to wait for every tile: wait_group 0).
                 assert re.search(r"cp\.async\.wait_group\s+2;", ptx), f"K/V loads not pipelined: {flags}"
-            if flags["WAIT_FOR_APPEND"]:
-                # Keys before the append's start loading before the wait for its writes (dense: the
-                # first tiles' loop comes first; paged: the wait is per chunk, inside the loop).
-                assert "griddepcontrol.wait" in ptx, f"no wait for the append: {flags}"
-                if not flags["PAGED"]:
-                    assert ptx.rindex("griddepcontrol.wait") > ptx.index("cp.async.cg"), f"waits first: {flags}"
             print(f"split {dtype} {flags}: {time.perf_counter() - started:.2f} s", flush=True)
             count += 1
         for skip, write_lse, block_d, chunk in itertools.product([False, True], [False, True], [64, 128, 256],

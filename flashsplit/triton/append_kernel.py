@@ -8,14 +8,11 @@ and part 1 ``v[b, t]`` (every KV head) at key ``n = cache_seqlens[b] + t`` of th
 ``b`` (or ``cache_batch_idx[b]``), paged through ``block_table[b, n // page_size]``. A key outside
 ``[0, capacity)`` (a wrong length: unchecked without a host sync) is not written, and page ids
 and cache rows are clamped into the cache, so a wrong value gives a wrong row, never a stray
-write. The parts run side by side. On Hopper the split kernel is this kernel's programmatic
-dependent: it starts at once and waits for these writes only before the tiles that hold new keys.
+write. The parts run side by side.
 """
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
-
 from .rotary import rotary_factors
 
 ROUNDING_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: x + it - it rounds |x| < 2^22 to an integer, ties to even
@@ -96,7 +93,6 @@ def append_kv_kernel(
     FP8_EMIN: tl.constexpr,
     FP8_MBITS: tl.constexpr,
     FP8_MAX: tl.constexpr,
-    LAUNCH_DEPENDENTS: tl.constexpr,
 ):
     """Append token ``t = program_id(0)`` of row ``b = program_id(1)``, its keys or values by
     ``program_id(2)`` (see the module docstring).
@@ -105,9 +101,6 @@ def append_kv_kernel(
     leftpad[b] + t``. ``rotary_half`` pairs of features rotate (``rotary_dim / 2``, the tables'
     width); the split kernel rotates q.
     """
-    if LAUNCH_DEPENDENTS:
-        # The split kernel may be scheduled now; it waits (griddepcontrol.wait) for these writes.
-        gdc_launch_dependents()
     t = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     part = tl.program_id(2)  # 0: the new keys, 1: the new values; side by side, not in turn

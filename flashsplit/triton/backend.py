@@ -111,10 +111,6 @@ class TritonBackend(Backend):
     fp8_v_pairs = True
     #: Warps per combine program; 0: :func:`combine_warps`.
     combine_num_warps = 0
-    #: Calls that append keys (``k``/``v``): on Hopper the split kernel is launched as a
-    #: programmatic dependent of the append kernel and waits for its writes on entry, so its
-    #: launch overlaps the append; off: plain stream order.
-    append_pdl = True
 
     def __init__(self) -> None:
         #: The per-stream partials buffer and the in-kernel merge's arrival counters: what the
@@ -143,12 +139,12 @@ class TritonBackend(Backend):
                      out_partial, lse_partial, out, lse, final_for_single_split_rows: bool,
                      block_table=None, k_descale=None, v_descale=None, arrivals=None, sinks=None,
                      variant: Variant = Variant(), cache_leftpad=None, cache_batch_idx=None,
-                     after_append: bool = False, rotary_cos=None, rotary_sin=None) -> Relaunch | None:
+                     rotary_cos=None, rotary_sin=None) -> Relaunch | None:
         """The split kernel; with ``arrivals`` (:meth:`arrivals_for`) its last program per row
         merges the partials into ``out``/``lse`` (no combine kernel follows). ``variant``: the
         window, softcap, sinks, fixed split length, appended keys, left padding and cache rows
         (``sinks`` ``[H_q]``, ``cache_leftpad`` / ``cache_batch_idx`` int32 ``[B]`` when it has
-        them). ``after_append``: launched as a programmatic dependent of the append kernel.
+        them).
         ``rotary_cos``/``rotary_sin`` ``[L_ro, rotary_dim / 2]``: q is rotated as the variant says."""
         batch, seqlen_q, num_heads, head_dim = q.shape
         num_heads_kv = k_cache.shape[2]
@@ -209,14 +205,11 @@ class TritonBackend(Backend):
             variant.seqlen_new,  # SEQLEN_ADD
             variant.has_leftpad,  # HAS_LEFTPAD
             variant.has_batch_idx,  # HAS_BATCH_IDX
-            after_append,  # WAIT_FOR_APPEND
             rotary,  # ROTARY
             variant.rotary_interleaved,  # ROTARY_INTERLEAVED
             variant.rotary_q_per_token,  # ROTARY_PER_TOKEN
         )
         options = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
-        if after_append:
-            options["launch_pdl"] = True
         return launch(split_kv_kernel, grid, tensors, tail, options)
 
     def launch_combine(self, out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows: bool,
@@ -276,11 +269,7 @@ class TritonBackend(Backend):
 
     def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float):
         num_splits = _splits_launched(num_splits, problem)
-        append = None
-        if problem.has_new_kv:
-            pdl = self.append_pdl and problem.device_type == "cuda" and not interpreter_active() \
-                and problem.target.capability >= (9, 0)
-            append = PreparedAppend(problem, pdl)
+        append = PreparedAppend(problem) if problem.has_new_kv else None
         return PreparedDecode(self, num_splits, softmax_scale, problem.causal, problem.variant, append)
 
     def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
@@ -328,10 +317,8 @@ class PreparedDecode:
         q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, sinks = tensors[:10]
         leftpad, batch_idx = tensors.cache_leftpad, tensors.cache_batch_idx
         num_splits, variant = self.num_splits, self.variant
-        after_append = False
         if self.append is not None:
-            self.append(tensors)  # writes the new keys; the split kernel waits for them (PDL) or follows
-            after_append = self.append.pdl
+            self.append(tensors)  # writes the new keys; the split kernel follows on the stream
         cos, sin = tensors.rotary_cos, tensors.rotary_sin
         rows = _address(leftpad), _address(batch_idx), _address(cos), _address(sin)
         if num_splits == 1:
@@ -344,7 +331,7 @@ class PreparedDecode:
                     q, k_cache, v_cache, cache_seqlens, 1, self.softmax_scale, self.causal, None, None, out, lse,
                     final_for_single_split_rows=True, block_table=block_table, k_descale=k_descale,
                     v_descale=v_descale, sinks=sinks, variant=variant, cache_leftpad=leftpad,
-                    cache_batch_idx=batch_idx, after_append=after_append, rotary_cos=cos, rotary_sin=sin)
+                    cache_batch_idx=batch_idx, rotary_cos=cos, rotary_sin=sin)
             return
         # Rows whose live keys fit in one split skip the partials, and the merge skips them.
         shortcut = cache_seqlens is not None
@@ -378,8 +365,7 @@ class PreparedDecode:
             q, k_cache, v_cache, cache_seqlens, num_splits, self.softmax_scale, self.causal, out_partial,
             lse_partial, out, lse, final_for_single_split_rows=shortcut, block_table=block_table,
             k_descale=k_descale, v_descale=v_descale, arrivals=arrivals, sinks=sinks, variant=variant,
-            cache_leftpad=leftpad, cache_batch_idx=batch_idx, after_append=after_append, rotary_cos=cos,
-            rotary_sin=sin)
+            cache_leftpad=leftpad, cache_batch_idx=batch_idx, rotary_cos=cos, rotary_sin=sin)
         if not merge:
             self.combine = self.backend.launch_combine(
                 out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows=shortcut,

@@ -9,7 +9,7 @@ per KV head instead of once per q head.
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from .rotary import load_rotated_rows
 from .split_rule import (add_sink, load_leftpad, load_seqlen, padded_row_first_key, row_first_key, row_split_range,
@@ -400,7 +400,6 @@ def split_kv_kernel(
     SEQLEN_ADD: tl.constexpr = 0,
     HAS_LEFTPAD: tl.constexpr = False,
     HAS_BATCH_IDX: tl.constexpr = False,
-    WAIT_FOR_APPEND: tl.constexpr = False,
     ROTARY: tl.constexpr = False,
     ROTARY_INTERLEAVED: tl.constexpr = True,
     ROTARY_PER_TOKEN: tl.constexpr = False,
@@ -417,9 +416,7 @@ def split_kv_kernel(
     A row holds ``SEQLENS[b] + SEQLEN_ADD`` keys (SEQLEN_ADD new keys were appended, the lengths
     are not updated); HAS_LEFTPAD: its keys start at ``LEFTPAD[b]`` (masks are unchanged: a
     query's position and the keys' shift alike); HAS_BATCH_IDX: a dense row b reads cache row
-    ``BATCH_IDX[b]``. WAIT_FOR_APPEND: launched as a programmatic dependent of the append kernel,
-    whose writes it waits for before the first tile that holds a new key (and before returning).
-    ROTARY: q is rotated by ``COS``/``SIN`` (:mod:`~flashsplit.triton.rotary`) at position
+    ``BATCH_IDX[b]``. ROTARY: q is rotated by ``COS``/``SIN`` (:mod:`~flashsplit.triton.rotary`) at position
     ``SEQLENS[b] - LEFTPAD[b]``, plus the query's index with ROTARY_PER_TOKEN.
 
     Writes the fp32 partial ``OUT_PARTIAL[split, b, m, hq, :]``, ``LSE_PARTIAL[split, b, hq, m]``
@@ -454,13 +451,10 @@ def split_kv_kernel(
     else:
         first = row_first_key(seqlen, seqlen_q, window_left, GRANULE, LEFT_BOUND)
     start, end = row_split_range(seqlen, first, split, num_splits, GRANULE, INVARIANT)
-    fresh = seqlen - SEQLEN_ADD  # the row's first new key (clamped lengths: at most the real one)
     write_final = False  # runtime: this row's keys fit in one split (decided by split 0)
     if HAS_PARTIALS and FINAL_FOR_SINGLE_SPLIT_ROWS:
         write_final = row_splits_used(seqlen - first, num_splits, GRANULE, INVARIANT) <= 1
         if write_final and split > 0:
-            if WAIT_FOR_APPEND:  # a dependent grid ends after its primary
-                gdc_wait()
             return
 
     offs_r = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -524,9 +518,6 @@ def split_kv_kernel(
         while c0 < end:
             first_page, page_ids = chunk_page_ids(bt_row, c0, seqlen, PAGE_SIZE, CHUNK_PAGES)
             c1 = tl.minimum(c0 + CHUNK_TILES * BLOCK_N, end)
-            if WAIT_FOR_APPEND:
-                if c1 > fresh:
-                    gdc_wait()
             m_i, l_i, acc, acc_odd = attend_range(q, k_base, v_base, page_ids, first_page, num_pages, stride_kb,
                                                   stride_kn, stride_vb, stride_vn, c0, c1, end, full_lo, full_limit,
                                                   last_visible, first_visible, m_i, l_i, acc, acc_odd, qk_scale_log2,
@@ -534,26 +525,13 @@ def split_kv_kernel(
                                                   SOFTCAP, PAGED, PAGE_SIZE, CHUNK_PAGES, RUNTIME_BOUND_WHILE,
                                                   FULL_TILES, EVEN_D, V_PAIRS, V_E5M2, PAIRS_PTX)
             c0 = c1
-        if WAIT_FOR_APPEND:  # a dependent grid ends after its primary
-            gdc_wait()
     else:
-        old_end = end  # the tiles before the first one holding a new key
-        if WAIT_FOR_APPEND:
-            old_end = tl.minimum(end, start + tl.maximum(fresh - start, 0) // BLOCK_N * BLOCK_N)
         m_i, l_i, acc, acc_odd = attend_range(q, k_base, v_base, 0, 0, num_pages, stride_kb, stride_kn, stride_vb,
-                                              stride_vn, start, old_end, end, full_lo, full_limit, last_visible,
+                                              stride_vn, start, end, end, full_lo, full_limit, last_visible,
                                               first_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, softcap_log2,
                                               head_dim, BLOCK_N, BLOCK_D, RIGHT_BOUND, LEFT_BOUND, SOFTCAP, PAGED,
                                               PAGE_SIZE, CHUNK_PAGES, RUNTIME_BOUND_WHILE, FULL_TILES, EVEN_D,
                                               V_PAIRS, V_E5M2, PAIRS_PTX)
-        if WAIT_FOR_APPEND:  # the new keys are written and visible after this
-            gdc_wait()
-            m_i, l_i, acc, acc_odd = attend_range(q, k_base, v_base, 0, 0, num_pages, stride_kb, stride_kn,
-                                                  stride_vb, stride_vn, old_end, end, end, full_lo, full_limit,
-                                                  last_visible, first_visible, m_i, l_i, acc, acc_odd, qk_scale_log2,
-                                                  softcap_log2, head_dim, BLOCK_N, BLOCK_D, RIGHT_BOUND, LEFT_BOUND,
-                                                  SOFTCAP, PAGED, PAGE_SIZE, CHUNK_PAGES, RUNTIME_BOUND_WHILE,
-                                                  FULL_TILES, EVEN_D, V_PAIRS, V_E5M2, PAIRS_PTX)
     if V_PAIRS:  # interleave the even and odd columns back: [BLOCK_M, BLOCK_D / 2, 2] -> [BLOCK_M, BLOCK_D]
         acc = tl.reshape(tl.join(acc, acc_odd), [BLOCK_M, BLOCK_D])
 
