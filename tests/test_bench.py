@@ -630,8 +630,8 @@ def test_peers_skip_paged_and_fp8_with_reasons():
         assert by[name].format_reason(both) is None, "flashsplit takes every format (a backend may refuse in plan)"
     # cute refuses through the registry, with its reason; auto plans the Triton backend.
     if "cute" in flashsplit.backends():
-        with pytest.raises(contenders.Unsupported, match="head_dim 96"):
-            by["cute"].plan(Case(1, 4096, 32, 8, 96, page_size=1, kv_dtype="fp8e5m2"), 132)
+        with pytest.raises(contenders.Unsupported, match="head_dim 80"):
+            by["cute"].plan(Case(1, 4096, 32, 8, 80, page_size=1, kv_dtype="fp8e5m2"), 132)
         # paged and fp8 are supported: cute plans them (for an H200 when there is no GPU here).
         for case in (fp8, both):
             assert by["cute"].plan(case, 132).backend == "cute"

@@ -176,8 +176,8 @@ def test_check_fails_a_contender_that_drops_the_variant():
 
 
 def test_flashsplit_rows_carry_the_variant_and_skip_what_a_backend_refuses():
-    # (head dim 96: a variant case that cute refuses, for a reason of its own)
-    case = Case(2, 256, 4, 2, 96, "fp16", window=64, sinks=True, batch_invariant=True)
+    # (head dim 80: a variant case that cute refuses, for a reason of its own)
+    case = Case(2, 256, 4, 2, 80, "fp16", window=64, sinks=True, batch_invariant=True)
     roster = [contenders.FlashsplitContender("triton", "triton"), contenders.FlashsplitContender("cute", "cute"),
               contenders.FlashsplitContender("triton-nosplit", "triton", num_splits=1),
               contenders.SdpaContender("sdpa-flash", "FLASH_ATTENTION")]
@@ -185,10 +185,10 @@ def test_flashsplit_rows_carry_the_variant_and_skip_what_a_backend_refuses():
     by = {r.contender: r for r in out}
     assert all((r.window, r.sinks, r.batch_invariant) == (64, True, True) for r in out)
     assert by["triton"].status == rows.OK, by["triton"].note
-    assert by["triton"].num_splits == flashsplit.plan(2, 256, 4, 2, 96, dtype=torch.float16, window_size=(64, 0),
+    assert by["triton"].num_splits == flashsplit.plan(2, 256, 4, 2, 80, dtype=torch.float16, window_size=(64, 0),
                                                       has_sinks=True, batch_invariant=True, num_sms=132,
                                                       device="cuda", backend="triton").num_splits
-    assert by["cute"].status == rows.SKIPPED and "cute" in by["cute"].note and "head_dim 96" in by["cute"].note
+    assert by["cute"].status == rows.SKIPPED and "cute" in by["cute"].note and "head_dim 80" in by["cute"].note
     assert by["triton-nosplit"].status == rows.SKIPPED and "batch_invariant" in by["triton-nosplit"].note
     assert by["sdpa-flash"].status == rows.SKIPPED
     assert by["sdpa-flash"].note == "torch SDPA has no sliding-window/sinks/batch-invariant input in the bench's call"

@@ -74,11 +74,13 @@ def _tma_coords_from_global_loads(ptx: str) -> set[str]:
 
 def _check_subtile_copies(config, ptx: str) -> None:
     """Sub-tile paging: per stage, each of K and V is tile_n / P boxes (pages), and a box is
-    ``D / 64`` TMA copies in the 128-byte-swizzled 16-bit stage (64 elements of d each) or one
-    in an fp8 staging slot; the producer loop is not unrolled, so the PTX holds each once. The
-    page coordinate (the last) of every copy comes from a block-table load, one per box."""
+    ``D / 64`` TMA copies in the 128-byte-swizzled 16-bit stage (64 elements of d each; d = 96:
+    three of 32 in its 64-byte-swizzled stage) or one in an fp8 staging slot; the producer loop
+    is not unrolled, so the PTX holds each once. The page coordinate (the last) of every copy
+    comes from a block-table load, one per box."""
     boxes = config.tile_n // config.subtile_page
-    per_box = 1 if config.fp8 else config.head_dim // 64
+    swizzle_columns = 64 if config.head_dim % 64 == 0 else 32
+    per_box = 1 if config.fp8 else config.head_dim // swizzle_columns
     coords = _tma_coords(ptx)
     assert len(coords) == 2 * boxes * per_box, (len(coords), boxes, per_box)
     loaded = _globally_loaded(ptx)
@@ -119,7 +121,9 @@ def _features(config) -> set[tuple]:
     features = {("mode", mode, config.head_dim), ("cache", config.kv_dtype, config.head_dim),
                 ("cache", config.kv_dtype, mode), ("output", output, tile), ("output", output, mode),
                 ("tile", tile, mode), ("tile", tile, config.head_dim), ("tile", tile, config.causal),
-                ("dtype", config.dtype, config.causal), ("fp16 operands", config.fp16_operands, mode)}
+                ("dtype", config.dtype, config.causal), ("fp16 operands", config.fp16_operands, mode),
+                # d = 96's own paths: the merge's strided columns, the q rows' padded lane runs
+                ("output", output, config.head_dim), ("fp16 operands", config.fp16_operands, config.head_dim)}
     for variant in _variants(config):  # each variant on each consumer, load mode, cache type, output
         features |= {("variant", variant, tile), ("variant", variant, mode), ("variant", variant, config.fp8),
                      ("variant", variant, output)}
@@ -160,7 +164,7 @@ def test_default_compile_check_covers_every_mode():
     assert {f[1] for f in features if f[0] == "tile"} == {"two CTAs", "one per SM", "one wave", "swap"}
     assert {f[1] for f in features if f[0] == "output"} == {"final", "partials", "merge"}
     assert {f[1] for f in features if f[0] == "cache"} == {"same", "float8_e4m3fn", "float8_e5m2"}
-    assert any(c.fp16_operands for c in chosen) and {c.head_dim for c in chosen} == {64, 128, 256}
+    assert any(c.fp16_operands for c in chosen) and {c.head_dim for c in chosen} == {64, 96, 128, 256}
     assert {f[1] for f in features if f[0] == "variant"} == {"left_bound", "right_bound", "softcap", "sinks",
                                                               "invariant"}
 
@@ -218,7 +222,10 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
         # 16-byte stores; 2-byte stores are left only in q's one-time load (64 rows x d over 128
         # threads).
         assert "st.shared.v4.b32" in ptx
-        assert ptx.count("st.shared.b16") <= config.head_dim // 2, "staged tiles stored 2 bytes at a time"
+        from flashsplit.cute.q_tile import QTile
+
+        q_stores = config.rows * QTile(config).lanes_per_row * 8 // 128  # (d = 96, fp16 operands: 16 lanes a row)
+        assert ptx.count("st.shared.b16") <= q_stores, "staged tiles stored 2 bytes at a time"
 
 
 def _entry_params(ptx: str) -> str:
@@ -273,10 +280,14 @@ def _check_merge(ptx: str, config) -> None:
     assert len(atomics) == 1 and ".acq_rel" in atomics[0] and ".add" in atomics[0], atomics
     assert ".cta" not in atomics[0] and ".sys" not in atomics[0], atomics
     merge = MergeTail(config).row_merge
-    vec = min(merge.cols_per_lane, 4)
     tail = ptx[ptx.index(atomics[0]):]
-    loads = len(re.findall(rf"ld\.global\.v{vec}\.b32", tail)) if vec > 1 else None
-    assert loads == 2 * merge.chunk * merge.cols_per_lane // vec, loads
+    if merge.strided:  # d = 96: a lane's 3 columns are 32 apart, scalar loads (and the LSEs')
+        assert not re.findall(r"ld\.global\.v\d", tail)
+        assert len(re.findall(r"ld\.global\.b32", tail)) >= 2 * merge.chunk * merge.cols_per_lane
+    else:
+        vec = min(merge.cols_per_lane, 4)
+        loads = len(re.findall(rf"ld\.global\.v{vec}\.b32", tail)) if vec > 1 else None
+        assert loads == 2 * merge.chunk * merge.cols_per_lane // vec, loads
     _check_row_offsets_hoisted(tail)
 
 
@@ -311,8 +322,13 @@ def _check_combine_loads_first(ptx: str, config) -> None:
     kernel = CombineKernel(config)
     body = ptx[ptx.index(".entry"):]
     head = body[:body.index("shfl.sync.bfly")]
-    vectors = len(re.findall(rf"ld\.global\.v{kernel.vec}\.b32", head))
-    assert vectors == kernel.chunk * kernel.cols_per_lane // kernel.vec, vectors
+    if kernel.row_merge.strided:  # d = 96: scalar loads on the one path (with the LSEs')
+        assert not re.findall(r"ld\.global\.v\d", ptx)
+        scalars = len(re.findall(r"ld\.global\.b32", head))
+        assert scalars >= kernel.chunk * kernel.cols_per_lane + kernel.row_merge.lse_regs + kernel.chunk, scalars
+    else:
+        vectors = len(re.findall(rf"ld\.global\.v{kernel.vec}\.b32", head))
+        assert vectors == kernel.chunk * kernel.cols_per_lane // kernel.vec, vectors
     _check_row_offsets_hoisted(head)
 
 
@@ -326,7 +342,7 @@ def test_configs_fit_shared_memory():
 
 def test_all_split_configs_include_paged():
     configs = [c for c in all_split_configs(subtile=False) if not c.fp8]
-    assert len(configs) == len(set(configs)) == 48
+    assert len(configs) == len(set(configs)) == 64  # 4 head dims x dtype x causal x output x paged
     dense = {c for c in configs if not c.paged}
     assert {c.__class__(**{**c.__dict__, "paged": False}) for c in configs if c.paged} == dense
 
@@ -335,14 +351,14 @@ def test_all_split_configs_include_fp8():
     """Every 16-bit configuration also exists for both fp8 caches, with the same tile and CTAs
     per SM (more, half-size staging slots)."""
     configs = all_split_configs(subtile=False)
-    assert len(configs) == len(set(configs)) == 144
+    assert len(configs) == len(set(configs)) == 192
     same = {c for c in configs if not c.fp8}
     for kv_dtype in ("float8_e4m3fn", "float8_e5m2"):
         fp8 = [c for c in configs if c.kv_dtype == kv_dtype]
-        assert len(fp8) == 48
+        assert len(fp8) == 64
         for c in fp8:
             base = c.__class__(**{**c.__dict__, "kv_dtype": "same",
-                                  "stages": {64: 3, 128: 2, 256: 3}[c.head_dim]})
+                                  "stages": {64: 3, 96: 3, 128: 2, 256: 3}[c.head_dim]})
             assert base in same
             assert c.stages >= base.stages
 
@@ -355,11 +371,11 @@ def test_subtile_configs():
     from flashsplit.cute.configs import split_config, subtile_page_sizes
 
     assert subtile_page_sizes(64) == (8, 16, 32, 64)
-    assert subtile_page_sizes(128) == subtile_page_sizes(256) == (8, 16, 32)
+    assert subtile_page_sizes(96) == subtile_page_sizes(128) == subtile_page_sizes(256) == (8, 16, 32)
     whole = all_split_configs(subtile=False)
     assert all(c.subtile_page == 0 for c in whole)
     sub = [c for c in all_split_configs() if c.subtile_page]
-    assert len(sub) == len(set(sub)) == 3 * 8 * (4 + 3 + 3)
+    assert len(sub) == len(set(sub)) == 3 * 8 * (4 + 3 + 3 + 3)
     for c in sub:
         assert c.paged and c.tile_n % c.subtile_page == 0 and c.subtile_page % 8 == 0
         assert c.__class__(**{**c.__dict__, "subtile_page": 0}) in whole
@@ -392,7 +408,7 @@ def test_gather_configs():
         assert not split_config("bfloat16", 128, False, True, True, page_size=page_size).gather_pages
     assert not split_config("bfloat16", 128, False, True, False, page_size=24).gather_pages  # dense
     gathered = [c for c in all_split_configs() if c.gather_pages]
-    assert len(gathered) == len(set(gathered)) == 3 * 24
+    assert len(gathered) == len(set(gathered)) == 4 * 24
     for c in gathered:
         assert c.units_per_sm * (c.smem_bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM
         assert c.units_per_sm == (1 if c.head_dim == 256 else 2)
@@ -541,6 +557,39 @@ def test_swap_rule():
     c = configs.split_config("bfloat16", 128, False, True, swap_rows=8)
     assert c.rows == 8 and c.stages == configs.SWAP_AB_STAGES and c.units_per_sm == 2
     configs.check_smem(c)
+    # d = 96: O^T's M (the head dim) is not whole 64-row wgmma blocks, so the 64-row consumer runs.
+    assert not configs.swap_ab_applies(4, "same", None, 96) and not choice.swaps(4, "same", None, 96, 8, 2, 132)
+    with pytest.raises(ValueError, match="swap_rows: .*head_dim 96"):
+        configs.split_config("bfloat16", 96, False, True, swap_rows=8)
+    assert not choice.choose(_problem(head_dim=96, device_type="cuda"), 3, 132).swap
+
+
+def test_head_dim_96_configs():
+    """d = 96 takes d = 128's 64-key tile with 3 stages at two CTAs per SM (16-bit, fp8 and
+    gathered staging all fit), d = 128's sub-tile page sizes, and every configuration of the
+    d = 128 compile-check list but the swapped consumer, one CTA per SM and one-wave stages."""
+    from flashsplit.cute import configs
+
+    assert configs.split_tile(96) == (64, 3, 2) and configs.subtile_page_sizes(96) == (8, 16, 32)
+    assert configs.fp8_stages(96) == 4
+    for kw in (dict(), dict(kv_dtype="float8_e4m3fn"), dict(paged=True, page_size=24), dict(merge=True)):
+        c = configs.split_config("bfloat16", 96, False, True, **kw)
+        configs.check_smem(c)
+        assert c.units_per_sm == 2 and 2 * (c.smem_bytes + configs.SMEM_RESERVED_PER_CTA) <= configs.SMEM_PER_SM
+    for kw in (dict(one_per_sm=True), dict(merge=True, one_wave=True)):
+        with pytest.raises(ValueError, match="head_dim 128"):
+            configs.split_config("bfloat16", 96, False, True, **kw)
+    checked = compile_check_configs()
+    at_128 = [c for c in checked if c.head_dim == 128]
+    at_96 = {c for c in checked if c.head_dim == 96}
+    for c in at_128:
+        twin = configs.at_head_dim(c, 96)
+        refused = c.swap_rows > 0 or _one_per_sm(c) or _one_wave(c)
+        assert (twin is None) == refused, c
+        if twin is not None:
+            assert twin in at_96 and (twin.subtile_page, twin.gather_pages, twin.merge) == (
+                c.subtile_page, c.gather_pages, c.merge)
+    assert at_96 == {configs.at_head_dim(c, 96) for c in at_128} - {None}
 
 
 def test_choices_plan_for_the_named_machine():
@@ -614,8 +663,13 @@ def _problem(**overrides) -> DecodeProblem:
 
 
 @pytest.mark.parametrize("overrides,needle", [
-    (dict(head_dim=96), "head_dim 96"),
     (dict(head_dim=32), "head_dim 32"),
+    (dict(head_dim=80), "head_dim 80"),
+    # d = 96 (Phi-3-mini): dense, whole-tile, sub-tile and gathered pages, fp8.
+    (dict(head_dim=96, num_heads_kv=32), "CUDA device"),
+    (dict(head_dim=96, page_size=64), "CUDA device"),
+    (dict(head_dim=96, page_size=16), "CUDA device"),
+    (dict(head_dim=96, page_size=24), "CUDA device"),
     (dict(dtype=torch.float32), "float16 or bfloat16"),
     (dict(aligned_16b=False), "16-byte"),
     (dict(), "CUDA device"),
@@ -641,7 +695,8 @@ def _problem(**overrides) -> DecodeProblem:
     (dict(page_size=16, kv_dtype=torch.float8_e4m3fn), "CUDA device"),
     (dict(page_size=8, kv_dtype=torch.float8_e5m2), "CUDA device"),
     (dict(kv_dtype=torch.float8_e5m2, page_size=96, head_dim=64), "CUDA device"),
-    (dict(kv_dtype=torch.float8_e4m3fn, head_dim=96), "head_dim 96"),
+    (dict(kv_dtype=torch.float8_e4m3fn, head_dim=96), "CUDA device"),
+    (dict(kv_dtype=torch.float8_e5m2, dtype=torch.float16, head_dim=96, page_size=8), "CUDA device"),
 ])
 def test_supports_reasons_on_cpu_problems(overrides, needle):
     if not _HAS_CUTLASS and needle == "CUDA device":
@@ -871,6 +926,7 @@ def test_backend_static_facts():
     assert b.name == "cute" and b.priority == 10
     assert b.block_m(_problem()) == 64
     assert b.units_per_sm(_problem(head_dim=128)) == 2
+    assert b.units_per_sm(_problem(head_dim=96)) == 2
     assert b.units_per_sm(_problem(head_dim=256)) == 1
 
 

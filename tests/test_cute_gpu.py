@@ -2,7 +2,8 @@
 
 Skipped cleanly without CUDA, without compute capability 9.0 or without nvidia-cutlass-dsl.
 The cross-backend matrix lives elsewhere; these cases aim at what is specific to this kernel:
-GQA packing (groups 1/4/5/8 and several 64-row blocks), the last partial KV tile (lengths
+GQA packing (groups 1/4/5/8 and several 64-row blocks), every head dim (64, 96, 128, 256; d = 96
+also with Phi-3-mini's 32/32 heads and with 32/8), the last partial KV tile (lengths
 1/127/129), empty rows and splits (length 0, 17 splits of a short row), NaN in cache slots
 past the live length (TMA loads them), the compile cache, and paged caches (page sizes that are
 multiples of the KV tile: shuffled and shared pages, NaN in unused pages, garbage page ids past
@@ -84,7 +85,7 @@ def merge_every_split_count(monkeypatch):
 
 def _cases():
     cases = []
-    for head_dim in (64, 128, 256):
+    for head_dim in (64, 96, 128, 256):
         for seqlen_q, group in ((1, 1), (1, 4), (1, 5), (4, 8), (4, 5), (16, 8)):
             for num_splits in (1, 3, 17):
                 causal = seqlen_q > 1
@@ -155,7 +156,7 @@ def test_one_per_sm_through_auto(batch, seqlen_k, heads_kv):
     check_against_reference(out, lse, q, k, v, lens, False, 1.0 / math.sqrt(128))
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 @pytest.mark.parametrize("seqlen_q,group,causal", [(1, 4, False), (4, 5, True)])
 def test_partials_match_reference_split_by_split(head_dim, seqlen_q, group, causal):
     case = DecodeCase(len(LENGTHS), seqlen_q, SEQLEN_K, 2, group, head_dim, torch.bfloat16, LENGTHS, 17, causal)
@@ -179,11 +180,13 @@ def test_partials_match_reference_split_by_split(head_dim, seqlen_q, group, caus
                 assert torch.isneginf(lse_p[s, b]).all(), (b, s)
 
 
-def test_combine_all_empty_and_mixed():
-    """All splits -inf gives O = 0, LSE = -inf; NaN in an empty split's O is never read."""
+@pytest.mark.parametrize("head_dim", [128, 96])
+def test_combine_all_empty_and_mixed(head_dim):
+    """All splits -inf gives O = 0, LSE = -inf; NaN in an empty split's O is never read (d = 96:
+    a lane's columns 32 apart)."""
     from flashsplit.reference import combine_ref
 
-    S, B, L, H, D = 5, 2, 1, 4, 128
+    S, B, L, H, D = 5, 2, 1, 4, head_dim
     out_p = torch.randn(S, B, L, H, D, device="cuda")
     lse_p = torch.randn(S, B, H, L, device="cuda")
     lse_p[:, 0] = float("-inf")
@@ -199,8 +202,8 @@ def test_combine_all_empty_and_mixed():
     check_lse(lse, ref_lse)
 
 
-# Paged caches whose page size is a multiple of the KV tile (d=64: 128 keys; d=128/256: 64).
-PAGED_CASES = [(128, 64), (128, 128), (128, 256), (64, 128), (64, 256), (256, 64), (256, 128)]
+# Paged caches whose page size is a multiple of the KV tile (d=64: 128 keys; d=96/128/256: 64).
+PAGED_CASES = [(128, 64), (128, 128), (128, 256), (64, 128), (64, 256), (256, 64), (256, 128), (96, 64), (96, 128)]
 
 
 def _paged_lengths(page_size: int) -> tuple[int, ...]:
@@ -327,8 +330,9 @@ def test_compile_cache_reused_across_runtime_shapes():
     assert sizes[0] == sizes[1] == sizes[2], sizes
 
 
-def test_cuda_graph_capture():
-    case = DecodeCase(2, 1, 4096, 2, 4, 128, torch.bfloat16, (4000, 100), 9)
+@pytest.mark.parametrize("head_dim", [128, 96])
+def test_cuda_graph_capture(head_dim):
+    case = DecodeCase(2, 1, 4096, 2, 4, head_dim, torch.bfloat16, (4000, 100), 9)
     q, k, v, seqlens = make_inputs(case, "cuda")
     out = torch.empty_like(q)
     backend = _backend()
@@ -425,6 +429,11 @@ FP8_CASES = [
     (256, torch.bfloat16, torch.float8_e5m2, True, 4, 5, True),
     (64, torch.float16, torch.float8_e5m2, True, 1, 1, False),
     (128, torch.bfloat16, torch.float8_e5m2, False, 1, 8, False),
+] + [
+    # d = 96: fp16 operands (bf16 q: each q row's 12 chunks on a 16-lane run) and fp16 q.
+    (96, torch.bfloat16, torch.float8_e4m3fn, True, 1, 4, False),
+    (96, torch.float16, torch.float8_e5m2, True, 4, 8, True),
+    (96, torch.bfloat16, torch.float8_e5m2, False, 1, 1, False),
 ]
 
 
@@ -467,7 +476,7 @@ def test_fp8_decode_matches_reference(head_dim, dtype, fp8, per_head, seqlen_q, 
     _decode_fp8_and_check(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits)
 
 
-@pytest.mark.parametrize("head_dim,page_size", [(128, 64), (64, 128), (256, 128)])
+@pytest.mark.parametrize("head_dim,page_size", [(128, 64), (64, 128), (256, 128), (96, 64)])
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_fp8_paged_decode_matches_reference(head_dim, page_size, fp8):
     """Paged fp8 caches (shuffled and shared pages, NaN in unused pages, garbage page ids)."""
@@ -491,7 +500,7 @@ def _decode_fp8_paged_and_check(head_dim, page_size, fp8, lengths, seed, what) -
     _check_fp8(out, None, q, k8, v8, k_descale, v_descale, seqlens, False, scale, what)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_fp16_operands_scale_q_rows_of_any_magnitude(head_dim):
     """Rows of q far above and below 1 (2^12, 2^-12, beyond fp16's range unscaled: 3e5 * d^0.5
     scores), and an all-zero row, through the per-row power-of-two scaling of the fp16 operands
@@ -510,7 +519,7 @@ def test_fp16_operands_scale_q_rows_of_any_magnitude(head_dim):
     _check_fp8(out, lse, q, k8, v8, k_descale, v_descale, seqlens, False, scale, "fp16 operands, scaled rows")
 
 
-@pytest.mark.parametrize("head_dim,page_size", [(128, 64), (128, 16), (64, 24), (256, 5)])
+@pytest.mark.parametrize("head_dim,page_size", [(128, 64), (128, 16), (64, 24), (256, 5), (96, 16), (96, 24)])
 def test_fp16_operands_fp8_paged(head_dim, page_size):
     """Whole-tile, sub-tile and gathered pages with fp16 operands (bf16 q, e4m3, per-head descales)."""
     lengths = (1000, 2 * page_size + 1, 129, 1, 0)
@@ -532,7 +541,7 @@ def test_fp8_through_decode_api():
 
 # Pages smaller than the KV tile (sub-tile paging: tile_n / P TMA boxes per K/V tile).
 SUBTILE_CASES = [(128, 8), (128, 16), (128, 32), (64, 8), (64, 16), (64, 32), (64, 64), (256, 8), (256, 16),
-                 (256, 32)]
+                 (256, 32), (96, 8), (96, 16), (96, 32)]
 
 
 def _subtile_lengths(page_size: int, tile_n: int) -> tuple[int, ...]:
@@ -566,7 +575,7 @@ def test_subtile_paged_decode_matches_reference(head_dim, page_size, seqlen_q, g
                             f"subtile paged {page_size} {case}")
 
 
-@pytest.mark.parametrize("head_dim,page_size", [(128, 8), (128, 32), (64, 16), (256, 16)])
+@pytest.mark.parametrize("head_dim,page_size", [(128, 8), (128, 32), (64, 16), (256, 16), (96, 16)])
 def test_subtile_paged_partials_split_by_split(head_dim, page_size):
     case, q, k, v, seqlens, k_pages, v_pages, table = _subtile_inputs(head_dim, page_size, 1, 4, False, 17, 11)
     scale = 1.0 / math.sqrt(head_dim)
@@ -616,6 +625,7 @@ def test_subtile_paged_narrow_table_full_capacity(page_size):
     pytest.param(128, 16, id="subtile-128-16"), pytest.param(64, 8, id="subtile-64-8"),
     pytest.param(256, 32, id="subtile-256-32"), pytest.param(128, 1, id="gather-128-1"),
     pytest.param(64, 48, id="gather-64-48"), pytest.param(256, 7, id="gather-256-7"),
+    pytest.param(96, 16, id="subtile-96-16"), pytest.param(96, 24, id="gather-96-24"),
 ])
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_small_page_fp8_paged_decode_matches_reference(head_dim, page_size, fp8):
@@ -652,7 +662,7 @@ def test_subtile_through_decode_api():
 # Pages the cute kernel gathers row by row (neither whole-tile nor sub-tile sizes: one bulk copy
 # per key row into the staging slots).
 GATHER_CASES = [(128, 1), (128, 3), (128, 24), (128, 48), (128, 96), (64, 5), (64, 48), (64, 200), (256, 7),
-                (256, 40)]
+                (256, 40), (96, 5), (96, 24)]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -682,7 +692,7 @@ def test_merge_decode_matches_reference(case, merge_every_split_count):
     _decode_and_check(case)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 @pytest.mark.parametrize("num_splits", [32, 64, 256])
 def test_merge_many_splits(head_dim, num_splits, merge_every_split_count):
     """Split counts past one register chunk (d = 128: 16 splits a round trip) and past the 32
@@ -707,16 +717,19 @@ def test_merge_counters_reset_between_calls_and_streams():
         check_against_reference(out, None, q, k, v, seqlens, False, 0.1, what=f"call {i}")
 
 
-@pytest.mark.parametrize("head_dim,dtype,fp8,per_head,seqlen_q,group,causal", FP8_CASES[:4], ids=str)
+@pytest.mark.parametrize("head_dim,dtype,fp8,per_head,seqlen_q,group,causal",
+                         FP8_CASES[:4] + [c for c in FP8_CASES if c[0] == 96][:2], ids=str)
 @pytest.mark.parametrize("num_splits", [3, 17])
 def test_merge_fp8(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits, merge_every_split_count):
     _decode_fp8_and_check(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits)
 
 
+@pytest.mark.parametrize("head_dim", [128, 96])
 @pytest.mark.parametrize("page_size", [128, 16, 48])
-def test_merge_paged(page_size, merge_every_split_count):
+def test_merge_paged(head_dim, page_size, merge_every_split_count):
     """Whole-tile, sub-tile and gathered pages with the merge (17 splits, 4 x 8 packed rows)."""
-    case, q, k, v, seqlens, k_pages, v_pages, table = _subtile_inputs(128, page_size, 4, 8, True, 17, page_size)
+    case, q, k, v, seqlens, k_pages, v_pages, table = _subtile_inputs(head_dim, page_size, 4, 8, True, 17,
+                                                                      page_size)
     _decode_paged_and_check(case, q, k, v, seqlens, k_pages, v_pages, table, 17, True, f"merged pages of {page_size}")
 
 
@@ -786,7 +799,7 @@ def test_one_wave_through_prepare_and_graph_replay():
     check_against_reference(out2, None, q, k, v, seqlens, False, 1.0 / math.sqrt(128))
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 @pytest.mark.parametrize("num_splits", [32, 33, 64, 256])
 def test_combine_many_splits(head_dim, num_splits):
     """The combine kernel at split counts past the splits a row holds in flight (32; 64 at
@@ -839,3 +852,78 @@ def test_swap_paged(head_dim, page_size, seqlen_q, group, causal, num_splits):
 def test_64_row_kernel_for_few_rows(case):
     """1-8 packed rows on the 64-row kernel (what launches of several waves run)."""
     _decode_and_check(case, swap=False)
+
+
+# Head dim 96 (Phi-3-mini: 32 q heads, 32 KV heads): the 64-row consumer for every row count (the
+# swapped one needs whole 64-row M blocks of the head dim), 64-byte-swizzled tiles.
+PHI3_HEADS = [(32, 1), (8, 4)]  # (KV heads, q heads per KV head): 32/32 and 32/8
+
+
+@pytest.mark.parametrize("heads_kv,group", PHI3_HEADS, ids=["32-32", "32-8"])
+@pytest.mark.parametrize("seqlen_q", [1, 4])
+@pytest.mark.parametrize("num_splits", [1, 3, 17])
+def test_head_dim_96_model_heads(heads_kv, group, seqlen_q, num_splits):
+    """Phi-3-mini's heads (and a GQA 32/8 layout) at d = 96: empty rows, partial last tiles, NaN
+    past each length; 3 splits merge in the kernel's tail, 17 go to the combine kernel."""
+    lengths = (1000, 129, 1, 0)
+    case = DecodeCase(len(lengths), seqlen_q, SEQLEN_K, heads_kv, group, 96, torch.bfloat16, lengths, num_splits,
+                      seqlen_q > 1)
+    _decode_and_check(case)
+
+
+@pytest.mark.parametrize("heads_kv,group", PHI3_HEADS, ids=["32-32", "32-8"])
+@pytest.mark.parametrize("page_size", [16, 24, 64])
+def test_head_dim_96_model_heads_paged(heads_kv, group, page_size):
+    """Sub-tile (16), gathered (24) and whole-tile (64) pages at d = 96 with Phi-3-mini's heads."""
+    from flashsplit.testing import to_paged
+
+    lengths = (1000, 2 * page_size + 1, 1, 0)
+    case = DecodeCase(len(lengths), 1, SEQLEN_K, heads_kv, group, 96, torch.bfloat16, lengths, 3)
+    gen = torch.Generator().manual_seed(page_size)
+    q, k, v, seqlens = make_inputs(case, "cuda", gen)
+    k_pages, v_pages, table, k, v = to_paged(k, v, list(lengths), page_size, gen)
+    _decode_paged_and_check(case, q, k, v, seqlens, k_pages, v_pages, table, 3, False, f"d96 pages of {page_size}")
+
+
+def test_head_dim_96_swapped_operands_refused():
+    """d = 96 with 1-8 packed rows runs the 64-row consumer (the launch choice never swaps), and
+    asking for the swapped consumer is a clear error, not a wrong answer."""
+    from flashsplit.cute import choice
+
+    case = DecodeCase(2, 1, 1024, 8, 4, 96, torch.bfloat16, (1000, 5), 3)
+    assert not choice.choose(case.problem(), 3, 132).swap
+    q, k, v, seqlens = make_inputs(case, "cuda")
+    out = torch.full_like(q, float("nan"))
+    with pytest.raises(ValueError, match="swap_rows"):
+        _decode(q, k, v, seqlens, 3, 0.1, False, out, None, swap=True)
+
+
+def test_head_dim_96_through_the_api_and_graph_replay():
+    """``flashsplit.decode`` at d = 96 (cute named, and auto), 16-key pages, then a captured
+    decode that follows a rewritten block table and new lengths."""
+    import flashsplit
+    from flashsplit.testing import to_paged
+
+    lengths = (2048, 700, 0)
+    case = DecodeCase(3, 1, 2048, 32, 1, 96, torch.bfloat16, lengths, 0)
+    gen = torch.Generator().manual_seed(96)
+    q, k, v, seqlens = make_inputs(case, "cuda", gen)
+    k_pages, v_pages, table, k, v = to_paged(k, v, list(lengths), 16, gen, share_first_page=False)
+    scale = 1.0 / math.sqrt(96)
+    for backend in ("cute", "auto"):
+        out, lse = flashsplit.decode(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table, backend=backend,
+                                     return_lse=True)
+        torch.cuda.synchronize()
+        check_against_reference(out, lse, q, k, v, seqlens, False, scale, what=f"d96 {backend}")
+    out = torch.full_like(q, float("nan"))
+    kwargs = dict(cache_seqlens=seqlens, block_table=table, backend="cute", out=out, num_splits=5)
+    flashsplit.decode(q, k_pages, v_pages, **kwargs)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        flashsplit.decode(q, k_pages, v_pages, **kwargs)
+    table.copy_(table[[2, 0, 1]].clone())
+    seqlens.copy_(torch.tensor([0, 2000, 650], dtype=torch.int32, device="cuda"))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    check_against_reference(out, None, q, k[[2, 0, 1]], v[[2, 0, 1]], seqlens, False, scale, what="d96 replay")

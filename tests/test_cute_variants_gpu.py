@@ -3,6 +3,7 @@
 Against the float64 reference (:func:`flashsplit.testing.check_against_reference` with the
 variant), on the 64-row and the swapped-operand consumers (each forced), dense and paged caches
 (pages of 16: sub-tile TMA boxes; 128: whole TMA tiles; 5: gathered rows), 16-bit and fp8 e4m3,
+head dims 128 and 96 (the 64-row consumer only: no swapped one there; 64 under ``--full``),
 one split (the split kernel's epilogue) and 3 or 17 merged in the kernel's tail or by the combine.
 Every cache slot no query of its row may see (before its window, past its length) holds NaN, and
 outputs are NaN-poisoned. Windows sit on the 64-key tile and 128-key granule boundaries; rows of
@@ -128,10 +129,15 @@ WINDOWS = [(0, -1), pytest.param((63, -1), marks=FULL), (64, -1), pytest.param((
            pytest.param((0, 0), marks=FULL), pytest.param((-1, 1), marks=FULL)]
 
 
-@pytest.mark.parametrize("swap", [False, True], ids=["rows", "swap"])
+# (head dim, swapped operands): both consumers at d = 128 (and 64), the 64-row one at d = 96.
+DIMS_AND_CONSUMERS = [pytest.param(128, False, id="d128-rows"), pytest.param(128, True, id="d128-swap"),
+                      pytest.param(96, False, id="d96-rows")]
+
+
+@pytest.mark.parametrize("head_dim, swap", DIMS_AND_CONSUMERS + [pytest.param(64, False, marks=FULL, id="d64-rows"),
+                                                                 pytest.param(64, True, marks=FULL, id="d64-swap")])
 @pytest.mark.parametrize("window", WINDOWS, ids=str)
 @pytest.mark.parametrize("seqlen_q, causal", [(1, False), (3, True), (3, False)])
-@pytest.mark.parametrize("head_dim", [128, pytest.param(64, marks=FULL)])
 def test_window_matches_reference(swap, window, seqlen_q, causal, head_dim, generator, request):
     if causal and window[1] > 0:
         pytest.skip("right > 0 contradicts causal (validation refuses it)")
@@ -143,25 +149,27 @@ def test_window_matches_reference(swap, window, seqlen_q, causal, head_dim, gene
 
 @pytest.mark.parametrize("seqlen_q, causal, window", [(9, True, (100, 0)), (16, False, (70, 5)),
                                                       pytest.param(16, True, (0, 0), marks=FULL)])
-def test_window_over_several_row_blocks(seqlen_q, causal, window, generator, request):
+@pytest.mark.parametrize("head_dim", [128, 96])
+def test_window_over_several_row_blocks(seqlen_q, causal, window, head_dim, generator, request):
     """8 q heads per KV head over 9-16 queries: 72-128 packed rows, two 64-row tiles whose first
     queries see different first keys (each CTA skips and zeroes up to its own)."""
-    q, k, v, seqlens = _inputs(seqlen_q, 8, 128, LENGTHS, window[0], generator)
+    q, k, v, seqlens = _inputs(seqlen_q, 8, head_dim, LENGTHS, window[0], generator)
     for splits, merge in _split_paths(request):
         out, lse = _run(q, k, v, seqlens, splits, merge=merge, causal=causal, window=window)
         _check(out, lse, q, k, v, seqlens, f"window {window} S{splits} merge={merge}", causal, window)
 
 
-@pytest.mark.parametrize("fmt, swap", [("pages16", False), ("pages16", True), ("pages5", False),
-                                       ("fp8-pages16", False), pytest.param("pages128", False, marks=FULL),
-                                       pytest.param("pages128", True, marks=FULL),
-                                       pytest.param("fp8", False, marks=FULL),
-                                       pytest.param("fp8-pages5", False, marks=FULL)])
+@pytest.mark.parametrize("fmt, swap, head_dim", [
+    ("pages16", False, 128), ("pages16", True, 128), ("pages5", False, 128), ("fp8-pages16", False, 128),
+    ("pages16", False, 96), ("pages5", False, 96), ("fp8-pages16", False, 96),
+    pytest.param("pages128", False, 128, marks=FULL), pytest.param("pages128", True, 128, marks=FULL),
+    pytest.param("fp8", False, 128, marks=FULL), pytest.param("fp8-pages5", False, 128, marks=FULL),
+    pytest.param("pages128", False, 96, marks=FULL), pytest.param("fp8", False, 96, marks=FULL)])
 @pytest.mark.parametrize("window", [(64, -1), pytest.param((129, -1), marks=FULL)], ids=str)
-def test_window_cache_formats(fmt, swap, window, generator, request):
+def test_window_cache_formats(fmt, swap, head_dim, window, generator, request):
     """Paged caches (sub-tile boxes, whole tiles, gathered rows) and fp8 (converted in shared
     memory, V rows before the window written as 0) under a window, L_q 3, causal."""
-    q, k, v, seqlens = _inputs(3, 2, 128, LENGTHS, window[0], generator)
+    q, k, v, seqlens = _inputs(3, 2, head_dim, LENGTHS, window[0], generator)
     k, v, k_ref, v_ref, extra = _cache(k, v, seqlens, fmt, generator)
     for splits, merge in _split_paths(request):
         out, lse = _run(q, k, v, seqlens, splits, swap=swap, merge=merge, causal=True, window=window, **extra)
@@ -178,12 +186,12 @@ def test_window_on_the_other_tiles(tile, generator):
         _check(out, lse, q, k, v, seqlens, f"{tile} S{splits}", False, window)
 
 
-@pytest.mark.parametrize("swap", [False, True], ids=["rows", "swap"])
+@pytest.mark.parametrize("head_dim, swap", DIMS_AND_CONSUMERS)
 @pytest.mark.parametrize("softcap, scale", [(30.0, 1.0), (2.0, 4.0), (0.5, 0.125)])
-def test_softcap_matches_reference(swap, softcap, scale, generator, request):
+def test_softcap_matches_reference(head_dim, swap, softcap, scale, generator, request):
     """Large logits (scale 4: most scores past the cap) and small ones (scale 1/8), L_q 2 causal."""
-    q, k, v, seqlens = _inputs(2, 2, 128, LENGTHS, -1, generator)
-    scale = scale / math.sqrt(128)
+    q, k, v, seqlens = _inputs(2, 2, head_dim, LENGTHS, -1, generator)
+    scale = scale / math.sqrt(head_dim)
     for splits, merge in _split_paths(request):
         out, lse = _run(q, k, v, seqlens, splits, swap=swap, merge=merge, causal=True, softcap=softcap, scale=scale)
         _check(out, lse, q, k, v, seqlens, f"softcap {softcap} S{splits} merge={merge}", True, softcap=softcap,
@@ -198,16 +206,16 @@ def test_softcap_fp8(generator):
         _check(out, lse, q, k_ref, v_ref, seqlens, f"fp8 softcap S{splits} merge={merge}", softcap=5.0)
 
 
-@pytest.mark.parametrize("swap", [False, True], ids=["rows", "swap"])
+@pytest.mark.parametrize("head_dim, swap", DIMS_AND_CONSUMERS)
 @pytest.mark.parametrize("sink_scale", [8.0, -8.0, 1.0])  # a sink that dominates, a negligible one, a fair one
 @pytest.mark.parametrize("sink_dtype", [torch.float32, pytest.param(torch.bfloat16, marks=FULL),
                                         pytest.param(torch.float16, marks=FULL)], ids=["fp32", "bf16", "fp16"])
-def test_sinks_match_reference(swap, sink_scale, sink_dtype, generator, request):
+def test_sinks_match_reference(head_dim, swap, sink_scale, sink_dtype, generator, request):
     """Sinks join each softmax once on every path (one split's epilogue, the merge tail, the
     combine); an empty row and a query that sees no key (L_q 3 over a 1-key row, causal) get
     O = 0 and LSE = their sink."""
     lengths = (600, 1, 0)
-    q, k, v, seqlens = _inputs(3, 2, 128, lengths, -1, generator)
+    q, k, v, seqlens = _inputs(3, 2, head_dim, lengths, -1, generator)
     sinks = (sink_scale * (1 + torch.rand(4, generator=generator))).to("cuda", sink_dtype)
     for splits, merge in _split_paths(request):
         out, lse = _run(q, k, v, seqlens, splits, swap=swap, merge=merge, causal=True, sinks=sinks)
@@ -218,15 +226,16 @@ def test_sinks_match_reference(swap, sink_scale, sink_dtype, generator, request)
         torch.testing.assert_close(lse[1, :, 0], sinks.float(), atol=1e-5, rtol=0, msg=what)  # query 0: no key
 
 
-@pytest.mark.parametrize("fmt, swap", [("dense", False), ("dense", True), ("pages16", False), ("fp8", False),
-                                       pytest.param("pages16", True, marks=FULL),
-                                       pytest.param("fp8-pages16", False, marks=FULL),
-                                       pytest.param("pages5", False, marks=FULL),
-                                       pytest.param("pages128", True, marks=FULL)])
-def test_every_variant_together(fmt, swap, generator, request):
+@pytest.mark.parametrize("fmt, swap, head_dim", [
+    ("dense", False, 128), ("dense", True, 128), ("pages16", False, 128), ("fp8", False, 128),
+    ("dense", False, 96), ("pages16", False, 96), ("pages5", False, 96), ("fp8", False, 96),
+    pytest.param("pages16", True, 128, marks=FULL), pytest.param("fp8-pages16", False, 128, marks=FULL),
+    pytest.param("pages5", False, 128, marks=FULL), pytest.param("pages128", True, 128, marks=FULL),
+    pytest.param("fp8-pages16", False, 96, marks=FULL), pytest.param("pages128", False, 96, marks=FULL)])
+def test_every_variant_together(fmt, swap, head_dim, generator, request):
     """A window, softcap and sinks with causal L_q 2, on each cache format and consumer."""
     window = (200, -1)
-    q, k, v, seqlens = _inputs(2, 2, 128, LENGTHS, window[0], generator)
+    q, k, v, seqlens = _inputs(2, 2, head_dim, LENGTHS, window[0], generator)
     k, v, k_ref, v_ref, extra = _cache(k, v, seqlens, fmt, generator)
     sinks = torch.randn(4, generator=generator).to("cuda")
     for splits, merge in _split_paths(request):
@@ -284,16 +293,18 @@ def test_forward_partials_with_a_window_then_combine_with_sinks(generator):
         torch.testing.assert_close(lse, ref_lse.to("cuda"), atol=1e-4, rtol=1e-4, msg=backend.name)
 
 
+@pytest.mark.parametrize("head_dim", [128, 96])
 @pytest.mark.parametrize("num_splits", [3, 17])  # merged in the kernel's tail; the combine
-def test_graph_replay_with_new_lengths(num_splits, generator):
+def test_graph_replay_with_new_lengths(num_splits, head_dim, generator):
     """A captured windowed, softcapped decode with sinks follows new ``cache_seqlens`` on replay
     (the window's first key moves with them); the slots hidden under the new lengths are NaN."""
     import flashsplit
 
     window = (100, -1)
     lengths, later = (1000, 300, 5), (130, 1024, 0)
-    q, k, v, seqlens = _inputs(2, 2, 128, lengths, window[0], generator)
-    clean_k, clean_v = make_inputs(DecodeCase(3, 2, CAPACITY, 2, 2, 128, torch.bfloat16), "cuda", generator)[1:3]
+    q, k, v, seqlens = _inputs(2, 2, head_dim, lengths, window[0], generator)
+    clean_k, clean_v = make_inputs(DecodeCase(3, 2, CAPACITY, 2, 2, head_dim, torch.bfloat16), "cuda",
+                                   generator)[1:3]
     k.copy_(clean_k)
     v.copy_(clean_v)
     sinks = torch.randn(4, generator=generator).to("cuda")
@@ -315,15 +326,16 @@ def test_graph_replay_with_new_lengths(num_splits, generator):
     _check(out, lse, q, k, v, seqlens, f"replay S{num_splits}", True, window, 10.0, sinks)
 
 
+@pytest.mark.parametrize("dim", [128, 96])
 @pytest.mark.parametrize("page_size", [0, pytest.param(16, marks=FULL)])
 @pytest.mark.parametrize("seqlen_q", [1, pytest.param(4, marks=FULL)])
-def test_batch_invariance(page_size, seqlen_q, generator):
+def test_batch_invariance(page_size, seqlen_q, dim, generator):
     """A row decoded alone and in a batch of 16 with other lengths (and another cache capacity: 2
     or 1 splits alone, 3 in the batch), at two positions of that batch, gives bitwise equal
     outputs and LSEs; each is the reference's."""
     import flashsplit
 
-    heads, dim, capacity = (8, 2), 128, 1100
+    heads, capacity = (8, 2), 1100
     sinks = torch.randn(heads[0], generator=generator).to("cuda")
 
     def rand(*shape):

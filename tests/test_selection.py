@@ -67,7 +67,11 @@ GOLDEN = [
     (_problem(batch=64, seqlen_k=4096, head_dim=64), "default"),
     (_problem(batch=64, seqlen_k=4096, head_dim=256), "default"),
     (_problem(batch=64, seqlen_k=4096, kv_dtype=FP8), "default"),
-    (_problem(batch=1, seqlen_k=4096, head_dim=96), "default"),
+    (_problem(batch=1, seqlen_k=4096, head_dim=96), "default"),  # (Phi-3-mini heads: 32/32, d = 96)
+    (_problem(batch=1, seqlen_k=4096, num_heads_kv=32, head_dim=96), "default"),
+    (_problem(batch=4, seqlen_k=4096, head_dim=96, page_size=16), "paged-tma"),
+    (_problem(batch=4, seqlen_k=4096, head_dim=96, page_size=24), "paged-gathered"),
+    (_problem(batch=1, seqlen_k=4096, head_dim=80), "default"),
 ]
 
 
@@ -81,7 +85,7 @@ def test_rule_that_fires(problem, rule):
 def test_auto_runs_the_rules_backend_on_an_h200(problem, rule):
     backend, fired, why = select(problem, "auto")
     expected = next(r.backend for r in selection.RULES if r.name == rule)
-    if problem.head_dim not in (64, 128, 256):
+    if problem.head_dim not in (64, 96, 128, 256):
         expected = "triton"  # cute has no such head dim: the other able backend
     assert (backend.name, fired) == (expected, rule) and rule in why
 

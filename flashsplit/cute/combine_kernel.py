@@ -41,8 +41,9 @@ class CombineKernel:
         self.dtype = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}[config.dtype]
         self.head_dim = config.head_dim
         self.cols_per_lane = config.head_dim // 32
-        # A lane's columns load as vectors of up to 4 fp32 (16 bytes) when aligned.
-        self.vec = min(self.cols_per_lane, 4)
+        # A lane's columns load as vectors of up to 4 fp32 (16 bytes) when aligned; d = 96's
+        # 3 columns per lane are 32 apart (RowMerge.strided): scalar loads, one path.
+        self.vec = 1 if self.cols_per_lane & (self.cols_per_lane - 1) else min(self.cols_per_lane, 4)
         # 8 warps of 4 splits each: 32 splits in flight per row, each warp's share of the
         # weighted sum a short chain (H200, B = 1 x 4k/16k: 10.77 / 21.96 us vs 10.87 / 22.03
         # with 4 warps of 8 splits; a bare combine 2.05 vs 2.02 us). The CTA's 256 threads cover
@@ -149,26 +150,31 @@ class CombineKernel:
         # The partials' pointer and strides are runtime values: take the vector path only when
         # every lane's slice really is aligned to V fp32 (the caller does not promise it).
         shape = (num_splits, batch, seqlen_q, num_heads, D)
-        addr = _opaque(op_ptr.toint())
-        misaligned = addr | (op_stride_s * 4) | (op_stride_b * 4) | (op_stride_l * 4) | (op_stride_h * 4)
-        if misaligned % (4 * V) == 0:
-            mOp = cute.make_tensor(
-                cute.make_ptr(Float32, addr, cute.AddressSpace.gmem, assumed_align=4 * V),
-                cute.make_layout(
-                    shape,
-                    stride=(
-                        cute.assume(op_stride_s, divby=V), cute.assume(op_stride_b, divby=V),
-                        cute.assume(op_stride_l, divby=V), cute.assume(op_stride_h, divby=V), 1,
-                    ),
-                ),
-            )
+        if cutlass.const_expr(self.row_merge.strided):
+            mOp = cute.make_tensor(op_ptr, cute.make_layout(shape, stride=(op_stride_s, op_stride_b, op_stride_l,
+                                                                           op_stride_h, 1)))
             self.combine_row(mOp, mLp, mO, mLSE, sAcc, num_splits, b, m, h, tidx, mSinks)
         else:
-            mOp = cute.make_tensor(
-                cute.make_ptr(Float32, addr, cute.AddressSpace.gmem, assumed_align=4),
-                cute.make_layout(shape, stride=(op_stride_s, op_stride_b, op_stride_l, op_stride_h, 1)),
-            )
-            self.combine_row(mOp, mLp, mO, mLSE, sAcc, num_splits, b, m, h, tidx, mSinks)
+            addr = _opaque(op_ptr.toint())
+            misaligned = addr | (op_stride_s * 4) | (op_stride_b * 4) | (op_stride_l * 4) | (op_stride_h * 4)
+            if misaligned % (4 * V) == 0:
+                mOp = cute.make_tensor(
+                    cute.make_ptr(Float32, addr, cute.AddressSpace.gmem, assumed_align=4 * V),
+                    cute.make_layout(
+                        shape,
+                        stride=(
+                            cute.assume(op_stride_s, divby=V), cute.assume(op_stride_b, divby=V),
+                            cute.assume(op_stride_l, divby=V), cute.assume(op_stride_h, divby=V), 1,
+                        ),
+                    ),
+                )
+                self.combine_row(mOp, mLp, mO, mLSE, sAcc, num_splits, b, m, h, tidx, mSinks)
+            else:
+                mOp = cute.make_tensor(
+                    cute.make_ptr(Float32, addr, cute.AddressSpace.gmem, assumed_align=4),
+                    cute.make_layout(shape, stride=(op_stride_s, op_stride_b, op_stride_l, op_stride_h, 1)),
+                )
+                self.combine_row(mOp, mLp, mO, mLSE, sAcc, num_splits, b, m, h, tidx, mSinks)
 
     @cute.jit
     def combine_row(self, mOp, mLp, mO, mLSE, sAcc, num_splits, b, m, h, tidx, mSinks=None):
@@ -182,7 +188,7 @@ class CombineKernel:
             lse, factor = softmax.add_sink(lse, mSinks[h].to(Float32))
 
         # 4. Merge the warps through shared memory; thread t writes column t (d = 64: t < 64).
-        cute.autovec_copy(acc, cute.local_tile(sAcc[warp, None], (C,), (lane,)))
+        cute.autovec_copy(acc, self.row_merge.lane_columns(sAcc[warp, None], lane))
         cute.arch.barrier()
         if tidx < self.head_dim:
             o = sAcc[0, tidx]

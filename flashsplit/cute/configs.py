@@ -14,7 +14,9 @@ SMEM_PER_SM = 228 * 1024
 SMEM_PER_CTA_MAX = 227 * 1024
 #: Each resident CTA also reserves 1 KiB of shared memory for the system.
 SMEM_RESERVED_PER_CTA = 1024
-HEAD_DIMS = (64, 128, 256)
+#: Head dims with a tile. d = 96 (Phi-3-mini) rows are 192 bytes: its K, V and Q tiles take the
+#: 64-byte swizzle (32-column atoms, three TMA boxes per tile) where 64/128/256 take the 128-byte one.
+HEAD_DIMS = (64, 96, 128, 256)
 DTYPES = ("float16", "bfloat16")
 #: The combine also writes fp32 (flashsplit.combine's default, and mix-and-match checks).
 COMBINE_OUT_DTYPES = DTYPES + ("float32",)
@@ -171,6 +173,10 @@ def split_tile(head_dim: int) -> tuple[int, int, int]:
     epilogue hide behind the other's loads) with 2-3 K+V stages each: >= 128 KiB of loads in
     flight per SM, far above the ~40 KiB per SM that Little's law asks at 4.8 TB/s and ~1 us.
     (d = 128 with three 32 KiB stages would need 2 x 115.7 KiB, at the 228 KiB limit.)
+    d = 96 takes d = 128's 64-key tile (the same sub-tile page sizes and split granule): a K+V
+    stage is 24 KiB and the Q tile 12 KiB, so three stages (84 KiB, 72 KiB of loads in flight per
+    CTA, between d = 128's two- and three-stage tiles) leave room for two CTAs per SM; four would
+    fit too (108 KiB), but at d = 128 a deeper pipeline lost in two-wave launches (ONE_WAVE_STAGES).
     d = 256 needs 64 KiB per K+V stage, so it runs one CTA per SM.
 
     >>> split_tile(128)
@@ -178,6 +184,8 @@ def split_tile(head_dim: int) -> tuple[int, int, int]:
     """
     if head_dim == 64:
         return 128, 3, 2
+    if head_dim == 96:
+        return 64, 3, 2
     if head_dim == 128:
         return 64, 2, 2
     if head_dim == 256:
@@ -210,7 +218,8 @@ ONE_WAVE_STAGES = 3
 def fp8_stages(head_dim: int) -> int:
     """fp8 staging slots per CTA (same tile and CTAs/SM as the 16-bit kernel). An fp8 slot is
     half a 16-bit stage, and the 16-bit operand buffers take one 16-bit stage's room, so: d=64
-    4 slots (104 KiB, 2 CTAs/SM), d=128 4 slots (112 KiB, 2 CTAs/SM), d=256 3 slots (192 KiB).
+    4 slots (104 KiB, 2 CTAs/SM), d=96 4 slots (84 KiB, 2 CTAs/SM), d=128 4 slots (112 KiB,
+    2 CTAs/SM), d=256 3 slots (192 KiB).
 
     >>> fp8_stages(128)
     4
@@ -219,8 +228,8 @@ def fp8_stages(head_dim: int) -> int:
     return 3 if head_dim == 256 else 4
 
 
-#: 16-bit staging slots of a gathered-paging CTA: two (d=64 104 KiB, d=128 112 KiB at two CTAs
-#: per SM; d=256 224 KiB at one).
+#: 16-bit staging slots of a gathered-paging CTA: two (d=64 104 KiB, d=96 84 KiB, d=128 112 KiB
+#: at two CTAs per SM; d=256 224 KiB at one).
 GATHER_STAGES = 2
 
 
@@ -273,6 +282,9 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
         stages = fp8_stages(head_dim)
     if swap_rows not in (0, SWAP_AB_ROWS):
         raise ValueError(f"swap_rows: expected 0 or {SWAP_AB_ROWS}, got {swap_rows}")
+    if swap_rows and head_dim % 64 != 0:
+        raise ValueError(f"swap_rows: the swapped consumer's O^T = V^T P^T takes the head dim as wgmma's M, in "
+                         f"blocks of 64; head_dim {head_dim} is not a multiple of 64")
     if swap_rows and (kv_dtype != "same" or gather):
         raise ValueError(f"swap_rows: only for 16-bit caches in TMA tiles, got kv_dtype {kv_dtype}, gathered pages "
                          f"{gather}")
@@ -312,12 +324,15 @@ SWAP_AB_STAGES = 3
 def swap_ab_applies(packed_rows: int, kv_dtype: str, page_size: int | None, head_dim: int) -> bool:
     """Whether a problem of ``packed_rows`` rows per KV head (L_q x group) can take the swapped-
     operand kernel: at most ``SWAP_AB_ROWS`` rows, a 16-bit cache, dense (``page_size`` None) or
-    in pages the TMA reads as whole tiles or sub-tile boxes.
+    in pages the TMA reads as whole tiles or sub-tile boxes, and a head dim in whole 64-row wgmma
+    M blocks (``O^T``'s rows; d = 96 runs the 64-row consumer).
 
     >>> swap_ab_applies(4, "same", None, 128), swap_ab_applies(16, "same", None, 128)
     (True, False)
+    >>> swap_ab_applies(4, "same", None, 96)
+    False
     """
-    if packed_rows > SWAP_AB_ROWS or kv_dtype != "same":
+    if packed_rows > SWAP_AB_ROWS or kv_dtype != "same" or head_dim % 64 != 0:
         return False
     return page_size is None or tma_pages(page_size, head_dim)
 
@@ -340,7 +355,7 @@ def paged_supported(page_size: int, head_dim: int) -> bool:
 
 def subtile_page_sizes(head_dim: int) -> tuple[int, ...]:
     """Page sizes smaller than the tile that the sub-tile paged kernel reads: the multiples of 8
-    that divide ``tile_n`` (d=64: 8/16/32/64; d=128/256: 8/16/32), 16-bit or fp8 caches.
+    that divide ``tile_n`` (d=64: 8/16/32/64; d=96/128/256: 8/16/32), 16-bit or fp8 caches.
 
     >>> subtile_page_sizes(128), subtile_page_sizes(64)
     ((8, 16, 32), (8, 16, 32, 64))
@@ -415,13 +430,41 @@ def compile_check_configs() -> list[SplitConfig]:
     """What the CPU compile check builds: every whole-tile configuration, one sub-tile
     configuration per (cache type, head dim, page size) and one gathered configuration per
     (cache type, head dim), with dtype, causal and partials cycled so each of their combinations
-    occurs (these modes change only the producer's loads and the staging)."""
-    configs = all_split_configs(subtile=False)
+    occurs (these modes change only the producer's loads and the staging); then the merge, tile
+    and consumer variants and the attention variants. d = 96 builds every configuration of the
+    d = 128 list at d = 96 (:func:`at_head_dim`), but those it has no kernel for (swapped
+    operands, one CTA per SM, one-wave stages)."""
+    base = _check_configs((64, 128, 256))
+    at_96 = (at_head_dim(c, 96) for c in base if c.head_dim == 128)
+    return list(dict.fromkeys(base + [c for c in at_96 if c is not None]))
+
+
+def at_head_dim(config: SplitConfig, head_dim: int) -> SplitConfig | None:
+    """``config``'s problem at another head dim, with that head dim's tile (``split_config``'s
+    choice; page sizes and flags kept), or None where ``split_config`` refuses it."""
+    page_size = None
+    if config.paged:
+        page_size = config.subtile_page or (GATHER_EXAMPLE_PAGE if config.gather_pages else split_tile(head_dim)[0])
+    one_per_sm = config.head_dim == 128 and config.units_per_sm == 1
+    one_wave = (config.head_dim == 128 and config.merge and not config.paged and not config.staged
+                and not one_per_sm and config.stages == ONE_WAVE_STAGES)
+    try:
+        return split_config(config.dtype, head_dim, config.causal, config.write_partials, config.paged,
+                            config.kv_dtype, page_size, config.merge, one_per_sm, one_wave, config.swap_rows,
+                            left_bound=config.left_bound, right_bound=config.right_bound, softcap=config.softcap,
+                            sinks=config.sinks, invariant=config.invariant)
+    except ValueError:
+        return None
+
+
+def _check_configs(head_dims: tuple[int, ...]) -> list[SplitConfig]:
+    """:func:`compile_check_configs`'s list at ``head_dims``."""
+    configs = [c for c in all_split_configs(subtile=False) if c.head_dim in head_dims]
     combos = [(dtype, causal, wp) for dtype in DTYPES for causal in (False, True) for wp in (False, True)]
     i = 0
     for pages_of in (subtile_page_sizes, _gather_compile_pages):
         for kv_dtype in KV_DTYPES:
-            for head_dim in HEAD_DIMS:
+            for head_dim in head_dims:
                 for page_size in pages_of(head_dim):
                     dtype, causal, wp = combos[i % len(combos)]
                     configs.append(split_config(dtype, head_dim, causal, wp, True, kv_dtype, page_size))
@@ -429,9 +472,9 @@ def compile_check_configs() -> list[SplitConfig]:
     # The last-CTA merge (a partials launch's tail; the loads before it do not matter): every
     # (cache type, head dim) dense with dtype and causal cycled, and whole-tile, sub-tile and
     # gathered pages once per head dim.
-    for j, (kv_dtype, head_dim) in enumerate((kv, d) for kv in KV_DTYPES for d in HEAD_DIMS):
+    for j, (kv_dtype, head_dim) in enumerate((kv, d) for kv in KV_DTYPES for d in head_dims):
         configs.append(split_config(DTYPES[j % 2], head_dim, j % 3 == 1, True, False, kv_dtype, merge=True))
-    for head_dim, page_size in zip(HEAD_DIMS, (GATHER_EXAMPLE_PAGE, 128, 16)):
+    for head_dim, page_size in zip(head_dims, (GATHER_EXAMPLE_PAGE, 128, 16)):
         configs.append(split_config("bfloat16", head_dim, False, True, True, "same", page_size, merge=True))
     # The one-CTA-per-SM tile (dense 16-bit, d = 128): every dtype x causal x output, and merging.
     configs += [split_config(dtype, 128, causal, wp, one_per_sm=True)
@@ -446,11 +489,11 @@ def compile_check_configs() -> list[SplitConfig]:
     # tile and sub-tile pages per head dim, merging on each tile (two CTAs, one wave, one per SM).
     swap = SWAP_AB_ROWS
     configs += [split_config(dtype, head_dim, causal, wp, swap_rows=swap)
-                for dtype in DTYPES for head_dim in HEAD_DIMS for causal in (False, True) for wp in (False, True)]
+                for dtype in DTYPES for head_dim in head_dims for causal in (False, True) for wp in (False, True)]
     configs += [split_config(DTYPES[j % 2], head_dim, j % 2 == 0, True, True, page_size=p, swap_rows=swap)
-                for j, (head_dim, p) in enumerate((d, p) for d in HEAD_DIMS for p in (split_tile(d)[0], 16))]
+                for j, (head_dim, p) in enumerate((d, p) for d in head_dims for p in (split_tile(d)[0], 16))]
     configs += [split_config(DTYPES[j % 2], head_dim, j % 2 == 1, True, merge=True, swap_rows=swap)
-                for j, head_dim in enumerate(HEAD_DIMS)]
+                for j, head_dim in enumerate(head_dims)]
     configs.append(split_config("bfloat16", 128, False, True, merge=True, one_wave=True, swap_rows=swap))
     configs += [split_config("float16", 128, True, wp, one_per_sm=True, swap_rows=swap) for wp in (False, True)]
     configs.append(split_config("bfloat16", 128, False, True, True, page_size=16, merge=True, one_per_sm=True,

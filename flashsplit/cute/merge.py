@@ -3,7 +3,9 @@ kernel's last-CTA merge (``SplitConfig.merge``).
 
 A row ``(b, m, h)`` has ``num_splits`` partials: fp32 ``out_partial[s, b, m, h, :]`` and natural-log
 ``lse_partial[s, b, h, m]``. ``W`` warps share the row: warp ``w`` takes splits ``w, w + W, ...``,
-and in it every lane owns ``head_dim / 32`` contiguous columns. Each warp issues all of its
+and in it every lane owns ``head_dim / 32`` contiguous columns (vector loads of 2, 4 or 8 fp32);
+at d = 96 a lane's 3 columns are ``lane, lane + 32, lane + 64`` instead (three scalar loads, each
+one coalesced 128-byte row segment per warp: no 12-byte vector exists). Each warp issues all of its
 first loads before anything waits on memory:
 
 * the row's split LSEs, lane ``l`` holding splits ``l, l + 32, ...`` (every warp reads all of them);
@@ -40,9 +42,18 @@ class RowMerge:
     def __init__(self, head_dim: int, num_warps: int, chunk: int):
         self.head_dim = head_dim
         self.cols_per_lane = head_dim // 32
+        #: A lane's columns are 32 apart (not a power of two per lane: d = 96), else contiguous.
+        self.strided = self.cols_per_lane & (self.cols_per_lane - 1) != 0
         self.num_warps = num_warps
         self.chunk = chunk
         self.lse_regs = SPLITS_IN_REGISTERS // 32
+
+    def lane_columns(self, row, lane):
+        """The lane's ``cols_per_lane`` columns of a row (a (head_dim,) tensor of stride 1):
+        contiguous, or (``strided``) ``lane + 32 j``."""
+        if cutlass.const_expr(self.strided):
+            return cute.make_tensor(row.iterator + lane, cute.make_layout((self.cols_per_lane,), stride=(32,)))
+        return cute.local_tile(row, (self.cols_per_lane,), (lane,))
 
     @cute.jit
     def load_chunk(self, gO, gL, lse_c, part, first, num_splits, lane):
@@ -55,7 +66,7 @@ class RowMerge:
             s = first + NW * u
             if s < num_splits:
                 lse_c[u] = gL[s]
-                cute.autovec_copy(cute.local_tile(gO[s, None], (C,), (lane,)), part[None, u])
+                cute.autovec_copy(self.lane_columns(gO[s, None], lane), part[None, u])
 
     @cute.jit
     def accumulate_chunk(self, acc, lse_c, part, lse):

@@ -68,6 +68,6 @@ class MergeTail:
                     for j in cutlass.range_constexpr(C):
                         acc[j] = acc[j] * factor
                 out.store(acc.load().to(self.dtype))
-                cute.autovec_copy(out, cute.local_tile(mOut[batch_idx, m, hq, None], (C,), (lane,)))
+                cute.autovec_copy(out, self.row_merge.lane_columns(mOut[batch_idx, m, hq, None], lane))
                 if lane == 0:
                     mOutLSE[batch_idx, hq, m] = lse

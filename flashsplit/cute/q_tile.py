@@ -44,6 +44,10 @@ class QTile:
         self.head_dim = config.head_dim
         self.rows = config.rows
         self.fp16_operands = config.fp16_operands
+        #: Lanes per q row in the load: one per 8-element chunk, padded to a power of two with
+        #: fp16 operands (the row-max butterfly runs inside a warp's aligned run of lanes).
+        chunks_per_row = config.head_dim // 8
+        self.lanes_per_row = 1 << (chunks_per_row - 1).bit_length() if config.fp16_operands else chunks_per_row
         types = ElementTypes(config)
         self.dtype, self.op_dtype = types.dtype, types.op
 
@@ -56,22 +60,28 @@ class QTile:
         largest magnitude into [2^13, 2^14) (exact in fp16, whose mantissa holds bf16's) and
         ``sRowScale[row]`` gets the inverse, which the softmax applies to the row's scores. A
         row's ``D / 8`` chunks are consecutive lanes of one warp: its max is a butterfly shuffle.
+        (d = 96: a row's 12 chunks take a run of 16 lanes, the last 4 idle, so that no row
+        straddles two warps.)
         """
         D, M = self.head_dim, self.rows
         chunks_per_row = D // 8
+        lanes_per_row = self.lanes_per_row
         num_rows = seqlen_q * group
-        chunks = M * chunks_per_row  # (swapped operands, 8 rows at d = 64: 64 chunks, half the threads)
+        chunks = M * lanes_per_row  # (swapped operands, 8 rows at d = 64: 64 chunks, half the threads)
         T = NUM_CONSUMER_THREADS
         for i in cutlass.range_constexpr((chunks + T - 1) // T):
             chunk = tidx + i * T
-            row = chunk // chunks_per_row
-            col = (chunk % chunks_per_row) * 8
+            row = chunk // lanes_per_row
+            col = (chunk % lanes_per_row) * 8
             r = row_block * M + row
             frag = cute.make_rmem_tensor((8,), self.dtype)
             frag.fill(0.0)
             if cutlass.const_expr(chunks % T != 0):
                 if chunk >= chunks:
                     r = num_rows  # past the tile: load nothing (and store nothing below)
+            if cutlass.const_expr(lanes_per_row != chunks_per_row):
+                if col >= D:
+                    r = num_rows  # an idle lane of the row's run: loads nothing, its max is 0
             if r < num_rows:
                 m = r // group
                 hq = kvh * group + r % group
@@ -82,12 +92,17 @@ class QTile:
                 for j in cutlass.range_constexpr(8):
                     x = frag[j].to(Float32)
                     amax = cute.arch.fmax(amax, cute.arch.fmax(x, -x))
-                for o in cutlass.range_constexpr(chunks_per_row.bit_length() - 1):  # offsets 1, 2, ...
+                for o in cutlass.range_constexpr(lanes_per_row.bit_length() - 1):  # offsets 1, 2, ...
                     amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1 << o))
                 scale, inverse = pow2_scale(amax)
-                for j in cutlass.range_constexpr(8):
-                    sQ[row, col + j, 0] = (frag[j].to(Float32) * scale).to(self.op_dtype)
-                if chunk % chunks_per_row == 0:
+                if cutlass.const_expr(lanes_per_row != chunks_per_row):
+                    if col < D:
+                        for j in cutlass.range_constexpr(8):
+                            sQ[row, col + j, 0] = (frag[j].to(Float32) * scale).to(self.op_dtype)
+                else:
+                    for j in cutlass.range_constexpr(8):
+                        sQ[row, col + j, 0] = (frag[j].to(Float32) * scale).to(self.op_dtype)
+                if chunk % lanes_per_row == 0:
                     sRowScale[row] = inverse
             elif cutlass.const_expr(chunks % T != 0):
                 if chunk < chunks:

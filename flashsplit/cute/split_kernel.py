@@ -34,7 +34,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..plan import SPLIT_GRANULE
 from . import split_rule
-from .configs import SplitConfig
+from .configs import HEAD_DIMS, SplitConfig
 from .cta_work import CtaWork
 from .kv_producer import KVProducer, make_kv_pipeline
 from .merge_tail import MergeTail
@@ -70,8 +70,8 @@ class SplitKVDecodeKernel:
 
     @staticmethod
     def can_implement(head_dim: int, tile_n: int) -> str | None:
-        if head_dim not in (64, 128, 256):
-            return f"head_dim {head_dim} is not one of 64, 128, 256"
+        if head_dim not in HEAD_DIMS:
+            return f"head_dim {head_dim} is not one of {HEAD_DIMS}"
         if SPLIT_GRANULE % tile_n != 0 or tile_n % 64 != 0:
             return f"tile_n {tile_n} must be a multiple of 64 dividing the {SPLIT_GRANULE}-key split granule"
         return None
@@ -169,9 +169,9 @@ class SplitKVDecodeKernel:
             cute.make_layout((D, cache_len, num_heads_kv, cache_rows), stride=(1, v_stride_l, v_stride_h, v_stride_b)),
         )
         o_strides = (o_stride_s, o_stride_b, o_stride_l, o_stride_h)
-        if cutlass.const_expr(self.merge):
+        if cutlass.const_expr(self.merge and not self.merge_tail.row_merge.strided):
             # The workspace's partials: every stride a multiple of D, so the merge's loads of a
-            # lane's D / 32 columns are vectors.
+            # lane's D / 32 columns are vectors (d = 96: a lane's 3 columns are 32 apart, scalars).
             o_strides = tuple(cute.assume(x, divby=self.merge_tail.row_merge.cols_per_lane) for x in o_strides)
         mO = cute.make_tensor(
             o_ptr, cute.make_layout((num_splits, batch, seqlen_q, num_heads, D), stride=(*o_strides, 1))
