@@ -27,6 +27,11 @@ rule                   backend   when (all measured on an H200, 32/8 heads, bf16
 ``long-splits``        cute      a dense 16-bit cache at d = 128, >= :data:`MIN_PACKED_ROWS` packed
                                  rows, splits of >= :data:`LONG_SPLIT_KEYS` keys (B = 1 x 128k 124.1
                                  vs 124.9 us; B = 1 x 16k, 512-key splits, 22.36 vs 22.71).
+``short-gqa-d96``      cute      a dense 16-bit cache at d = 96, >= :data:`MIN_PACKED_ROWS` packed
+                                 rows, fewer than :data:`FILL_UNITS` work units, a span of at most
+                                 :data:`SHORT_SPAN_D96` keys (B = 1 x 4k 10.0 vs 10.7 us, 16k 19.5
+                                 vs 20.8, B = 4 x 16k 55.2 vs 57.2; at 128k, or B >= 16, Triton
+                                 was 1-18% faster; 32/32 heads: Triton).
 ``default``            triton    everything else: fp8 caches (Triton reads fp8 V in pairs: cute was
                                  1.6x slower at B = 1 x 128k), other head dims, one q row per KV head
                                  in several waves (32/32 heads B = 16 x 16k: 935.6 vs 957.7 us).
@@ -45,6 +50,8 @@ from .problem import DecodeProblem
 FILL_UNITS = 64
 #: ``long-splits``: from this many keys per split, as the plan splits the problem for cute.
 LONG_SPLIT_KEYS = 512
+#: ``short-gqa-d96``: spans (keys a row's splits cover) up to this many.
+SHORT_SPAN_D96 = 32768
 #: ``gqa-fills-machine`` / ``long-splits``: at least this many packed rows (L_q x q heads per KV head);
 #: with fewer, the 64-row tile is mostly padding and Triton's 16-row tile was faster.
 MIN_PACKED_ROWS = 4
@@ -62,6 +69,12 @@ class Rule:
 
 def _dense_16bit_d128(problem: DecodeProblem) -> bool:
     return problem.head_dim == 128 and problem.cache_dtype == problem.dtype and not problem.paged
+
+
+def _short_gqa_d96(problem: DecodeProblem) -> bool:
+    return (problem.head_dim == 96 and problem.cache_dtype == problem.dtype and not problem.paged
+            and problem.packed_rows >= MIN_PACKED_ROWS and problem.work_units(64) < FILL_UNITS
+            and problem.span <= SHORT_SPAN_D96)
 
 
 def _cute_units(problem: DecodeProblem) -> tuple[int, int, int]:
@@ -126,6 +139,8 @@ RULES: tuple[Rule, ...] = (
          _gqa_fills_machine),
     Rule("long-splits", "cute", f">= {MIN_PACKED_ROWS} packed rows and splits of >= {LONG_SPLIT_KEYS} keys",
          _long_splits),
+    Rule("short-gqa-d96", "cute", f"d = 96, >= {MIN_PACKED_ROWS} packed rows, < {FILL_UNITS} work units, "
+         f"<= {SHORT_SPAN_D96} keys", _short_gqa_d96),
     Rule("default", "triton", "measured as fast or faster for everything else", lambda problem: True),
 )
 

@@ -67,8 +67,11 @@ GOLDEN = [
     (_problem(batch=64, seqlen_k=4096, head_dim=64), "default"),
     (_problem(batch=64, seqlen_k=4096, head_dim=256), "default"),
     (_problem(batch=64, seqlen_k=4096, kv_dtype=FP8), "default"),
-    (_problem(batch=1, seqlen_k=4096, head_dim=96), "default"),  # (Phi-3-mini heads: 32/32, d = 96)
-    (_problem(batch=1, seqlen_k=4096, num_heads_kv=32, head_dim=96), "default"),
+    (_problem(batch=1, seqlen_k=4096, head_dim=96), "short-gqa-d96"),
+    (_problem(batch=4, seqlen_k=16384, head_dim=96), "short-gqa-d96"),
+    (_problem(batch=1, seqlen_k=131072, head_dim=96), "default"),  # a long span: Triton
+    (_problem(batch=16, seqlen_k=4096, head_dim=96), "default"),  # 128 work units: Triton
+    (_problem(batch=1, seqlen_k=4096, num_heads_kv=32, head_dim=96), "default"),  # Phi-3-mini: 32/32, d = 96
     (_problem(batch=4, seqlen_k=4096, head_dim=96, page_size=16), "paged-tma"),
     (_problem(batch=4, seqlen_k=4096, head_dim=96, page_size=24), "paged-gathered"),
     (_problem(batch=1, seqlen_k=4096, head_dim=80), "default"),
