@@ -4,6 +4,7 @@ against the float64 reference (shared by the CPU (gloo) and GPU (NCCL) tests).""
 
 from __future__ import annotations
 
+import datetime
 import os
 
 import torch
@@ -150,7 +151,8 @@ def _worker(rank: int, world: int, store_path: str, backend: str, cases: list) -
     torch.set_num_threads(1)
     if backend == "nccl":
         torch.cuda.set_device(rank)
-    dist.init_process_group(backend, store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    dist.init_process_group(backend, store=dist.FileStore(store_path, world), rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
     try:
         for case in cases:
             if backend == "nccl":
@@ -162,5 +164,6 @@ def _worker(rank: int, world: int, store_path: str, backend: str, cases: list) -
 
 def spawn_cases(world: int, cases: list, tmp_dir, backend: str = "gloo") -> None:
     """Check ``cases`` on ``world`` processes (one spawn for them all); a failure re-raises here."""
+    os.makedirs(str(tmp_dir), exist_ok=True)
     store_path = os.path.join(str(tmp_dir), f"store-{backend}-{world}")
     mp.spawn(_worker, args=(world, store_path, backend, cases), nprocs=world, join=True)

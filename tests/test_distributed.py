@@ -16,24 +16,31 @@ from cp_cases import build_case, check_case, spawn_cases
 
 def _default_cases(world: int) -> list:
     """Masks that see every key (any cover), causal L_q = 4 (bulk and tail, shards ending among
-    the last queries), windows (per query), sinks, paged shards, a row of no keys at all."""
+    the last queries), windows (per query), sinks, paged shards, a row of no keys at all; both
+    merges, one per case beyond the first (the full matrix runs both everywhere)."""
+    gather, reduce = ("gather",), ("reduce",)
     cases = [
-        build_case("lq1", world, 1, seqlen_q=1),
-        build_case("lq1-interleaved-no-offset", world, 2, seqlen_q=1, layout="interleaved", pass_offset=False,
-                   merges=("gather",)),
         build_case("lq4-causal-tail", world, 3, seqlen_q=4, causal=True, tail_cuts=True),
         build_case("lq4-causal-permuted-sinks", world, 4, seqlen_q=4, causal=True, layout="permuted", sinks=True,
-                   totals=(2, 190)),
-        build_case("lq1-empty-row-sinks", world, 5, seqlen_q=1, sinks=True, totals=(0, 150), merges=("reduce",)),
+                   totals=(2, 190), merges=reduce),
         build_case("lq4-causal-window-paged", world, 6, seqlen_q=4, causal=True, window_size=(40, 0), page_size=16,
-                   tail_cuts=True),
+                   tail_cuts=True, merges=gather),
     ]
+    if world == 2:  # covered at 4 ranks by the full matrix
+        cases += [build_case("lq1", world, 1, seqlen_q=1, merges=gather),
+                  build_case("lq1-interleaved-no-offset", world, 2, seqlen_q=1, layout="interleaved",
+                             pass_offset=False, merges=gather),
+                  build_case("lq1-empty-row-sinks", world, 5, seqlen_q=1, sinks=True, totals=(0, 150),
+                             merges=reduce)]
     return cases
 
 
 def _full_cases(world: int) -> list:
     e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
     return [
+        build_case("lq1", world, 1, seqlen_q=1),
+        build_case("lq1-empty-row-sinks", world, 5, seqlen_q=1, sinks=True, totals=(0, 150)),
+        build_case("lq1-interleaved-no-offset", world, 2, seqlen_q=1, layout="interleaved", pass_offset=False),
         build_case("lq4-causal-paged-tail", world, 11, seqlen_q=4, causal=True, page_size=16, tail_cuts=True),
         build_case("lq4-causal-paged1", world, 12, seqlen_q=4, causal=True, page_size=1, totals=(40, 9)),
         build_case("lq4-causal-fp8", world, 13, seqlen_q=4, causal=True, fp8=e4m3, tail_cuts=True),
