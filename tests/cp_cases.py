@@ -140,6 +140,49 @@ def check_case(case: dict, rank: int, world: int, group=None) -> None:
             raise AssertionError(f"{what}: {error}") from None
 
 
+def check_graph_replay(case: dict, rank: int, world: int, group=None, merge: str = "reduce") -> None:
+    """Capture one ``cp_decode`` step in a CUDA graph (its collectives included), replay it, check
+    it; then zero the shard's lengths on the device and replay: every row is empty (O = 0, LSE
+    -inf or the sink), so the graph follows ``cache_seqlens``' values, not the capture's."""
+    import flashsplit.distributed as fd
+
+    shard = case["shards"][rank]
+    q, options = case["q"], case["options"]
+    seqlens = shard["cache_seqlens"].clone()
+
+    def step():
+        return fd.cp_decode(q, shard["k_cache"], shard["v_cache"], group=group, return_lse=True, merge=merge,
+                            cache_seqlens=seqlens, kv_offset=shard["kv_offset"], block_table=shard["block_table"],
+                            **options)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    what = f"{case['name']} graph merge={merge} rank={rank}/{world}"
+    expected_out, expected_lse = case["expected"]
+    try:
+        torch.testing.assert_close(out.float(), expected_out.float(), atol=1e-3, rtol=2e-3)
+        torch.testing.assert_close(lse, expected_lse, atol=2e-5, rtol=1e-5)
+        seqlens.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, torch.zeros_like(out)), "rows of no keys: expected O = 0"
+        sinks = options["sinks"]
+        empty = (torch.full_like(lse, float("-inf")) if sinks is None
+                 else sinks.float()[None, :, None].expand_as(lse))
+        assert torch.equal(lse, empty), "rows of no keys: expected LSE -inf (the sink with sinks)"
+    except AssertionError as error:
+        raise AssertionError(f"{what}: {error}") from None
+
+
 def _check_same_on_every_rank(out: torch.Tensor, lse: torch.Tensor, world: int, group) -> None:
     mine = torch.cat([lse.reshape(-1).view(torch.uint8), out.reshape(-1).view(torch.uint8)])
     every = [torch.empty_like(mine) for _ in range(world)]
@@ -147,7 +190,7 @@ def _check_same_on_every_rank(out: torch.Tensor, lse: torch.Tensor, world: int, 
     assert all(torch.equal(theirs, mine) for theirs in every), "ranks ended with different outputs"
 
 
-def _worker(rank: int, world: int, store_path: str, backend: str, cases: list) -> None:
+def _worker(rank: int, world: int, store_path: str, backend: str, cases: list, graphs: bool = False) -> None:
     torch.set_num_threads(1)
     if backend == "nccl":
         torch.cuda.set_device(rank)
@@ -158,12 +201,17 @@ def _worker(rank: int, world: int, store_path: str, backend: str, cases: list) -
             if backend == "nccl":
                 case = _to(case, f"cuda:{rank}")
             check_case(case, rank, world)
+            if graphs:
+                for merge in case["merges"]:
+                    check_graph_replay(case, rank, world, merge=merge)
     finally:
         dist.destroy_process_group()
 
 
-def spawn_cases(world: int, cases: list, tmp_dir, backend: str = "gloo") -> None:
-    """Check ``cases`` on ``world`` processes (one spawn for them all); a failure re-raises here."""
+def spawn_cases(world: int, cases: list, tmp_dir, backend: str = "gloo", graphs: bool = False) -> None:
+    """Check ``cases`` on ``world`` processes (one spawn for them all; ``graphs``: also captured in
+    CUDA graphs, with NCCL); a failure re-raises here."""
+    cases = _to(cases, "cpu")  # pickled to the workers; each moves them to its own GPU
     os.makedirs(str(tmp_dir), exist_ok=True)
     store_path = os.path.join(str(tmp_dir), f"store-{backend}-{world}")
-    mp.spawn(_worker, args=(world, store_path, backend, cases), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, store_path, backend, cases, graphs), nprocs=world, join=True)

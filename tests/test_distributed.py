@@ -155,3 +155,24 @@ def test_choose_merge_by_bytes():
     assert cost == {"gather": 7 * (4 * m + 2 * n), "reduce": 7 * 4 * m + 2 * 7 * 4 * n // 8}
     assert fd.shard_layout(1, -1, 0) == fd.PLAIN and fd.shard_layout(4, -1, 0) == fd.BULK_AND_TAIL
     assert fd.shard_layout(4, -1, -1) == fd.PLAIN and fd.shard_layout(1, 8, 0) == fd.PER_QUERY
+
+
+@pytest.mark.full
+def test_bench_cp_smoke(tmp_path):
+    """scripts/bench_cp.py's CPU smoke configuration under torchrun: both merges timed, sane rows."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "cp.json"
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""), TRITON_INTERPRET="1")
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                    os.path.join(root, "scripts", "bench_cp.py"), "--smoke", "--seqlen-q", "4", "--causal",
+                    "--json", str(out)], check=True, env=env, cwd=str(tmp_path), timeout=300)
+    rows = json.loads(out.read_text())
+    assert [row["merge"] for row in rows] == ["gather", "reduce"]
+    for row in rows:
+        assert row["world"] == 2 and row["keys_per_rank"] == 256 and row["timing"] == "eager"
+        assert row["cp_us"] > 0 and 0 <= row["merge_share"] < 1 and row["speedup"] > 0
