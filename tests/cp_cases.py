@@ -63,7 +63,9 @@ def build_case(name: str, world: int, seed: int, *, batch: int = 2, seqlen_q: in
     totals_t = torch.tensor(totals, dtype=torch.int32)
     options = dict(causal=causal, window_size=window_size, softcap=softcap, sinks=sink_logits, k_descale=k_descale,
                    v_descale=v_descale)
-    expected_out, expected_lse = flashsplit.decode(q, k, v, cache_seqlens=totals_t, return_lse=True, **options)
+    # Single-process decode over the whole cache, on the device the case runs on.
+    expected_out, expected_lse = flashsplit.decode(*_to((q, k, v), device), cache_seqlens=totals_t.to(device),
+                                                   return_lse=True, **_to(options, device))
 
     keys = [[None] * batch for _ in range(world)]  # keys[rank][row]: the row's global key ids on that rank
     offsets = torch.zeros(world, batch, dtype=torch.int32)
