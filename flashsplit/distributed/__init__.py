@@ -80,8 +80,8 @@ def cp_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *, 
         ``lse`` fp32 ``[B, H_q, L_q]``. A row with no key on any rank gives O = 0 and LSE = -inf
         (the sink with ``sinks``), as :func:`flashsplit.decode`.
 
-    Causal and windowed masks with ``L_q > 1`` need each query's global position ``S - L_q +
-    i``: one all-reduce (max) of ``kv_offset + cache_seqlens`` gives ``S`` on the device, and each
+    Causal masks with ``L_q > 1`` and sliding windows need each query's global position ``S -
+    L_q + i``: one all-reduce (max) of ``kv_offset + cache_seqlens`` gives ``S`` on the device, and each
     rank expresses its shard's mask through decode's per-row ``cache_seqlens``/``cache_leftpad``
     (:mod:`flashsplit.distributed.shards`). Nothing synchronizes with the host, so a step can be
     captured in a CUDA graph with NCCL.
