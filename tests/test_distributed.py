@@ -9,7 +9,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import flashsplit
 import flashsplit.distributed as fd
 from cp_cases import build_case, check_case, spawn_cases
 

@@ -60,7 +60,7 @@ class RowMerge:
         """This warp's splits ``first + W u`` (u < chunk) of the row (``gO``: (splits, D) partial
         O, ``gL``: (splits,) LSEs): each one's LSE (``-inf`` past the last split) and the lane's
         columns of its partial O. Nothing here waits on memory."""
-        C, NW = self.cols_per_lane, self.num_warps
+        NW = self.num_warps
         lse_c.fill(-Float32.inf)
         for u in cutlass.range_constexpr(self.chunk):
             s = first + NW * u
