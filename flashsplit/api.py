@@ -205,32 +205,49 @@ def decode(
         if block_table is not None:
             raise ValueError("page_table: an alias of block_table; pass one of them, not both")
         block_table = page_table
-    if not isinstance(return_lse, bool):
+    if return_lse is not False and return_lse is not True:
         raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
     lse = None
     fresh_out = out is None
     if isinstance(q, torch.Tensor) and q.dim() == 4:  # else decode_into names the problem
         try:
-            batch, seqlen_q, num_heads, _ = q.shape
             if fresh_out:
                 out = torch.empty_like(q)
             if return_lse:
+                batch, seqlen_q, num_heads, _ = q.shape
                 lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
         except (RuntimeError, NotImplementedError):  # a nested or other odd q: validation names it
             pass
-    tensors = DecodeTensors(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, sinks,
-                            k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad)
-    options = DecodeOptions(softmax_scale, causal, num_splits, backend, _pair(window_size), softcap, batch_invariant,
-                            rotary_interleaved)
-    if torch.compiler.is_compiling():
+    # Built with tuple.__new__ (``_make``), which skips the NamedTuples' keyword binding: this
+    # runs on every eager step.
+    tensors = _tensors((q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, sinks,
+                        k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad))
+    options = _options((softmax_scale, causal, num_splits, backend,
+                        tuple(window_size) if isinstance(window_size, list) else window_size, softcap,
+                        batch_invariant, rotary_interleaved))
+    if _is_compiling():
         # Dynamo cannot trace the kernel launchers (nor validate fake tensors' pointers): the
         # operator validates and launches when the compiled graph runs. A call that writes new
         # keys goes through the operator whose schema says the caches are written.
         operator = torch_ops.decode_into if k is None and v is None else torch_ops.decode_append_into
         operator(*tensors, *options)
-    else:
-        dispatch.decode_into(tensors, options, fresh_out)
+    else:  # dispatch.decode_into, inline: the key, one lookup, the launch
+        key = _signature(tensors, options, fresh_out)
+        try:
+            run = _PREPARED.get(key) if key is not None else None
+        except TypeError:  # an unhashable argument (a list as softmax_scale, ...): validation explains
+            key = run = None
+        if run is None:
+            run = dispatch.prepare_and_keep(key, tensors, options)
+        run(tensors)
     return (out, lse) if return_lse else out
+
+
+_tensors = DecodeTensors._make
+_options = DecodeOptions._make
+_signature = dispatch.signature
+_PREPARED = dispatch._PREPARED
+_is_compiling = torch.compiler.is_compiling
 
 
 def decode_into(
@@ -262,10 +279,10 @@ def decode_into(
 ) -> None:
     """:func:`decode` writing into given outputs: ``out`` ``[B, L_q, H_q, D]`` (q's dtype) and,
     unless None, ``lse`` fp32 ``[B, H_q, L_q]``, contiguous. Validates every argument."""
-    dispatch.decode_into(DecodeTensors(q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale,
-                                       v_descale, sinks, k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad),
-                         DecodeOptions(softmax_scale, causal, num_splits, backend, _pair(window_size), softcap,
-                                       batch_invariant, rotary_interleaved))
+    dispatch.decode_into(_tensors((q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale,
+                                   sinks, k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad)),
+                         _options((softmax_scale, causal, num_splits, backend, _pair(window_size), softcap,
+                                   batch_invariant, rotary_interleaved)))
 
 
 def _pair(window_size):

@@ -74,12 +74,18 @@ def decode_into(tensors: DecodeTensors, options: DecodeOptions, fresh_out: bool 
     except TypeError:  # an unhashable argument (a list as softmax_scale, ...): validation explains
         key = run = None
     if run is None:
-        run = prepare(tensors, options)
-        if key is not None:
-            if len(_PREPARED) >= _MAX_PREPARED:
-                _PREPARED.clear()
-            _PREPARED[key] = run
+        run = prepare_and_keep(key, tensors, options)
     run(tensors)
+
+
+def prepare_and_keep(key: tuple | None, tensors: DecodeTensors, options: DecodeOptions):
+    """:func:`prepare` the call, keep the launcher under ``key`` (unless None) and return it."""
+    run = prepare(tensors, options)
+    if key is not None:
+        if len(_PREPARED) >= _MAX_PREPARED:
+            _PREPARED.clear()
+        _PREPARED[key] = run
+    return run
 
 
 _PREPARED: dict[tuple, object] = {}
@@ -88,6 +94,7 @@ registry.on_change(_PREPARED.clear)  # a prepared launcher embeds the backend ch
 
 
 _FRESH_OUT = "out = torch.empty_like(q)"  # the marker a fresh output is keyed by
+_Tensor = torch.Tensor
 
 
 def _facts(t):
@@ -97,7 +104,7 @@ def _facts(t):
     cached."""
     if t is None:
         return None
-    if type(t) is not torch.Tensor:
+    if type(t) is not _Tensor:
         raise TypeError  # a subclass or a wrong type: validation explains, nothing cached
     return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15
 
@@ -108,29 +115,34 @@ def signature(tensors: DecodeTensors, options: DecodeOptions, fresh_out: bool = 
     unhashable (an unhashable option): the lookup catches that. A ``fresh_out``
     (``torch.empty_like(q)``) is keyed by a marker: its facts follow from q's.
 
-    This runs on every eager call, so the tensors every call has are read inline and an absent
-    optional tensor costs one comparison (a plain call's key: 2.1 us on a 2-core x86 host, where
-    mapping :func:`_facts` over every field took 3.3).
+    This runs on every eager call, so it reads each fact once, inline, and an absent optional
+    tensor costs one comparison: a plain call's key (q, caches, ``cache_seqlens``) takes 1.5 us on
+    a 2-core x86 host, where mapping :func:`_facts` over every field took 3.3.
 
     Negated views (``is_neg()``, refused by validation) are keyed apart where public ops can make
     one with a valid tensor's facts: the descales, which may have any strides. Elsewhere they
     cannot: ``.conj().imag`` has a last-dim stride of 2, never that of a valid q, cache, out, lse
     or sinks, and there are no complex int32 tensors."""
     try:
-        q, k, v, out, lse, cache_seqlens, block_table, k_descale, v_descale, sinks = tensors[:10]
-        if not (type(q) is type(k) is type(v) is torch.Tensor):
+        (q, k, v, out, lse, seqlens, block_table, k_descale, v_descale, sinks,
+         k_new, v_new, rotary_cos, rotary_sin, batch_idx, leftpad) = tensors
+        if not (type(q) is type(k) is type(v) is _Tensor):
             return None  # a subclass or a wrong type: validation explains, nothing cached
-        updates = tensors[10:]  # the cache-update tensors (k_new, ..., cache_leftpad): usually all None
-        for t in updates:
-            if t is not None:
-                updates = tuple(None if u is None else _facts(u) for u in updates)
-                break
+        if (k_new is None and v_new is None and rotary_cos is None and rotary_sin is None and batch_idx is None
+                and leftpad is None):
+            updates = None  # the cache-update tensors: usually all absent
+        else:
+            updates = tuple(None if u is None else _facts(u) for u in tensors[10:])
+        if seqlens is not None:
+            if type(seqlens) is not _Tensor:
+                return None
+            seqlens = seqlens.shape, seqlens.stride(), seqlens.dtype, seqlens.device, seqlens.data_ptr() & 15
         return (q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15,
                 k.shape, k.stride(), k.dtype, k.device, k.data_ptr() & 15,
                 v.shape, v.stride(), v.dtype, v.device, v.data_ptr() & 15,
                 _FRESH_OUT if fresh_out else _facts(out),
                 None if lse is None else _facts(lse),
-                None if cache_seqlens is None else _facts(cache_seqlens),
+                seqlens,
                 None if block_table is None else _facts(block_table),
                 None if k_descale is None else (_facts(k_descale), k_descale.is_neg()),
                 None if v_descale is None else (_facts(v_descale), v_descale.is_neg()),
