@@ -266,6 +266,24 @@ def test_relaunch_skips_empty_hook_chains(monkeypatch):
     assert seen[-1][6:9] == (("meta", (1, 1, 1), 5), enter, leave)
 
 
+def test_relaunch_keeps_an_exit_hook_alone(monkeypatch):
+    """An exit hook without an enter hook still takes Triton's own path (the C launcher calls
+    it), with the launch metadata; no hook at all takes the direct path."""
+    from flashsplit.triton import launch
+
+    compiled = _FakeCompiled()
+    seen = compiled.seen
+    monkeypatch.setattr(launch, "current_stream", lambda device: 9)
+    monkeypatch.setattr(launch.triton.knobs.runtime, "launch_enter_hook", None)
+    monkeypatch.setattr(launch.triton.knobs.runtime, "launch_exit_hook", print)
+    relaunch = launch.Relaunch(compiled, (2, 1, 1), tail=(5,), device=0)
+    relaunch((3, None), 11)
+    assert seen[-1] == (2, 1, 1, 11, "fn", "packed", ("meta", (2, 1, 1), 11), None, print, 3, None, 5)
+    monkeypatch.setattr(launch.triton.knobs.runtime, "launch_exit_hook", None)
+    relaunch((3, None), 11)
+    assert seen[-1] == (2, 1, 1, 11, "fn", "packed", None, None, None, 3, None, 5)
+
+
 def test_relaunch_calls_the_c_launcher_directly_when_no_scratch_is_needed(monkeypatch):
     """Without scratch memory, Relaunch skips CudaLauncher.__call__ and passes the C launcher
     the argument list of triton 3.6's driver (cooperative/pdl flags, two scratch slots, the

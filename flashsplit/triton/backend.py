@@ -314,13 +314,15 @@ class PreparedDecode:
         self._partials_numel = self._lse_offset = 0
 
     def __call__(self, tensors: DecodeTensors) -> None:
-        q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, sinks = tensors[:10]
-        leftpad, batch_idx = tensors.cache_leftpad, tensors.cache_batch_idx
+        (q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, sinks,
+         _, _, cos, sin, batch_idx, leftpad) = tensors
         num_splits, variant = self.num_splits, self.variant
         if self.append is not None:
             self.append(tensors)  # writes the new keys; the split kernel follows on the stream
-        cos, sin = tensors.rotary_cos, tensors.rotary_sin
-        rows = _address(leftpad), _address(batch_idx), _address(cos), _address(sin)
+        if leftpad is None and batch_idx is None and cos is None and sin is None:
+            rows = _NO_ROWS  # the usual call: four comparisons instead of four calls
+        else:
+            rows = _address(leftpad), _address(batch_idx), _address(cos), _address(sin)
         if num_splits == 1:
             if self.split is not None:
                 self.split((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _address(cache_seqlens),
@@ -350,11 +352,15 @@ class PreparedDecode:
                 buffer, stream = self.backend.workspace.buffer(q.device, self._partials_numel), None
             op = buffer.data_ptr()
             lp = op + self._lse_offset
-            seqlens, out_ptr, lse_ptr, sinks_ptr = _address(cache_seqlens), out.data_ptr(), _address(lse), \
-                _address(sinks)
-            arrivals = self.backend.arrivals_for(q) if merge else None
-            self.split((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), seqlens, _address(block_table),
-                        _address(k_descale), _address(v_descale), op, lp, out_ptr, lse_ptr, _address(arrivals),
+            # (each address inline: this is the eager decode step's hot path)
+            seqlens = None if cache_seqlens is None else cache_seqlens.data_ptr()
+            out_ptr, lse_ptr = out.data_ptr(), None if lse is None else lse.data_ptr()
+            sinks_ptr = None if sinks is None else sinks.data_ptr()
+            arrivals = self.backend.arrivals_for(q).data_ptr() if merge else None
+            self.split((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), seqlens,
+                        None if block_table is None else block_table.data_ptr(),
+                        None if k_descale is None else k_descale.data_ptr(),
+                        None if v_descale is None else v_descale.data_ptr(), op, lp, out_ptr, lse_ptr, arrivals,
                         sinks_ptr, *rows), stream)
             if not merge:
                 self.combine((op, lp, seqlens, out_ptr, lse_ptr, sinks_ptr, rows[0]), stream)
@@ -437,6 +443,9 @@ def _splits_launched(num_splits: int, problem: DecodeProblem) -> int:
 
 def _address(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
+
+
+_NO_ROWS = (None, None, None, None)  # the addresses of absent cache_leftpad, cache_batch_idx, rotary_cos/sin
 
 
 def _page_chunk(page_size: int, block_n: int) -> tuple[int, int]:

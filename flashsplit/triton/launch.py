@@ -41,26 +41,28 @@ class Relaunch:
     match the first launch's in device, dtype, shape, strides and 16-byte alignment.
     """
 
-    __slots__ = ("_compiled", "_device", "_function", "_grid", "_launch", "_packed", "_prefix", "_run", "_tail")
+    __slots__ = ("_compiled", "_device", "_grid", "_head", "_launch", "_run", "_tail", "_via_run")
 
     def __init__(self, compiled, grid: tuple[int, int, int], tail: Sequence, device: int):
         self._compiled = compiled
         self._run = compiled.run
-        self._function = compiled.function
-        self._packed = compiled.packed_metadata
         self._grid = grid
         self._tail = tuple(tail)
         self._device = device
+        function, packed = compiled.function, compiled.packed_metadata
+        # What follows the stream in Triton's own launch (CompiledKernel.run's arguments, no
+        # launch metadata, no hooks), built once: a launch adds only the stream and the pointers.
+        self._via_run = (function, packed, None, None, None)
         # A kernel that needs no scratch memory can skip the Python CudaLauncher.__call__ wrapper
         # (it only allocates scratch) and call the C launcher directly, whose arguments in
         # triton 3.6 are (gx, gy, gz, stream, function, cooperative, pdl, global_scratch,
         # profile_scratch, kernel_metadata, launch_metadata, enter_hook, exit_hook, *args).
         run = self._run
-        self._launch = None
+        self._launch, self._head = run, self._via_run
         if (getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0
                 and callable(getattr(run, "launch", None))):
             self._launch = run.launch
-            self._prefix = (run.launch_cooperative_grid, run.launch_pdl, None, None, self._packed)
+            self._head = (function, run.launch_cooperative_grid, run.launch_pdl, None, None, packed, None, None, None)
 
     @property
     def device(self) -> int:
@@ -71,16 +73,16 @@ class Relaunch:
         """Launch on ``stream`` (a raw handle of this launch's device; default: its current stream)."""
         if stream is None:
             stream = current_stream(self._device)
-        enter, leave = _active_hooks()
-        gx, gy, gz = self._grid
-        if enter is not None:  # a profiler's hooks: Triton's own path, with the launch metadata
-            args = (*pointers, *self._tail)
-            metadata = self._compiled.launch_metadata(self._grid, stream, *args)
-            self._run(gx, gy, gz, stream, self._function, self._packed, metadata, enter, leave, *args)
-        elif self._launch is not None:
-            self._launch(gx, gy, gz, stream, self._function, *self._prefix, None, None, None, *pointers, *self._tail)
-        else:
-            self._run(gx, gy, gz, stream, self._function, self._packed, None, None, None, *pointers, *self._tail)
+        enter, leave = _RUNTIME_KNOBS.launch_enter_hook, _RUNTIME_KNOBS.launch_exit_hook
+        if getattr(enter, "calls", True) or getattr(leave, "calls", True):  # see _active_hooks (inline here)
+            enter, leave = _active_hooks()
+            if enter is not None or leave is not None:  # a profiler's hooks: Triton's own path, with the launch metadata
+                args = (*pointers, *self._tail)
+                metadata = self._compiled.launch_metadata(self._grid, stream, *args)
+                gx, gy, gz = self._grid
+                self._run(gx, gy, gz, stream, self._via_run[0], self._via_run[1], metadata, enter, leave, *args)
+                return
+        self._launch(*self._grid, stream, *self._head, *pointers, *self._tail)
 
 
 _RUNTIME_KNOBS = triton.knobs.runtime
