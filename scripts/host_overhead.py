@@ -3,8 +3,9 @@
 Runs bursts of back-to-back calls without synchronizing inside a burst, so each figure is host
 cost (the GPU runs behind; a burst of 200 calls enqueues at most 400 launches, which the driver
 queues without making the host wait): the whole ``decode`` call; the backend's prepared
-launcher alone (the api's cached validation/plan skipped); ``torch.empty_like(q)`` (the output
-allocation) for scale; and torch SDPA (cuDNN) as the peer a user would otherwise call.
+launcher alone (the api's cached validation/plan skipped); ``decode`` without its launch (the
+launcher swapped for a no-op: the api layer); ``torch.empty_like(q)`` (the output allocation)
+for scale; and torch SDPA (cuDNN) as the peer a user would otherwise call.
 
     python scripts/host_overhead.py    # on a GPU: B=1, 32/8 heads, d=128, 4k and 16k keys
 """
@@ -41,6 +42,19 @@ def per_call_us(fn, calls: int, rounds: int = 7) -> float:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return best / calls * 1e6
+
+
+def api_layer_us(q, k, v, lens, backend: str, calls: int) -> float:
+    """Host us of ``decode()`` with its prepared launcher swapped for a no-op: the api layer alone
+    (argument bundles, the output allocation, the call signature and its lookup)."""
+    key = dispatch.signature(DecodeTensors(q, k, v, torch.empty_like(q), None, lens), DecodeOptions(backend=backend),
+                             True)
+    run = dispatch._PREPARED[key]
+    dispatch._PREPARED[key] = lambda tensors: None
+    try:
+        return per_call_us(lambda: flashsplit.decode(q, k, v, cache_seqlens=lens, backend=backend), calls)
+    finally:
+        dispatch._PREPARED[key] = run
 
 
 def main(calls: int = 200) -> None:
@@ -84,7 +98,9 @@ def report(seqlen_k: int, calls: int) -> None:
         tensors = DecodeTensors(q, k, v, out, None, lens)
         run = dispatch._PREPARED[dispatch.signature(tensors, DecodeOptions(backend=name))]
         launch = per_call_us(lambda run=run: run(tensors), calls)
-        print(f"  {label:13s} decode() {whole:8.1f}   decode_into() {into:8.1f}   prepared launcher alone {launch:8.1f}")
+        api_layer = api_layer_us(q, k, v, lens, name, calls)
+        print(f"  {label:13s} decode() {whole:8.1f}   decode_into() {into:8.1f}   prepared launcher alone {launch:8.1f}"
+              f"   decode() without its launch {api_layer:8.1f}")
     TritonBackend.merge_max_splits = default_merge
     CuteBackend.merge_max_splits = default_cute_merge
     flashsplit.registry.invalidate()
