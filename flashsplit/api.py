@@ -231,22 +231,13 @@ def decode(
         # keys goes through the operator whose schema says the caches are written.
         operator = torch_ops.decode_into if k is None and v is None else torch_ops.decode_append_into
         operator(*tensors, *options)
-    else:  # dispatch.decode_into, inline: the key, one lookup, the launch
-        key = _signature(tensors, options, fresh_out)
-        try:
-            run = _PREPARED.get(key) if key is not None else None
-        except TypeError:  # an unhashable argument (a list as softmax_scale, ...): validation explains
-            key = run = None
-        if run is None:
-            run = dispatch.prepare_and_keep(key, tensors, options)
-        run(tensors)
+    else:
+        dispatch.decode_into(tensors, options, fresh_out)
     return (out, lse) if return_lse else out
 
 
 _tensors = DecodeTensors._make
 _options = DecodeOptions._make
-_signature = dispatch.signature
-_PREPARED = dispatch._PREPARED
 _is_compiling = torch.compiler.is_compiling
 
 
