@@ -25,7 +25,7 @@ SAME_KV = "same"
 #: The baseline cache format: dense, in q's dtype.
 DENSE_FORMAT = (0, SAME_KV)
 
-#: Default grid (the brief's): batch {1, 4, 16, 64} x seqlen_k {1k, 4k, 16k, 64k, 128k}.
+#: Default grid: batch {1, 4, 16, 64} x seqlen_k {1k, 4k, 16k, 64k, 128k}.
 DEFAULT_BATCHES = (1, 4, 16, 64)
 DEFAULT_SEQLENS = (1024, 4096, 16384, 65536, 131072)
 
