@@ -4,8 +4,10 @@ against the float64 reference (shared by the CPU (gloo) and GPU (NCCL) tests).""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -217,3 +219,14 @@ def spawn_cases(world: int, cases: list, tmp_dir, backend: str = "gloo", graphs:
     os.makedirs(str(tmp_dir), exist_ok=True)
     store_path = os.path.join(str(tmp_dir), f"store-{backend}-{world}")
     mp.spawn(_worker, args=(world, store_path, backend, cases, graphs), nprocs=world, join=True)
+
+
+@contextlib.contextmanager
+def group_of_one(backend: str):
+    """A ``backend`` process group of this process alone (the world), destroyed on exit."""
+    with tempfile.NamedTemporaryFile() as store:
+        dist.init_process_group(backend, store=dist.FileStore(store.name, 1), rank=0, world_size=1)
+        try:
+            yield dist.group.WORLD
+        finally:
+            dist.destroy_process_group()

@@ -3,14 +3,13 @@ spawn, one spawn per world size running many cases), every rank's output and LSE
 single-process decode over the whole cache and the float64 reference; argument errors in a group
 of one."""
 
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import flashsplit.distributed as fd
-from cp_cases import build_case, check_case, spawn_cases
+from cp_cases import build_case, check_case, spawn_cases, group_of_one as cp_group_of_one
 
 
 def _default_cases(world: int) -> list:
@@ -81,12 +80,8 @@ def group_of_one():
     """A gloo group of this process alone (the world, destroyed after the module's tests)."""
     if dist.is_initialized():
         pytest.skip("a process group already exists in this process")
-    with tempfile.NamedTemporaryFile() as store:
-        dist.init_process_group("gloo", store=dist.FileStore(store.name, 1), rank=0, world_size=1)
-        try:
-            yield dist.group.WORLD
-        finally:
-            dist.destroy_process_group()
+    with cp_group_of_one("gloo") as group:
+        yield group
 
 
 def test_group_of_one_equals_decode(group_of_one):

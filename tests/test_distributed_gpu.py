@@ -1,14 +1,13 @@
 """Context-parallel decode on GPUs: a group of one on one GPU equals decode (eager and in a CUDA
 graph), argument errors, and NCCL groups of 2, 4 and 8 ranks where the machine has the GPUs."""
 
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import flashsplit.distributed as fd
-from cp_cases import build_case, check_case, check_graph_replay, spawn_cases
+from cp_cases import build_case, check_case, check_graph_replay, group_of_one, spawn_cases
 
 pytestmark = pytest.mark.gpu
 
@@ -40,12 +39,8 @@ def nccl_group_of_one():
     if dist.is_initialized():
         pytest.skip("a process group already exists in this process")
     torch.cuda.set_device(0)
-    with tempfile.NamedTemporaryFile() as store:
-        dist.init_process_group("nccl", store=dist.FileStore(store.name, 1), rank=0, world_size=1)
-        try:
-            yield dist.group.WORLD
-        finally:
-            dist.destroy_process_group()
+    with group_of_one("nccl") as group:
+        yield group
 
 
 def test_group_of_one_equals_decode(nccl_group_of_one):
