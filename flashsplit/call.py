@@ -72,3 +72,8 @@ def operator_schema(appends: bool = False) -> str:
         tensors.append(f"Tensor{alias}{optional} {name}")
     options = [f"{OPTION_TYPES[name]} {name}" for name in DecodeOptions._fields]
     return "(" + ", ".join(tensors + options) + ") -> ()"
+
+
+def cache_capacity(k_cache: torch.Tensor, block_table: torch.Tensor | None) -> int:
+    """Keys a row can hold: the dense cache's dim 1, or pages per row x page size."""
+    return k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from . import dispatch
-from .call import DecodeOptions, DecodeTensors, operator_schema
+from .call import DecodeOptions, DecodeTensors, cache_capacity, operator_schema
 from .workspace import transient_scratch
 
 _LIBRARY = torch.library.Library("flashsplit", "DEF")
@@ -41,8 +41,9 @@ def _decode_into(*args) -> None:
     tensors = DecodeTensors(*args[:_TENSORS])
     if tensors.cache_seqlens is None and _full_length_applies(tensors):
         # Every slot live: the lengths as a tensor of this call (a backend would otherwise keep one).
-        tensors = tensors._replace(cache_seqlens=torch.full((tensors.q.shape[0],), _capacity(tensors),
-                                                            dtype=torch.int32, device=tensors.q.device))
+        capacity = cache_capacity(tensors.k_cache, tensors.block_table)
+        tensors = tensors._replace(cache_seqlens=torch.full((tensors.q.shape[0],), capacity, dtype=torch.int32,
+                                                            device=tensors.q.device))
     with transient_scratch():  # no buffer outlives the call (it may run in a graph pool)
         dispatch.decode_into(tensors, options)
 
@@ -51,14 +52,8 @@ def _full_length_applies(tensors: DecodeTensors) -> bool:
     """Whether the call is a decode without an append whose shapes can be read (else validation
     explains what is wrong: an append needs its lengths)."""
     q, k, table = tensors.q, tensors.k_cache, tensors.block_table
-    return (tensors.k_new is None and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == 4 and k.dim() == 4
-            and (table is None or (isinstance(table, torch.Tensor) and table.dim() == 2)))
-
-
-def _capacity(tensors: DecodeTensors) -> int:
-    """Keys a row can hold: the dense cache's length, or pages per row x page size."""
-    table = tensors.block_table
-    return tensors.k_cache.shape[1] * (table.shape[1] if table is not None else 1)
+    return (tensors.k_new is None and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == 4
+            and k.dim() == 4 and (table is None or (isinstance(table, torch.Tensor) and table.dim() == 2)))
 
 
 def _decode_into_fake(*args) -> None:

@@ -15,7 +15,7 @@ import triton
 
 from ..plan import (BATCH_INVARIANT_MIN_SPLIT, BATCH_INVARIANT_SPLITS, DEFAULT_NUM_SMS, SPLIT_GRANULE, cdiv,
                     device_num_sms, planned_span, splits_used, tokens_per_split)
-from ..call import DecodeTensors
+from ..call import DecodeTensors, cache_capacity
 from ..problem import FP8_DTYPES, DecodeProblem, Variant
 from ..registry import Backend
 from ..workspace import ARRIVALS, Workspace, stream_key
@@ -84,11 +84,6 @@ def _descale_strides(scale: torch.Tensor | None) -> tuple[int, int]:
     return (0, 0) if scale is None or scale.numel() == 1 else tuple(scale.stride())
 
 
-def _capacity(k_cache: torch.Tensor, block_table: torch.Tensor | None) -> int:
-    """Keys a row can hold: the dense cache's dim 1, or pages per row x page size."""
-    return k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
-
-
 class TritonBackend(Backend):
     name = "triton"
     priority = 0
@@ -149,7 +144,7 @@ class TritonBackend(Backend):
         batch, seqlen_q, num_heads, head_dim = q.shape
         num_heads_kv = k_cache.shape[2]
         rotary = variant.rotary_dim > 0
-        seqlen_k = _capacity(k_cache, block_table)
+        seqlen_k = cache_capacity(k_cache, block_table)
         page_size = k_cache.shape[1] if block_table is not None else 0
         group = num_heads // num_heads_kv
         block_m = choose_tiles(seqlen_q * group, head_dim).block_m
@@ -375,7 +370,7 @@ class PreparedDecode:
         if not merge:
             self.combine = self.backend.launch_combine(
                 out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows=shortcut,
-                seqlen_k=_capacity(k_cache, block_table), after_split=True, sinks=sinks, variant=variant,
+                seqlen_k=cache_capacity(k_cache, block_table), after_split=True, sinks=sinks, variant=variant,
                 cache_leftpad=leftpad)
 
     def _size_partials(self, q: torch.Tensor) -> None:
