@@ -174,12 +174,12 @@ def decode(
             ``k / k_descale`` (fp32 division, saturated to the format's largest finite value,
             rounded to nearest even). A new key past the capacity (a wrong length, unchecked
             without a host sync: :func:`check_inputs`) is not written and the row's length is
-            clamped to the capacity: a wrong row, never a stray write. The append is a small
-            kernel on the same stream, before the attention's; graph-capturable.
+            clamped to the capacity: a wrong row, never a stray write. The attention kernel writes
+            the new keys itself, in the same launch; graph-capturable.
         rotary_cos, rotary_sin: ``[L_ro, rotary_dim / 2]`` in q's dtype or float32, contiguous,
             ``rotary_dim <= D`` and ``L_ro >= `` the cache's capacity; only with ``k``/``v``.
             Rotate the new keys at positions ``cache_seqlens[b] - cache_leftpad[b] + t`` and q
-            (a rotated copy; ``q`` itself is not changed) at the same positions when causal or
+            (as it is loaded; ``q`` itself is not changed) at the same positions when causal or
             windowed, else every q row at ``cache_seqlens[b] - cache_leftpad[b]``. The first
             ``rotary_dim`` features rotate, the rest pass through.
         rotary_interleaved: True: pairs of features ``(2j, 2j + 1)`` (GPT-J); False: ``(j, j +

@@ -10,8 +10,8 @@ operator for calls that write new keys into the cache (``k_new``/``v_new``): its
 the compiler treat a cache as written. Eager calls do not go through the dispatcher at all: its
 per-call cost would count against the decode step's host time.
 
-The operator launches inside :class:`~flashsplit.workspace.transient_scratch`: its partials,
-counters and rotated-q scratch are fresh tensors dropped when it returns, never the per-stream
+The operator launches inside :class:`~flashsplit.workspace.transient_scratch`: its partials
+and counters are fresh tensors dropped when it returns, never the per-stream
 buffers eager calls reuse. A compiled graph may run its operators with the allocator routed to a
 CUDA-graph pool without a capture in progress (the eager warm-up of torch.compile's cudagraph
 trees, ``mode="reduce-overhead"`` and transformers' static-cache generation); a buffer kept

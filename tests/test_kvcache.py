@@ -127,6 +127,21 @@ def test_append_past_the_capacity_is_clamped(generator):
         assert torch.equal(buffers[name][:, 128:], before[name]), f"{name}: written past the capacity"
 
 
+@pytest.mark.parametrize("page_size", [0, 16])
+def test_append_before_the_window_is_written(page_size, generator):
+    """16 new keys, one query, a window of 2 keys: the new keys before the window's first split
+    (no query sees them) are written into the cache too."""
+    _run(KVCacheCase(seqlen_new=16, seqlen_q=1, window_size=(2, 0), lengths=(250, 120, 0), page_size=page_size,
+                     num_splits=2), generator)
+
+
+def test_append_with_several_row_tiles(generator):
+    """96 packed rows (32 q heads per KV head, 3 queries) take two row tiles: each writes the new
+    keys (the same bytes) and attends them."""
+    _run(KVCacheCase(num_heads_kv=1, group=32, seqlen_new=3, causal=True, lengths=(200, 37, 0), num_splits=2),
+         generator)
+
+
 @pytest.mark.parametrize("window, causal", [((-1, -1), False), ((-1, -1), True), ((40, 0), False),
                                             pytest.param((100, -1), False, marks=FULL)])
 @pytest.mark.parametrize("seqlen_new", [0, 3])

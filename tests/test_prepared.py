@@ -182,13 +182,13 @@ def test_prepared_triton_replay_passes_addresses_in_kernel_order(merge, generato
     assert bases[0].numel() >= 3 * 2 * 8 * 33
     addresses = (q.data_ptr(), k.data_ptr(), v.data_ptr(), lens.data_ptr(), None, None, None, op, lp,
                  out.data_ptr(), lse.data_ptr())
-    # (the arrival counters, then the sinks, cache_leftpad, cache_batch_idx and the rotary tables:
-    # None without them)
+    # (the arrival counters, then the sinks, cache_leftpad, cache_batch_idx, the rotary tables and
+    # the new keys and values: None without them)
     if merge:
-        assert calls == [("split", (*addresses, counters[0].data_ptr(), None, None, None, None, None))]
+        assert calls == [("split", (*addresses, counters[0].data_ptr(), None, None, None, None, None, None, None))]
         assert counters[0].numel() >= 2 * 2 and int(counters[0].abs().sum()) == 0  # [B, H_kv x row blocks]
     else:
-        assert calls == [("split", (*addresses, None, None, None, None, None, None)),
+        assert calls == [("split", (*addresses, None, None, None, None, None, None, None, None)),
                          ("combine", (op, lp, lens.data_ptr(), out.data_ptr(), lse.data_ptr(), None, None))]
         assert counters == []
 

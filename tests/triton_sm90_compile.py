@@ -1,8 +1,9 @@
 """Compile every Triton kernel variant the launcher can select for sm_90, without a GPU.
 
 Run as a script (the test process runs Triton through the interpreter, which never compiles):
-``TRITON_INTERPRET=0 python tests/triton_sm90_compile.py``. Prints one line per variant and
-exits non-zero on the first failure. The interpreter is more lenient than the compiler (a
+``TRITON_INTERPRET=0 python tests/triton_sm90_compile.py [--every N]`` (N: one variant in N, in
+enumeration order; the default test run takes a share, ``pytest --full`` all of them). Prints
+one line per split variant and exits non-zero on the first failure. The interpreter is more lenient than the compiler (a
 ``None`` pointer in a branch that is not taken, say), so CI needs this check.
 """
 
@@ -14,13 +15,13 @@ import time
 
 assert os.environ.get("TRITON_INTERPRET") == "0", "run with TRITON_INTERPRET=0"
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from flashsplit.triton.append import FP8_FORMATS  # noqa: E402
-from flashsplit.triton.append_kernel import append_kv_kernel  # noqa: E402
-from flashsplit.triton.backend import TritonBackend, _page_chunk, choose_tiles, combine_warps  # noqa: E402
+from flashsplit.triton.backend import (FP8_FORMATS, TritonBackend, _page_chunk, choose_tiles,  # noqa: E402
+                                       combine_warps, new_key_tile)
 from flashsplit.triton.combine_kernel import combine_kernel  # noqa: E402
 from flashsplit.triton.split_kernel import split_kv_kernel  # noqa: E402
 
@@ -97,8 +98,9 @@ def split_variants():
                    FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=paged, KV=kv,
                    LEFT_BOUND=window, SOFTCAP=not window, HAS_SINKS=True, MERGE_IN_LAST_SPLIT=paged,
                    INVARIANT=window and not paged)
-    for paged, kv, new in itertools.product([False, True], ["same", "fp8e4nv"], [1, 3]):
-        # appended keys (SEQLEN_ADD), left padding, cache rows by index (dense), rotated q
+    for paged, kv, new in itertools.product([False, True], ["same", "fp8e4nv", "fp8e5"], [1, 3]):
+        # appended keys (SEQLEN_ADD: attended and written by the split kernel), left padding, cache
+        # rows by index (dense), rotated q and new keys
         yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, RIGHT_BOUND=new > 1,
                    FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, PAGED=paged, KV=kv,
                    MERGE_IN_LAST_SPLIT=new == 1, SEQLEN_ADD=new, HAS_LEFTPAD=True, HAS_BATCH_IDX=not paged,
@@ -114,31 +116,17 @@ def split_variants():
                    EVEN_D=tiles.block_d == dim)
 
 
-def append_variants(dtype: str):
-    """The append kernel as the launcher builds it: dense, paged and by cache row; rotary
-    (GPT-J and GPT-NeoX pairs) or not; 16-bit and fp8 caches."""
-    fp8_names = {"fp8e4nv": "float8_e4m3fn", "fp8e5": "float8_e5m2"}
-    import torch
-
-    for layout, rotary, kv in itertools.product(["dense", "paged", "rows"], [0, 1, 2], [dtype, "fp8e4nv", "fp8e5"]):
-        fp8 = kv != dtype
-        emin, mbits = FP8_FORMATS[getattr(torch, fp8_names[kv])] if fp8 else (0, 0)
-        pointers = {"K_NEW": f"*{dtype}", "V_NEW": f"*{dtype}", "K_CACHE": f"*{kv}", "V_CACHE": f"*{kv}",
-                    "SEQLENS": "*i32", "LEFTPAD": "*i32" if rotary else None,
-                    "BLOCK_TABLE": "*i32" if layout == "paged" else None,
-                    "BATCH_IDX": "*i32" if layout == "rows" else None,
-                    "COS": "*fp32" if rotary else None, "SIN": "*fp32" if rotary else None,
-                    "K_DESCALE": "*fp32" if fp8 else None, "V_DESCALE": "*fp32" if fp8 else None}
-        yield dict(pointers=pointers, BLOCK_H=32, BLOCK_D=128, PAGE_SIZE=16 if layout == "paged" else 0,
-                   PAGED=layout == "paged", HAS_LEFTPAD=bool(rotary), HAS_BATCH_IDX=layout == "rows",
-                   ROTARY=bool(rotary), INTERLEAVED=rotary == 1, FP8=fp8, FP8_EMIN=emin,
-                   FP8_MBITS=mbits, FP8_MAX=448.0 if kv == "fp8e4nv" else 57344.0)
-
-
-def main() -> int:
+def main(every: int = 1) -> int:
     count = 0
+    order = itertools.count()
+
+    def take() -> bool:  # one variant in `every`, counted over every kernel and dtype
+        return next(order) % every == 0
+
     for dtype in ("bf16", "fp16"):
         for flags in split_variants():
+            if not take():
+                continue
             has_out = flags.pop("HAS_OUT")
             kv = flags.pop("KV", "same")
             kv = dtype if kv == "same" else kv
@@ -154,6 +142,11 @@ def main() -> int:
             for name in ("HAS_LEFTPAD", "HAS_BATCH_IDX"):
                 flags.setdefault(name, False)
             flags.setdefault("SEQLEN_ADD", 0)
+            flags["FP8_EMIN"], flags["FP8_MBITS"], flags["FP8_MAX"] = (0, 0, 0.0)
+            if flags["SEQLEN_ADD"] and flags["HAS_DESCALE"]:  # new keys rounded to the cache's fp8 format
+                fp8_dtype = {"fp8e4nv": "float8_e4m3fn", "fp8e5": "float8_e5m2"}[kv]
+                flags["FP8_EMIN"], flags["FP8_MBITS"], flags["FP8_MAX"] = FP8_FORMATS[getattr(torch, fp8_dtype)]
+            flags["NEW_BLOCK_N"] = new_key_tile(flags["SEQLEN_ADD"], flags["BLOCK_N"])
             flags.setdefault("ROTARY", False)
             flags.setdefault("ROTARY_INTERLEAVED", True)
             flags.setdefault("ROTARY_PER_TOKEN", False)
@@ -181,7 +174,9 @@ def main() -> int:
                         "SINKS": "*fp32" if flags.get("HAS_SINKS") else None,
                         "LEFTPAD": "*i32" if flags["HAS_LEFTPAD"] else None,
                         "BATCH_IDX": "*i32" if flags["HAS_BATCH_IDX"] else None,
-                        "COS": "*fp32" if flags["ROTARY"] else None, "SIN": "*fp32" if flags["ROTARY"] else None}
+                        "COS": "*fp32" if flags["ROTARY"] else None, "SIN": "*fp32" if flags["ROTARY"] else None,
+                        "K_NEW": f"*{dtype}" if flags["SEQLEN_ADD"] else None,
+                        "V_NEW": f"*{dtype}" if flags["SEQLEN_ADD"] else None}
             started = time.perf_counter()
             ptx = compile_variant(split_kv_kernel, pointers, {**flags, "GRANULE": 128, "RUNTIME_BOUND_WHILE": False},
                                   floats=("qk_scale_log2", "softcap_log2"))
@@ -208,12 +203,13 @@ def main() -> int:
                         "LEFTPAD": None}
             # BLOCK_S 32: one chunk (CHUNK_S 32) or a loop over chunks (8); decode waits on the split (PDL).
             plain = dict(LEFT_BOUND=False, INVARIANT=False, HAS_SINKS=False, SEQLEN_ADD=0, HAS_LEFTPAD=False)
-            compile_variant(combine_kernel, pointers, dict(BLOCK_D=block_d, BLOCK_S=32, CHUNK_S=chunk, GRANULE=128,
-                                                           SKIP_SINGLE_SPLIT_ROWS=skip, WRITE_LSE=write_lse,
-                                                           WAIT_FOR_PRIOR_GRID=skip, **plain),
-                            num_warps=combine_warps(32, block_d))
-            count += 1
-            if chunk == 32:  # up to 16 splits: BLOCK_S 16, one warp where a lane holds it all
+            if take():
+                compile_variant(combine_kernel, pointers, dict(BLOCK_D=block_d, BLOCK_S=32, CHUNK_S=chunk,
+                                                               GRANULE=128, SKIP_SINGLE_SPLIT_ROWS=skip,
+                                                               WRITE_LSE=write_lse, WAIT_FOR_PRIOR_GRID=skip, **plain),
+                                num_warps=combine_warps(32, block_d))
+                count += 1
+            if chunk == 32 and take():  # up to 16 splits: BLOCK_S 16, one warp where a lane holds it all
                 compile_variant(combine_kernel, pointers, dict(BLOCK_D=block_d, BLOCK_S=16, CHUNK_S=16, GRANULE=128,
                                                                SKIP_SINGLE_SPLIT_ROWS=skip, WRITE_LSE=write_lse,
                                                                WAIT_FOR_PRIOR_GRID=skip, **plain),
@@ -222,6 +218,8 @@ def main() -> int:
         for window, invariant, padded in ((True, False, False), (False, True, False), (True, True, False),
                                           (True, False, True), (False, False, True)):
             # windows, invariant, sinks; appended keys and left padding
+            if not take():
+                continue
             pointers = {"OUT_PARTIAL": "*fp32", "LSE_PARTIAL": "*fp32", "OUT": f"*{dtype}", "SEQLENS": "*i32",
                         "LSE": "*fp32", "SINKS": "*fp32", "LEFTPAD": "*i32" if padded else None}
             compile_variant(combine_kernel, pointers, dict(BLOCK_D=128, BLOCK_S=32, CHUNK_S=32, GRANULE=128,
@@ -231,12 +229,9 @@ def main() -> int:
                                                            SEQLEN_ADD=3 if padded else 0, HAS_LEFTPAD=padded),
                             num_warps=4)
             count += 1
-        for flags in append_variants(dtype):
-            compile_variant(append_kv_kernel, flags.pop("pointers"), flags, floats=(), num_warps=4)
-            count += 1
     print(f"compiled {count} Triton kernel variants for sm_90")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(int(sys.argv[sys.argv.index("--every") + 1]) if "--every" in sys.argv else 1))

@@ -21,7 +21,6 @@ from ..registry import Backend
 from ..workspace import ARRIVALS, Workspace, stream_key
 from . import INTERPRETER_OFF, interpreter_active
 from .combine_kernel import combine_kernel
-from .append import PreparedAppend
 from .launch import Relaunch, launch
 from .split_kernel import LOG2E, split_kv_kernel
 
@@ -36,6 +35,10 @@ class TritonTiles:
     num_warps: int
     num_stages: int
 
+
+#: fp8 formats as the split kernel rounds new keys to them (:func:`~flashsplit.triton.new_keys.round_to_fp8`):
+#: (smallest normal exponent, mantissa bits, largest finite value).
+FP8_FORMATS = {torch.float8_e4m3fn: (-6, 3, 448.0), torch.float8_e5m2: (-14, 2, 57344.0)}
 
 #: Programs per SM the plan counts for the split kernel: 2 beat FA3's 1 on the H200 (32/8 heads:
 #: B = 1 x 128k 30 splits 10% faster than FA3's 15; B = 16 x 16k 2 splits 6% faster than its 1);
@@ -73,6 +76,18 @@ def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs:
         block_n = 128
     return TritonTiles(block_m=block_m, block_n=block_n, block_d=block_d, num_warps=4,
                        num_stages=2 if num_splits == 1 and programs > PROGRAMS_PER_SM * num_sms else 3)
+
+
+def new_key_tile(seqlen_new: int, block_n: int) -> int:
+    """Keys per tile as the split kernel writes a call's new keys into the cache: enough for
+    ``seqlen_new`` (a decode step's 1-16 take one tile), at least 16, at most the cache tiles'
+    ``block_n``. A tile is loaded, rotated and rounded in fp32 registers, so a 64-key tile for
+    one new key would hold 4x the registers for nothing.
+
+    >>> new_key_tile(1, 64), new_key_tile(16, 64), new_key_tile(100, 64)
+    (16, 16, 64)
+    """
+    return min(block_n, max(16, triton.next_power_of_2(max(seqlen_new, 1))))
 
 
 def _strides(t: torch.Tensor | None, dims: int) -> tuple[int, ...]:
@@ -134,13 +149,16 @@ class TritonBackend(Backend):
                      out_partial, lse_partial, out, lse, final_for_single_split_rows: bool,
                      block_table=None, k_descale=None, v_descale=None, arrivals=None, sinks=None,
                      variant: Variant = Variant(), cache_leftpad=None, cache_batch_idx=None,
-                     rotary_cos=None, rotary_sin=None) -> Relaunch | None:
+                     rotary_cos=None, rotary_sin=None, k_new=None, v_new=None) -> Relaunch | None:
         """The split kernel; with ``arrivals`` (:meth:`arrivals_for`) its last program per row
         merges the partials into ``out``/``lse`` (no combine kernel follows). ``variant``: the
         window, softcap, sinks, fixed split length, appended keys, left padding and cache rows
         (``sinks`` ``[H_q]``, ``cache_leftpad`` / ``cache_batch_idx`` int32 ``[B]`` when it has
         them).
-        ``rotary_cos``/``rotary_sin`` ``[L_ro, rotary_dim / 2]``: q is rotated as the variant says."""
+        ``rotary_cos``/``rotary_sin`` ``[L_ro, rotary_dim / 2]``: q (and the new keys) are rotated as the
+        variant says. ``k_new``/``v_new`` ``[B, L_new, H_kv, D]`` (with ``variant.seqlen_new`` = L_new):
+        each program writes the new keys its split covers into the cache (an fp8 cache: ``k_new /
+        k_descale`` rounded to its format), then attends them there, in the same launch."""
         batch, seqlen_q, num_heads, head_dim = q.shape
         num_heads_kv = k_cache.shape[2]
         rotary = variant.rotary_dim > 0
@@ -160,14 +178,14 @@ class TritonBackend(Backend):
         tensors = (q, k_cache, v_arg, cache_seqlens, block_table, k_descale, v_descale,
                    out_partial, lse_partial, out, lse, arrivals, sinks if variant.has_sinks else None,
                    cache_leftpad if variant.has_leftpad else None, cache_batch_idx if variant.has_batch_idx else None,
-                   *((rotary_cos, rotary_sin) if rotary else (None, None)))
+                   *((rotary_cos, rotary_sin) if rotary else (None, None)), k_new, v_new)
         window_right = 0 if causal else variant.window_right
         tail = (
             *q.stride()[:3], *k_cache.stride()[:3], *v_arg.stride()[:3],
             *_strides(out_partial, 4), *_strides(lse_partial, 3),
             *_strides(out, 3), *_strides(lse, 2),
             *_strides(block_table, 1), *_descale_strides(k_descale), *_descale_strides(v_descale),
-            rotary_cos.stride(0) if rotary else 0,
+            rotary_cos.stride(0) if rotary else 0, *_strides(k_new, 3), *_strides(v_new, 3),
             # group and head_dim are runtime values (masks, index math): fewer compiled variants. The
             # page size is a constexpr (one variant per page size): no integer division per key.
             seqlen_q, seqlen_k, num_splits, row_blocks, group, head_dim, page_size, k_cache.shape[0],
@@ -203,6 +221,8 @@ class TritonBackend(Backend):
             rotary,  # ROTARY
             variant.rotary_interleaved,  # ROTARY_INTERLEAVED
             variant.rotary_q_per_token,  # ROTARY_PER_TOKEN
+            *FP8_FORMATS.get(k_cache.dtype, (0, 0, 0.0)),  # FP8_EMIN, FP8_MBITS, FP8_MAX
+            new_key_tile(variant.seqlen_new, tiles.block_n),  # NEW_BLOCK_N
         )
         options = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
         return launch(split_kv_kernel, grid, tensors, tail, options)
@@ -264,8 +284,7 @@ class TritonBackend(Backend):
 
     def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float):
         num_splits = _splits_launched(num_splits, problem)
-        append = PreparedAppend(problem) if problem.has_new_kv else None
-        return PreparedDecode(self, num_splits, softmax_scale, problem.causal, problem.variant, append)
+        return PreparedDecode(self, num_splits, softmax_scale, problem.causal, problem.variant)
 
     def forward_partials(self, q, k_cache, v_cache, cache_seqlens, num_splits, softmax_scale, causal,
                          block_table=None, k_descale=None, v_descale=None, variant: Variant = Variant()):
@@ -286,19 +305,17 @@ class PreparedDecode:
 
     The first call launches through Triton and keeps :class:`~flashsplit.triton.launch.Relaunch`
     handles; later calls replay them with the new tensors, and take the partial buffers from
-    the stream's workspace (a fresh allocation while a CUDA graph is being captured). ``append``:
-    the call's append step (:class:`~flashsplit.triton.append.PreparedAppend`), run first; the
-    split kernel then reads the q it returns.
+    the stream's workspace (a fresh allocation while a CUDA graph is being captured). A call's
+    new keys (``k``/``v``) go into the cache in the split kernel's launch.
     """
 
     def __init__(self, backend: TritonBackend, num_splits: int, softmax_scale: float, causal: bool,
-                 variant: Variant = Variant(), append: PreparedAppend | None = None):
+                 variant: Variant = Variant()):
         self.backend = backend
         self.num_splits = num_splits  # as launched (see _splits_launched)
         self.softmax_scale = softmax_scale
         self.causal = causal
         self.variant = variant
-        self.append = append
         # Fixed per prepared launch (its compiled kernel). Fixed splits (batch-invariant) always take
         # the combine kernel: one reduction order, whatever the split count.
         self.merge = num_splits <= backend.merge_max_splits and not variant.batch_invariant
@@ -310,14 +327,13 @@ class PreparedDecode:
 
     def __call__(self, tensors: DecodeTensors) -> None:
         (q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, sinks,
-         _, _, cos, sin, batch_idx, leftpad) = tensors
+         k_new, v_new, cos, sin, batch_idx, leftpad) = tensors
         num_splits, variant = self.num_splits, self.variant
-        if self.append is not None:
-            self.append(tensors)  # writes the new keys; the split kernel follows on the stream
-        if leftpad is None and batch_idx is None and cos is None and sin is None:
-            rows = _NO_ROWS  # the usual call: four comparisons instead of four calls
+        if k_new is None and leftpad is None and batch_idx is None and cos is None:
+            rows = _NO_ROWS  # the usual call: four comparisons instead of six calls (sin comes with cos)
         else:
-            rows = _address(leftpad), _address(batch_idx), _address(cos), _address(sin)
+            rows = (_address(leftpad), _address(batch_idx), _address(cos), _address(sin), _address(k_new),
+                    _address(v_new))
         if num_splits == 1:
             if self.split is not None:
                 self.split((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _address(cache_seqlens),
@@ -328,7 +344,7 @@ class PreparedDecode:
                     q, k_cache, v_cache, cache_seqlens, 1, self.softmax_scale, self.causal, None, None, out, lse,
                     final_for_single_split_rows=True, block_table=block_table, k_descale=k_descale,
                     v_descale=v_descale, sinks=sinks, variant=variant, cache_leftpad=leftpad,
-                    cache_batch_idx=batch_idx, rotary_cos=cos, rotary_sin=sin)
+                    cache_batch_idx=batch_idx, rotary_cos=cos, rotary_sin=sin, k_new=k_new, v_new=v_new)
             return
         # Rows whose live keys fit in one split skip the partials, and the merge skips them.
         shortcut = cache_seqlens is not None
@@ -366,7 +382,8 @@ class PreparedDecode:
             q, k_cache, v_cache, cache_seqlens, num_splits, self.softmax_scale, self.causal, out_partial,
             lse_partial, out, lse, final_for_single_split_rows=shortcut, block_table=block_table,
             k_descale=k_descale, v_descale=v_descale, arrivals=arrivals, sinks=sinks, variant=variant,
-            cache_leftpad=leftpad, cache_batch_idx=batch_idx, rotary_cos=cos, rotary_sin=sin)
+            cache_leftpad=leftpad, cache_batch_idx=batch_idx, rotary_cos=cos, rotary_sin=sin, k_new=k_new,
+            v_new=v_new)
         if not merge:
             self.combine = self.backend.launch_combine(
                 out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows=shortcut,
@@ -440,7 +457,8 @@ def _address(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-_NO_ROWS = (None, None, None, None)  # the addresses of absent cache_leftpad, cache_batch_idx, rotary_cos/sin
+#: The addresses of absent cache_leftpad, cache_batch_idx, rotary_cos/sin and k/v (the split kernel's last pointers).
+_NO_ROWS = (None,) * 6
 
 
 def _page_chunk(page_size: int, block_n: int) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""Rotary embedding on the device, shared by the append kernel (new keys) and the split kernel (q).
+"""Rotary embedding on the device, for the split kernel: q as it is loaded, and a call's new keys.
 
 Device code only. A table row ``p`` of ``rotary_cos``/``rotary_sin`` ``[L_ro, rotary_dim / 2]``
 rotates the features of a token at position ``p``: column ``d < rotary_dim`` becomes

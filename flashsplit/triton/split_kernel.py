@@ -12,6 +12,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
 from .attend import attend_range, chunk_page_ids, q_for_fp16_dots
+from .new_keys import write_new_keys
 from .rotary import load_rotated_rows
 from .split_rule import (add_sink, load_leftpad, load_seqlen, padded_row_first_key, row_first_key, row_split_range,
                          row_splits_used)
@@ -129,7 +130,7 @@ def store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, SINKS,
 @triton.jit
 def split_kv_kernel(
     Q, K, V, SEQLENS, BLOCK_TABLE, K_DESCALE, V_DESCALE,
-    OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, SINKS, LEFTPAD, BATCH_IDX, COS, SIN,
+    OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, SINKS, LEFTPAD, BATCH_IDX, COS, SIN, K_NEW, V_NEW,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -138,6 +139,7 @@ def split_kv_kernel(
     stride_ob, stride_om, stride_oh,
     stride_lb, stride_lh,
     stride_btb, stride_kdb, stride_kdh, stride_vdb, stride_vdh, stride_cos,
+    stride_knb, stride_knt, stride_knh, stride_vnb, stride_vnt, stride_vnh,
     seqlen_q, seqlen_k, num_splits, row_blocks, group, head_dim, PAGE_SIZE: tl.constexpr, num_pages, qk_scale_log2,
     window_left, window_right, softcap_log2, seqlen_ro, rotary_half,
     BLOCK_M: tl.constexpr,
@@ -174,6 +176,10 @@ def split_kv_kernel(
     ROTARY: tl.constexpr = False,
     ROTARY_INTERLEAVED: tl.constexpr = True,
     ROTARY_PER_TOKEN: tl.constexpr = False,
+    FP8_EMIN: tl.constexpr = 0,
+    FP8_MBITS: tl.constexpr = 0,
+    FP8_MAX: tl.constexpr = 0.0,
+    NEW_BLOCK_N: tl.constexpr = 16,
 ):
     """Attention of one split of one row's keys for one tile of packed (query, q head) rows.
 
@@ -184,11 +190,15 @@ def split_kv_kernel(
     (``softcap_log2`` = softcap * log2(e)); HAS_SINKS adds ``SINKS[hq]`` to each finished softmax;
     INVARIANT splits each row by its own length (batch-invariant decode).
 
-    A row holds ``SEQLENS[b] + SEQLEN_ADD`` keys (SEQLEN_ADD new keys were appended, the lengths
-    are not updated); HAS_LEFTPAD: its keys start at ``LEFTPAD[b]`` (masks are unchanged: a
-    query's position and the keys' shift alike); HAS_BATCH_IDX: a dense row b reads cache row
-    ``BATCH_IDX[b]``. ROTARY: q is rotated by ``COS``/``SIN`` (:mod:`~flashsplit.triton.rotary`) at position
-    ``SEQLENS[b] - LEFTPAD[b]``, plus the query's index with ROTARY_PER_TOKEN.
+    A row holds ``SEQLENS[b] + SEQLEN_ADD`` keys: with SEQLEN_ADD, the call's new keys and values
+    ``K_NEW``/``V_NEW`` ``[B, SEQLEN_ADD, H_kv, D]`` follow the cache's (the lengths are not
+    updated); a program whose split covers some of them writes them into the cache, in tiles of
+    NEW_BLOCK_N keys, before it reads its keys (:mod:`~flashsplit.triton.new_keys`; for an fp8
+    cache ``FP8_EMIN``/``FP8_MBITS``/``FP8_MAX`` describe its format). HAS_LEFTPAD: its keys start at
+    ``LEFTPAD[b]`` (masks are unchanged: a query's position and the keys' shift alike);
+    HAS_BATCH_IDX: a dense row b reads cache row ``BATCH_IDX[b]``. ROTARY: q is rotated by
+    ``COS``/``SIN`` (:mod:`~flashsplit.triton.rotary`) at position ``SEQLENS[b] - LEFTPAD[b]``, plus
+    the query's index with ROTARY_PER_TOKEN; new keys at the same position plus their token index.
 
     Writes the fp32 partial ``OUT_PARTIAL[split, b, m, hq, :]``, ``LSE_PARTIAL[split, b, hq, m]``
     (natural log, -inf when no key is visible). With FINAL_FOR_SINGLE_SPLIT_ROWS, a row whose
@@ -235,14 +245,16 @@ def split_kv_kernel(
     mask_r = offs_r < seqlen_q * group
     mask_d = offs_d < head_dim
 
+    rot_position = 0
     if ROTARY:  # at the row's old length (leftpad-relative), as the new keys
-        position = tl.load(SEQLENS + b)
+        rot_position = tl.load(SEQLENS + b)
         if HAS_LEFTPAD:
-            position -= tl.load(LEFTPAD + b)
+            rot_position -= tl.load(LEFTPAD + b)
+        position = rot_position + tl.zeros([BLOCK_M], tl.int32)
         if ROTARY_PER_TOKEN:
             position += offs_m
         q = load_rotated_rows(Q + b * stride_qb + offs_m * stride_qm + offs_hq * stride_qh, mask_r,
-                              position + tl.zeros([BLOCK_M], tl.int32), COS, SIN, stride_cos, seqlen_ro, rotary_half,
+                              position, COS, SIN, stride_cos, seqlen_ro, rotary_half,
                               head_dim, offs_d, ROTARY_INTERLEAVED).to(Q.dtype.element_ty)
     else:
         q_ptrs = Q + b * stride_qb + offs_m[:, None] * stride_qm + offs_hq[:, None] * stride_qh + offs_d[None, :]
@@ -277,11 +289,26 @@ def split_kv_kernel(
         k_base = K + cache_row * stride_kb + kvh * stride_kh
         v_base = V + cache_row * stride_vb + kvh * stride_vh
         bt_row = BLOCK_TABLE
+    k_scale = 1.0
     v_scale = 1.0
     if HAS_DESCALE:  # fp8 cache: K's scale multiplies the scores, V's the output
-        qk_scale_log2 = qk_scale_log2 * tl.load(K_DESCALE + b * stride_kdb + kvh * stride_kdh)
+        k_scale = tl.load(K_DESCALE + b * stride_kdb + kvh * stride_kdh)
+        qk_scale_log2 = qk_scale_log2 * k_scale
         v_scale = tl.load(V_DESCALE + b * stride_vdb + kvh * stride_vdh)
         q, qk_scale_log2 = q_for_fp16_dots(q, qk_scale_log2)
+    if SEQLEN_ADD != 0:
+        # This split's new keys go into the cache first; the barrier orders those stores before the
+        # program's loads of the same slots (every row tile writes the same bytes for itself). Split
+        # 0 also writes the new keys no split covers (before a window's first key).
+        new_token0 = tl.load(SEQLENS + b)  # the key of new token 0
+        new_lo = tl.minimum(tl.maximum(new_token0, 0), seqlen)
+        write_new_keys(K_NEW + b * stride_knb + kvh * stride_knh, V_NEW + b * stride_vnb + kvh * stride_vnh, k_base,
+                       v_base, bt_row, tl.where(split == 0, new_lo, tl.maximum(start, new_lo)), end, new_token0,
+                       rot_position, k_scale, v_scale, num_pages, stride_knt, stride_vnt, stride_kb, stride_kn,
+                       stride_vb, stride_vn, COS, SIN, stride_cos, seqlen_ro, rotary_half, head_dim, NEW_BLOCK_N,
+                       BLOCK_D, PAGED, PAGE_SIZE, ROTARY, ROTARY_INTERLEAVED, HAS_DESCALE, V_PAIRS, V_E5M2,
+                       FP8_EMIN, FP8_MBITS, FP8_MAX)
+        tl.debug_barrier()
     if PAGED:
         # Chunks of CHUNK_TILES tiles: the chunk's page ids are loaded once, then its tiles run
         # like dense ones (the K/V addresses depend on no load inside the inner loop).
