@@ -15,6 +15,7 @@ from .cases import SkippedCell, format_label, format_seqlen
 from .dryrun import DryRun
 from .rows import (ERROR, OK, SKIPPED, WRONG, BenchRow, FormatComparison, Report, RunHeader, SweepSummary,
                    VariantComparison)
+from .scorecard import AUTO_SLACK, ScoreRow, score
 
 _STATUS_STYLE = {OK: "", SKIPPED: "dim", WRONG: "bold red", ERROR: "red"}
 
@@ -107,6 +108,29 @@ def variants_table(comparisons: list[VariantComparison]) -> Table:
     return table
 
 
+def _verdict(ok: bool | None) -> str:
+    return "-" if ok is None else "yes" if ok else "NO"
+
+
+def scorecard_table(card: list[ScoreRow]) -> Table:
+    """:mod:`.scorecard`: per cell, ``auto`` over the faster flashsplit backend, cuDNN, FlashAttention-3
+    and the read floor of the same run."""
+    table = Table(title=f"scorecard: auto against the faster backend (target <= {AUTO_SLACK:.2f}x), the peers "
+                        "and the read floor", header_style="bold")
+    for name in ("B", "L_k", "heads", "d", "cache", "variant", "auto us", "ran", "best", "best us", "auto/best",
+                 "ok", "cuDNN us", "auto/cuDNN", "ok", "FA3 us", "auto/FA3", "floor us", "auto/floor"):
+        table.add_column(name, justify="left" if name in ("cache", "variant", "ran", "best") else "right",
+                         overflow="fold")
+    for c in card:
+        style = "red" if c.auto_ok is False or c.cudnn_ok is False else ""
+        table.add_row(str(c.batch), format_seqlen(c.seqlen_k), f"{c.num_heads}/{c.num_heads_kv}", str(c.head_dim),
+                      format_label(c.page_size, c.kv), c.variant_label, _f(c.auto_us), c.auto_backend or "-",
+                      c.best_backend or "-", _f(c.best_us), _f(c.vs_best, "{:.3f}"), _verdict(c.auto_ok),
+                      _f(c.cudnn_us), _f(c.vs_cudnn, "{:.3f}"), _verdict(c.cudnn_ok), _f(c.fa3_us),
+                      _f(c.vs_fa3, "{:.3f}"), _f(c.floor_us), _f(c.vs_floor, "{:.3f}"), style=style)
+    return table
+
+
 def render_skipped_cells(console: Console, skipped: list[SkippedCell]) -> None:
     for cell in skipped:
         console.print(f"  skipped cell {cell.case.label()}: {cell.reason}", style="dim")
@@ -122,6 +146,9 @@ def render_report(console: Console, report: Report, skipped: list[SkippedCell] =
         console.print(formats_table(report.formats))
     if report.variants:
         console.print(variants_table(report.variants))
+    card = score(report.rows)
+    if card:
+        console.print(scorecard_table(card))
     render_skipped_cells(console, list(skipped))
     counts = Counter(r.status for r in report.rows)
     console.print("  rows: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) if counts else "  no rows")
