@@ -1,6 +1,7 @@
 """flashsplit bench on CPU: options, grid, rotation count, rows I/O, dry run, no-GPU exit code,
-contender availability, the runner's check / error handling with a fake timer, and the cache
-formats (paged / fp8 inputs, skip reasons, --compare-formats ratios)."""
+contender availability, the runner's check / error handling with a fake timer, the cache
+formats (paged / fp8 inputs, skip reasons, --compare-formats ratios) and several queries per row
+(--seqlen-q: grid, bytes, labels, rows I/O, tables, dry run, the causal check)."""
 
 from __future__ import annotations
 
@@ -794,3 +795,266 @@ def test_compare_formats_end_to_end_with_a_fake_gpu(monkeypatch, tmp_path, capsy
     assert any("cache formats" in n for n in report.header.notes)
     assert (tmp_path / "r.formats.csv").exists() and "paged/16 fp8e4m3" in out and "1.050" in out
     assert rows.rows_from_csv(csv_path.read_text()) == report.rows
+
+
+# -- several queries per row: --seqlen-q (speculative decoding, causal, bottom-right) --------
+
+def test_seqlen_q_crosses_the_grid():
+    args = parse("--batch", "1", "16", "--seqlen", "4k", "16k", "--seqlen-q", "1,4", "4")
+    grid, skipped = cli.resolve_grid(args, H200_L2)
+    assert skipped == []
+    assert [(c.batch, c.seqlen_k, c.seqlen_q) for c in grid] == [
+        (1, 4096, 1), (1, 4096, 4), (1, 16384, 1), (1, 16384, 4),
+        (16, 4096, 1), (16, 4096, 4), (16, 16384, 1), (16, 16384, 4)], "L_q inside L_k, repeats dropped"
+    assert [c.causal for c in grid[:2]] == [False, True]
+    assert {c.seqlen_q for c in cli.resolve_grid(parse("--batch", "1"), H200_L2)[0]} == {1}, "one query by default"
+    # Formats and variants cross it too, innermost.
+    args = parse("--batch", "1", "--seqlen", "4k", "--seqlen-q", "2", "8", "--page-size", "0", "16")
+    grid, _ = cli.resolve_grid(args, H200_L2)
+    assert [(c.seqlen_q, c.page_size) for c in grid] == [(2, 0), (2, 16), (8, 0), (8, 16)]
+    # A cache shorter than the queries is left out, with the reason.
+    grid, skipped = build_grid([1], [2, 4096], Shape(32, 8, 128), seqlens_q=[4])
+    assert [c.seqlen_k for c in grid] == [4096]
+    assert [(s.case.seqlen_k, s.reason) for s in skipped] == [
+        (2, "4 queries per row need a cache of at least as many keys")]
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="seqlens_q"):
+            build_grid([1], [1024], Shape(32, 8, 128), seqlens_q=[bad])
+
+
+@pytest.mark.parametrize("value", ["0", "17", "-1", "x", "1.5", "4,0", ""])
+def test_bad_seqlen_q_values_are_argparse_errors(value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse("--seqlen-q", value)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --seqlen-q" in err and ("1..16" in err or "non-empty list" in err)
+
+
+def test_seqlen_q_parser_takes_its_range():
+    assert cases.parse_seqlen_q_list("1, 16 4") == [1, 16, 4]
+    assert parse("--seqlen-q", "16").seqlen_q == [[16]] and parse().seqlen_q is None
+
+
+def test_case_bytes_and_labels_with_several_queries():
+    one, four = Case(4, 4096, 32, 8, 128, "fp16"), Case(4, 4096, 32, 8, 128, "fp16", seqlen_q=4)
+    assert four.q_bytes == 4 * one.q_bytes == 4 * 4 * 32 * 128 * 2
+    assert four.kv_bytes == one.kv_bytes and four.read_kv_bytes == four.kv_bytes, "the last query sees every key"
+    assert four.moved_bytes == four.kv_bytes + 2 * 4 * 4 * 32 * 128 * 2, "q read and out written L_q times"
+    assert cases.set_bytes(four) == cases.set_bytes(one) + 3 * one.q_bytes
+    windowed = Case(1, 131072, 32, 8, 128, window=128, seqlen_q=4)
+    assert windowed.visible_keys == 132, "query i sees the 129 keys up to L_k - 4 + i: 132 together"
+    assert windowed.read_kv_bytes == 2 * 132 * 8 * 128 * 2
+    assert four.label() == "B=4 L_k=4k L_q=4 H=32/8 d=128 fp16" and one.label() == "B=4 L_k=4k H=32/8 d=128 fp16"
+    assert Case(1, 1024, 32, 8, 128, page_size=16, window=64, seqlen_q=2).label() == \
+        "B=1 L_k=1k L_q=2 H=32/8 d=128 bf16 paged/16 window 64"
+    # The rotary tables reach the last query's position (FlashAttention rotates query i at the row's length + i).
+    assert Case(2, 64, 4, 2, 16, append=1, rotary=True, seqlen_q=4).rotary_positions == 64 - 1 + 4
+    assert Case(2, 64, 4, 2, 16, append=4, rotary=True, seqlen_q=4).rotary_positions == 64
+    assert Case(2, 64, 4, 2, 16, append=1, rotary=True).rotary_positions == 64
+    with pytest.raises(TypeError):
+        Case(1, 4096, 32, 8, 128, "bf16", 0, "same", -1, 0.0, False, False, 0, False, 4)  # seqlen_q: keyword only
+
+
+def test_rows_with_seqlen_q_round_trip_and_old_reports_read_as_one_query():
+    import json
+
+    report = _sample_report()
+    report.rows.append(rows.BenchRow("triton", 1, 16384, 32, 8, 128, "bf16", seqlen_q=4, num_splits=32, device_us=30.0))
+    report.sweep.append(rows.SweepSummary("triton", 1, 16384, 32, 8, 128, "bf16", seqlen_q=4, heuristic_splits=32))
+    report.formats.append(rows.FormatComparison("triton", 1, 16384, 32, 8, 128, "bf16", "paged", seqlen_q=4,
+                                                page_size=16))
+    report.variants.append(rows.VariantComparison("triton", 1, 16384, 32, 8, 128, "bf16", seqlen_q=4, window=128,
+                                                  short_seqlen=132))
+    back = rows.report_from_json(rows.report_to_json(report))
+    assert back == report and back.rows[-1].seqlen_q == 4 and back.formats[-1].kind == "paged"
+    assert rows.rows_from_csv(rows.rows_to_csv(report.rows)) == report.rows
+    for items, cls in ((report.sweep, rows.SweepSummary), (report.formats, rows.FormatComparison),
+                       (report.variants, rows.VariantComparison)):
+        assert rows.from_csv(rows.to_csv(items, cls), cls) == items
+    assert rows.rows_to_csv(report.rows).splitlines()[0].startswith("contender,batch,seqlen_k,seqlen_q,")
+    # Reports and CSVs written before the field existed read back with one query per row.
+    old = json.loads(rows.report_to_json(_sample_report()))
+    for section in ("rows", "sweep", "formats"):
+        for item in old[section]:
+            del item["seqlen_q"]
+    back = rows.report_from_json(json.dumps(old))
+    assert back == _sample_report() and {r.seqlen_q for r in back.rows + back.sweep + back.formats} == {1}
+    old_csv = _without_column(rows.rows_to_csv(_sample_report().rows), "seqlen_q")
+    assert "seqlen_q" not in old_csv
+    assert rows.rows_from_csv(old_csv) == _sample_report().rows
+
+
+def _without_column(text: str, name: str) -> str:
+    """CSV ``text`` as written before column ``name`` existed."""
+    import csv
+
+    reader = csv.DictReader(io.StringIO(text))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, [f for f in reader.fieldnames if f != name], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: v for k, v in row.items() if k != name} for row in reader)
+    return buf.getvalue()
+
+
+def test_tables_show_l_q_only_where_a_row_has_several_queries():
+    plain = [rows.BenchRow("triton", 1, 16384, 32, 8, 128, "bf16", device_us=20.0)]
+    several = plain + [rows.BenchRow("triton", 1, 16384, 32, 8, 128, "bf16", seqlen_q=4, device_us=23.0)]
+    headers = [c.header for c in render.rows_table(plain).columns]
+    assert "L_q" not in headers
+    table = render.rows_table(several)
+    headers = [c.header for c in table.columns]
+    assert headers[:4] == ["contender", "B", "L_k", "L_q"]
+    assert list(table.columns[3].cells) == ["1", "4"]
+    assert table.rows[0].end_section, "L_q 1 and 4 are different cells: a section break between them"
+    buf = io.StringIO()
+    render.render_report(Console(file=buf, width=250), rows.Report(_sample_report().header, several))
+    assert "23.0" in buf.getvalue() and " L_q " in buf.getvalue()
+
+
+def test_plot_lines_keep_query_counts_apart():
+    data = [rows.BenchRow("triton", 1, 16384, 32, 8, 128, "bf16", seqlen_q=q, device_us=1.0) for q in (1, 4)]
+    assert [render.line_label(r, data) for r in data] == ["triton [L_q=1]", "triton [L_q=4]"]
+    assert render.line_label(data[0], data[:1]) == "triton"
+
+
+def test_dry_run_lists_l_q_and_plans_for_it(monkeypatch, capsys):
+    monkeypatch.setattr(device, "cuda_available", lambda: False)
+    argv = ["--seqlen-q", "1", "4", "--batch", "1", "16", "--seqlen", "4k", "16k", "--no-flex"]
+    assert cli.main(["--dry-run", *argv]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "L_k" in line)
+    assert [h.strip() for h in header.strip("┃").split("┃")][:3] == ["B", "L_k", "L_q"] and "8 cell(s)" in out
+    dry = _dry_run(argv)
+    assert [(c.case.batch, c.case.seqlen_k, c.case.seqlen_q) for c in dry.cells][:2] == [(1, 4096, 1), (1, 4096, 4)]
+    for cell in dry.cells:
+        case = cell.case
+        expected = flashsplit.plan(case.batch, case.seqlen_k, 32, 8, 128, seqlen_q=case.seqlen_q,
+                                   causal=case.seqlen_q > 1, num_sms=132, device="cuda", backend="triton")
+        assert cell.plans["triton"] == expected.num_splits
+        auto = flashsplit.plan(case.batch, case.seqlen_k, 32, 8, 128, seqlen_q=case.seqlen_q,
+                               causal=case.seqlen_q > 1, num_sms=132, device="cuda")
+        assert cell.backends["auto"] == f"{auto.backend} ({auto.rule})"
+    planned = contenders.FlashsplitContender("triton", "triton").plan(dry.cells[1].case, 132)
+    assert planned.seqlen_q == 4 and planned.window_left == -1
+    if "cute" in flashsplit.backends():
+        assert any(c.backends["auto"] != d.backends["auto"] for c, d in zip(dry.cells[::2], dry.cells[1::2])), \
+            "auto picks another backend or rule for some L_q = 4 cell"
+
+
+def test_dry_run_says_which_contenders_skip_several_queries(monkeypatch, capsys):
+    """FlashInfer's decode wrapper takes one query per row: its L_q = 4 cells are skipped, and said so."""
+    monkeypatch.setattr(device, "cuda_available", lambda: False)
+    monkeypatch.setattr(contenders.FlashInferContender, "static_reason", lambda self: None)
+    assert cli.main(["--dry-run", "--seqlen-q", "1", "4", "--batch", "1", "--seqlen", "4k", "16k",
+                     "--contenders", "triton,flashinfer"]) == 0
+    out = capsys.readouterr().out
+    assert "flashinfer skipped on 2 L_q=4 cell(s): flashinfer's BatchDecodeWithPagedKVCacheWrapper is decode-only" \
+        in out
+    dry = _dry_run(["--seqlen-q", "1", "4", "--batch", "1", "--seqlen", "4k", "--contenders", "triton,flashinfer"])
+    assert [sorted(c.query_skips) for c in dry.cells] == [[], ["flashinfer"]]
+    assert "triton" not in dry.cells[1].query_skips
+
+
+def test_help_describes_seqlen_q():
+    text = cli.build_parser().format_help()
+    assert "--seqlen-q N [N ...]" in text and "1..16" in text and "bottom-right aligned" in text
+    assert "--seqlen-q 1 4" in text, "an example uses it"
+
+
+def test_runner_checks_several_queries_causally():
+    """L_q = 4 through the Triton interpreter (fp16): flashsplit passes; attention without the causal
+    mask fails, at 512 keys by the tolerance, at 16k keys (where the mask hides too few keys to
+    pass it) by being closer to the unmasked reference."""
+    from flashsplit.reference import attention_ref
+
+    class Ref(_Fake):
+        multi_query = True
+
+    def causal(case, inputs):
+        def run(i):
+            return attention_ref(inputs.q[i], inputs.k[i], inputs.v[i], causal=True)[0].half()
+        return contenders.Prepared(run)
+
+    def unmasked(case, inputs):
+        return contenders.Prepared(lambda i: attention_ref(inputs.q[i], inputs.k[i], inputs.v[i])[0].half())
+
+    short, long = Case(2, 512, 4, 2, 64, "fp16", seqlen_q=4), Case(2, 16384, 4, 2, 64, "fp16", seqlen_q=4)
+    calls = []
+    options = runner.RunOptions(mem_cap_bytes=1e9, timer=_fake_timer(calls))
+    out = runner.run_grid([short], [contenders.FlashsplitContender("triton", "triton"), Ref("causal", causal),
+                                    Ref("unmasked", unmasked), _Fake("one-query", causal)], _info(), 4.0e12, options)
+    by = {r.contender: r for r in out}
+    tri = by["triton"]
+    assert tri.status == rows.OK and tri.rel_err < 1e-2 and tri.seqlen_q == 4, tri.note
+    assert tri.num_splits == flashsplit.plan(2, 512, 4, 2, 64, seqlen_q=4, causal=True, dtype=torch.float16,
+                                             num_sms=132, device="cuda", backend="triton").num_splits
+    assert tri.gbps == pytest.approx(short.moved_bytes / 10e-6 / 1e9)
+    assert by["causal"].status == rows.OK
+    assert by["unmasked"].status == rows.WRONG and "tolerance" in by["unmasked"].note
+    assert by["one-query"].status == rows.SKIPPED
+    assert by["one-query"].note == "one-query has no causal multi-query (L_q > 1) input in the bench's call"
+    (ok, wrong) = runner.run_grid([long], [Ref("causal", causal), Ref("unmasked", unmasked)], _info(), None, options)
+    assert ok.status == rows.OK
+    assert wrong.status == rows.WRONG and wrong.rel_err < 1e-2, "within the tolerance, yet wrong"
+    assert "closer to attention without the causal mask" in wrong.note
+    assert len(calls) == 3, "only the passing rows are timed"
+
+
+def test_formats_and_sweeps_keep_l_q_apart():
+    data = [_frow("triton", 0, "bf16", 100.0), _frow("triton", 16, "bf16", 105.0),
+            _frow("triton", 0, "bf16", 120.0), _frow("triton", 16, "bf16", 150.0)]
+    for r in data[2:]:
+        r.seqlen_q = 4
+    got = formats.compare_formats(data)
+    assert [(c.seqlen_q, c.base_us, c.ratio) for c in got] == [(1, 100.0, pytest.approx(1.05)),
+                                                               (4, 120.0, pytest.approx(1.25))]
+    case = Case(1, 16384, 32, 8, 128, seqlen_q=4)
+    summary = sweep.summarize("triton", case, 8, [runner.empty_row("triton", case, num_splits=8, device_us=9.0)])
+    assert summary.seqlen_q == 4 and summary.gap_pct == 0.0
+    assert runner.empty_row("triton", case).seqlen_q == 4
+
+
+def test_check_output_wants_l_q_rows():
+    inputs = make_inputs(Case(2, 64, 4, 2, 32, "fp16", seqlen_q=3), 1, device=DEV)
+    from flashsplit.reference import attention_ref
+
+    assert inputs.q[0].shape == (2, 3, 4, 32) and inputs.variant_kwargs() == {"causal": True}
+    ref = attention_ref(inputs.q[0], inputs.k[0], inputs.v[0], causal=True)[0]
+    assert check_output(ref.half(), inputs).ok
+    result = check_output(ref.half()[:, :1], inputs)
+    assert not result.ok and "expected [2, 3, 4, 32]" in result.detail
+    assert make_inputs(Case(2, 64, 4, 2, 32, "fp16"), 1, device=DEV).variant_kwargs() == {}, \
+        "one query per row: the plain call, no causal flag"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="runs the Triton interpreter on CPU tensors (CPU machines only)")
+def test_seqlen_q_end_to_end_with_a_fake_gpu(monkeypatch, tmp_path, capsys):
+    """A whole --seqlen-q 1 4 run (rows, tables, JSON, CSV) on CPU tensors: the Triton interpreter
+    computes, a fake timer times."""
+    import functools
+
+    def timer(run, num_sets, config):
+        run(0)
+        return Timing(device_us=10.0, eager_us=1.0, method="graph")
+
+    info = device.DeviceInfo("Fake H200", 132, 1024, 0, 4.8e12, "datasheet", False)
+    monkeypatch.setattr(device, "cuda_available", lambda: True)
+    monkeypatch.setattr(contenders, "cuda_available", lambda: True)
+    monkeypatch.setattr(device, "device_info", lambda: info)
+    monkeypatch.setattr(runner, "synchronize", lambda: None)
+    monkeypatch.setattr(runner, "RunOptions", functools.partial(runner.RunOptions, timer=timer))
+    json_path, csv_path = tmp_path / "r.json", tmp_path / "r.csv"
+    code = cli.main(["--seqlen-q", "1", "4", "--contenders", "triton", "--heads", "4/2", "--head-dim", "64",
+                     "--dtype", "fp16", "--batch", "2", "--seqlen", "256", "--no-ceiling", "--json", str(json_path),
+                     "--csv", str(csv_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    report = rows.report_from_json(json_path.read_text())
+    assert [(r.seqlen_q, r.status) for r in report.rows] == [(1, "ok"), (4, "ok")]
+    assert all(r.rel_err < 1e-2 for r in report.rows)
+    assert report.rows[1].gbps == pytest.approx(Case(2, 256, 4, 2, 64, "fp16", seqlen_q=4).moved_bytes / 10e-6 / 1e9)
+    assert any(n.startswith("several queries per row (--seqlen-q N > 1): causal, bottom-right") for n in
+               report.header.notes)
+    assert rows.rows_from_csv(csv_path.read_text()) == report.rows
+    assert " L_q " in out

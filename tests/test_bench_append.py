@@ -1,7 +1,8 @@
 """flashsplit bench's --append / --rotary on CPU: parsing and grid, the inputs (rows hold
 L_k - n keys, the call appends the rest), the reference check (a contender that drops the
-append or the rotation is wrong), peers' skip reasons, FlashAttention's k/v/rotary arguments
-and the JSON round trip."""
+append or the rotation is wrong), peers' skip reasons, FlashAttention's k/v/rotary arguments,
+the JSON round trip, and appends with several queries per row (each query rotated at its own
+position)."""
 
 from __future__ import annotations
 
@@ -168,3 +169,44 @@ def test_append_rows_round_trip():
     assert back.rows[0].variant == Variant(append=1, rotary=True)
     assert back.rows[0].variant_label == "append 1 + rotary"
     assert rows.rows_from_csv(rows.rows_to_csv([row])) == [row]
+
+
+# -- appends with several queries per row (speculative decoding: the drafts' keys appended) ---
+
+def test_several_queries_rotate_each_at_its_own_position():
+    """Query i is rotated at the row's length before the call + i (FlashAttention's causal
+    convention), and the rotary tables reach the last of those positions."""
+    from flashsplit.reference import rotary_ref
+
+    case = Case(2, 64, 4, 2, 16, "fp16", append=1, rotary=True, seqlen_q=4)
+    inputs = make_inputs(case, 1, device="cpu", seed=5)
+    assert inputs.q[0].shape == (2, 4, 4, 16) and inputs.cache_seqlens.tolist() == [63, 63]
+    assert inputs.rotary_cos.shape == (67, 8), "query 3 sits at position 63 + 3"
+    positions = torch.tensor([[63, 64, 65, 66]])
+    expected = rotary_ref(inputs.q[0][1:2], inputs.rotary_cos, inputs.rotary_sin, positions, False).half()
+    assert torch.equal(inputs.reference_q(1), expected)
+    assert not torch.equal(inputs.reference_q(1)[:, 1:], rotary_ref(
+        inputs.q[0][1:2], inputs.rotary_cos, inputs.rotary_sin, torch.full((1, 4), 63), False).half()[:, 1:])
+    assert inputs.variant_kwargs() == {"causal": True}
+
+
+@pytest.mark.parametrize("append, rotary", [(4, False), (4, True), (1, True), (6, False)])
+def test_flashsplit_appends_with_several_queries(append, rotary):
+    """The check passes flashsplit's causal call with appended keys, whether the append covers
+    the queries (4 drafts, 4 keys), fewer keys or more."""
+    case = Case(2, 256, 4, 2, 64, "fp16", append=append, rotary=rotary, seqlen_q=4)
+    (row,) = _run([case], [contenders.FlashsplitContender("triton", "triton")])
+    assert row.status == rows.OK and row.rel_err < 1e-2, row.note
+    assert (row.seqlen_q, row.append, row.rotary) == (4, append, rotary)
+
+
+def test_an_append_ignored_with_several_queries_fails_the_check():
+    class Stale(_Fake):
+        multi_query = True
+
+    def stale(case, inputs):
+        return lambda i: attention_ref(inputs.q[i], inputs.k[i], inputs.v[i], inputs.cache_seqlens + case.append,
+                                       causal=True)[0].half()
+
+    (row,) = _run([Case(2, 256, 4, 2, 64, "fp16", append=4, seqlen_q=4)], [Stale("stale", stale)])
+    assert row.status == rows.WRONG

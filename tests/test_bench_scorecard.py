@@ -65,3 +65,16 @@ def test_the_report_renders_the_scorecard_from_rows():
     out = io.StringIO()
     render.render_report(Console(file=out, width=250), rows.Report(header, [_row("triton", 22.0)]))
     assert "scorecard" not in out.getvalue()
+
+
+def test_cells_of_different_l_q_are_scored_apart():
+    card = score([_row("triton", 9.0), _row("cute", 9.5), _row("auto", 9.0, note="backend triton"),
+                  _row("triton", 12.0, seqlen_q=4), _row("cute", 10.0, seqlen_q=4),
+                  _row("auto", 12.0, seqlen_q=4, note="backend triton")])
+    assert [(c.seqlen_q, c.best_backend, c.auto_ok) for c in card] == [(1, "triton", True), (4, "cute", False)]
+    assert card[1].vs_best == pytest.approx(1.2)
+    out = io.StringIO()
+    render.render_report(Console(file=out, width=250), rows.Report(rows.RunHeader(device="NVIDIA H200"), [
+        _row("triton", 12.0, seqlen_q=4), _row("cute", 10.0, seqlen_q=4), _row("auto", 12.0, seqlen_q=4)]))
+    scorecard_lines = out.getvalue().split("scorecard")[1]
+    assert " L_q " in scorecard_lines and "1.200" in scorecard_lines

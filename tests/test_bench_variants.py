@@ -2,7 +2,8 @@
 --batch-invariant parsing and grid, bytes and rotation of windowed cells, the reference check
 with a variant (a contender that drops the window, softcap or sinks is wrong), peers' skip
 reasons and FlashAttention's signature-driven arguments, --compare-variants, rendering and the
-JSON / CSV round trip."""
+JSON / CSV round trip; and for several queries per row, each peer's bottom-right causal call
+(SDPA's mask, FlexAttention's block mask, FlashAttention's causal=True) or skip reason."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import io
 import json
 import sys
 import types
+import warnings
 
 import pytest
 import torch
@@ -234,8 +236,9 @@ def _fake_flash_attn(monkeypatch, params):
         table = kw.get("page_table", kw.get("block_table"))
         if table is not None:
             k_cache, v_cache = gather_paged(k_cache, table), gather_paged(v_cache, table)
-        return attention_ref(q, k_cache, v_cache, kw["cache_seqlens"], window_size=kw.get("window_size", (-1, -1)),
-                             softcap=kw.get("softcap", 0.0), sinks=kw.get("sinks"))[0].to(q.dtype)
+        return attention_ref(q, k_cache, v_cache, kw["cache_seqlens"], causal=bool(kw.get("causal")),
+                             window_size=kw.get("window_size", (-1, -1)), softcap=kw.get("softcap", 0.0),
+                             sinks=kw.get("sinks"))[0].to(q.dtype)
 
     src = f"def flash_attn_with_kvcache(q, k_cache, v_cache, *, {', '.join(f'{p}=None' for p in params)}):\n" \
           f"    return impl(q, k_cache, v_cache, **{{k: v for k, v in locals().items() if k in {params!r} " \
@@ -279,6 +282,113 @@ def test_flash_attn_without_a_parameter_skips_that_variant(monkeypatch, clear_im
     case = Case(2, 128, 4, 2, 32, "fp16", sinks=True)
     (row,) = runner.run_grid([case], [fa3], _info(), None, runner.RunOptions(mem_cap_bytes=1e9, timer=_timer([])))
     assert row.status == rows.SKIPPED and row.note.endswith("has no sinks input in this build")
+
+
+# -- several queries per row: each peer's causal, bottom-right call, or its skip reason -------
+
+def test_bottom_right_masks():
+    from flashsplit.bench.masks import bottom_right_visible, flex_block_mask, sdpa_causal_mask
+
+    assert bottom_right_visible(3, 5).int().tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    one, three = Case(1, 5, 4, 2, 16, "fp16"), Case(1, 5, 4, 2, 16, "fp16", seqlen_q=3)
+    assert sdpa_causal_mask("CUDNN_ATTENTION", one, "cpu") == (None, "") and flex_block_mask(one, "cpu") is None
+    mask, note = sdpa_causal_mask("CUDNN_ATTENTION", three, "cpu")
+    assert mask.dtype == torch.float16 and note == "bottom-right causal: additive [3, 5] mask"
+    assert torch.equal(mask == 0, bottom_right_visible(3, 5)) and torch.isneginf(mask[0, 3:]).all()
+    bias, note = sdpa_causal_mask("FLASH_ATTENTION", three, "cpu")
+    assert type(bias).__name__ == "CausalBias" and "causal_lower_right" in note
+    assert torch.equal(bias._materialize("cpu"), bottom_right_visible(3, 5)), "lower right, not SDPA's top left"
+    block = flex_block_mask(three, "cpu")
+    q_idx, kv_idx = torch.arange(3)[:, None], torch.arange(5)[None, :]
+    assert torch.equal(block.mask_mod(0, 0, q_idx, kv_idx), bottom_right_visible(3, 5))
+
+
+def _sdpa_top_left(case, inputs):
+    """SDPA's own ``is_causal``: top-left aligned, so query i sees keys <= i only."""
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    def run(i):
+        q, k, v = (t.transpose(1, 2) for t in (inputs.q[i], inputs.k[i], inputs.v[i]))
+        return sdpa(q, k, v, is_causal=True, enable_gqa=True).transpose(1, 2)
+    return run
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="runs torch SDPA and eager FlexAttention on CPU tensors (CPU machines only)")
+def test_torch_peers_run_several_queries_bottom_right(monkeypatch):
+    """On CPU tensors: SDPA's flash backend (CPU flash) takes the bottom-right mask and passes the
+    check; its cuDNN backend has no kernel for it and is skipped, saying so; FlexAttention (eager
+    here, compiled on a GPU) passes with its block mask; SDPA's top-left is_causal fails."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    flex = contenders.FlexContender()
+    monkeypatch.setattr(flex, "_compile", lambda: flex_attention)
+    monkeypatch.setattr(runner, "synchronize", lambda: None)
+
+    class TopLeft(_Fake):
+        multi_query = True
+
+    case = Case(2, 256, 4, 2, 64, "fp16", seqlen_q=4)
+    roster = [contenders.SdpaContender("sdpa-flash", "FLASH_ATTENTION"),
+              contenders.SdpaContender("sdpa-cudnn", "CUDNN_ATTENTION"), flex, TopLeft("top-left", _sdpa_top_left)]
+    with warnings.catch_warnings():  # eager flex on CPU warns that it is unfused
+        warnings.simplefilter("ignore", UserWarning)
+        out = runner.run_grid([case], roster, _info(), None, runner.RunOptions(mem_cap_bytes=1e9, timer=_timer([])))
+    by = {r.contender: r for r in out}
+    assert by["sdpa-flash"].status == rows.OK and by["sdpa-flash"].rel_err < 1e-2, by["sdpa-flash"].note
+    assert "bottom-right causal: causal_lower_right" in by["sdpa-flash"].note
+    assert by["sdpa-cudnn"].status == rows.SKIPPED
+    assert by["sdpa-cudnn"].note.startswith("torch SDPA's CUDNN_ATTENTION backend has no kernel for a bottom-right "
+                                            "causal mask of 4 queries")
+    assert by["flex"].status == rows.OK and "bottom-right causal block mask" in by["flex"].note
+    assert by["top-left"].status == rows.WRONG and by["top-left"].rel_err > 0.5
+
+
+def test_peers_reasons_for_several_queries():
+    by = {c.name: c for c in contenders.all_contenders()}
+    one, four = Case(1, 4096, 32, 8, 128), Case(1, 4096, 32, 8, 128, seqlen_q=4)
+    for name in by:
+        assert by[name].queries_reason(one) is None, name
+    for name in ("triton", "cute", "triton-nosplit", "auto", "sdpa-flash", "sdpa-cudnn", "flex", "flash-attn",
+                 "flash-attn3"):
+        assert by[name].queries_reason(four) is None, name
+    assert by["flashinfer"].queries_reason(four) == (
+        "flashinfer's BatchDecodeWithPagedKVCacheWrapper is decode-only: one query per row, not L_q = 4 (its "
+        "prefill wrapper is not in the bench)")
+    assert by["flashinfer"].skip_reason(four) == by["flashinfer"].queries_reason(four)
+    assert by["flashinfer"].skip_reason(Case(1, 4096, 32, 8, 128, batch_invariant=True, seqlen_q=4)).startswith(
+        "flashinfer has no batch-invariant input"), "the variant's reason comes first, as the runner asks"
+    (row,) = runner.run_grid([Case(2, 128, 4, 2, 32, "fp16", seqlen_q=4)], [by["flashinfer"]], _info(), None,
+                             runner.RunOptions(mem_cap_bytes=1e9, timer=_timer([])))
+    assert row.status == rows.SKIPPED and "decode-only" in row.note and row.seqlen_q == 4
+
+
+def test_flash_attn_gets_causal_for_several_queries(monkeypatch, clear_import_cache):
+    seen = _fake_flash_attn(monkeypatch, ["cache_seqlens", "page_table", "window_size", "causal"])
+    fa3 = contenders.FlashAttnContender("flash-attn3", "flash_attn_interface")
+    cases = [Case(2, 128, 4, 2, 32, "fp16", seqlen_q=4), Case(2, 128, 4, 2, 32, "fp16", page_size=16, window=20,
+                                                              seqlen_q=3), Case(2, 128, 4, 2, 32, "fp16")]
+    assert all(fa3.skip_reason(c) is None for c in cases)
+    out = runner.run_grid(cases, [fa3], _info(), None, runner.RunOptions(mem_cap_bytes=1e9, timer=_timer([])))
+    assert [r.status for r in out] == [rows.OK] * 3 and all(r.rel_err < 1e-2 for r in out), [r.note for r in out]
+    assert [kw.get("causal") for kw in (seen[0], seen[-1])] == [True, None], "one query per row: no causal flag"
+    _fake_flash_attn(monkeypatch, ["cache_seqlens", "page_table"])
+    assert fa3.queries_reason(cases[0]) == ("flash_attn_interface.flash_attn_with_kvcache has no causal input in "
+                                            "this build (needed for L_q > 1)")
+
+
+def test_compare_variants_pairs_cells_of_the_same_l_q():
+    data = [_vrow(40.0), _vrow(50.0, seqlen_q=4), _vrow(8.0, window=128), _vrow(10.0, window=128, seqlen_q=4),
+            _vrow(5.0, seqlen=129), _vrow(6.0, seqlen=132, seqlen_q=4), _vrow(7.0, seqlen=129, seqlen_q=4)]
+    got = {(c.seqlen_k, c.seqlen_q): c for c in variants.compare_variants(data)}
+    assert set(got) == {(131072, 1), (131072, 4)}
+    one, four = got[(131072, 1)], got[(131072, 4)]
+    assert (one.base_us, one.short_seqlen, one.short_us) == (40.0, 129, 5.0)
+    assert (four.base_us, four.short_seqlen, four.short_us) == (50.0, 132, 6.0), "w + L_q keys, the same L_q"
+    assert four.ratio == pytest.approx(0.2) and four.short_ratio == pytest.approx(10.0 / 6.0)
+    buf = io.StringIO()
+    render.render_report(Console(file=buf, width=300), rows.Report(rows.RunHeader(), data, [], [],
+                                                                   variants.compare_variants(data)))
+    assert "w+L_q keys" in buf.getvalue() and "132" in buf.getvalue()
 
 
 # -- dry run ---------------------------------------------------------------------------------

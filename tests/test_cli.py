@@ -56,6 +56,8 @@ def test_demo_help_describes_the_step_and_the_backends(capsys):
     (["demo", "--backend"], "expected one argument"),
     (["demo", "--unknown"], "unrecognized arguments"),
     (["bench", "--batch", "0"], "--batch"),
+    (["bench", "--seqlen-q", "17"], "--seqlen-q"),
+    (["bench", "--seqlen-q", "0", "--dry-run"], "queries per row in 1..16"),
 ])
 def test_bad_input_is_an_argparse_error(argv, needle, capsys):
     code, _, err = _exit_code(argv, capsys)

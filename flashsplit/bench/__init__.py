@@ -2,18 +2,22 @@
 
 Modules, one job each:
 
-- :mod:`.cases`: model-shape presets, option parsers, cache formats and attention variants
-  (sliding window, softcap, sinks, batch-invariant), the (batch x seqlen_k x format x variant)
-  grid and its memory cap, the L2-rotation count.
+- :mod:`.cases`: model-shape presets, cache formats and attention variants (sliding window,
+  softcap, sinks, batch-invariant, appends, rotary), the (batch x seqlen_k x seqlen_q x format x
+  variant) grid and its memory cap, the L2-rotation count; several queries per row (``seqlen_q``
+  > 1) are causal, bottom-right aligned.
+- :mod:`.options`: the option parsers (argparse ``type=`` callables), re-exported by :mod:`.cases`.
 - :mod:`.device`: what GPU this is (SMs, L2, datasheet bandwidth).
 - :mod:`.inputs`: random input sets (rotated so the KV never sits in L2), in the case's cache
   format: dense or shuffled pages with a block table, 16-bit or fp8 with per-(row, KV head) scales;
   fp32 sinks for a variant with sinks.
 - :mod:`.contenders`: flashsplit backends, torch SDPA / FlexAttention, FlashInfer, FlashAttention,
   each behind ``name`` / ``available()`` / ``prepare(case, inputs)``, with why they cannot take a
-  cell's format or variant (``format_reason``, ``variant_reason``).
+  cell's format, variant or queries per row (``format_reason``, ``variant_reason``,
+  ``queries_reason``).
+- :mod:`.masks`: the bottom-right causal masks the torch contenders get for several queries per row.
 - :mod:`.check`: compare a contender's output with :func:`flashsplit.reference.attention_ref`
-  (which computes the cell's variant).
+  (which computes the cell's variant, and the causal mask of several queries per row).
 - :mod:`.timing`: CUDA-graph replay, CUDA-event and eager wall-clock timers.
 - :mod:`.ceiling`: the measured HBM read ceiling.
 - :mod:`.rows`: result dataclasses and their JSON / CSV forms.

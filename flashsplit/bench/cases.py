@@ -1,20 +1,25 @@
-"""What to benchmark: model-shape presets, option parsers and the (batch x seqlen_k) grid.
+"""What to benchmark: model-shape presets and the (batch x seqlen_k x seqlen_q) grid.
 
-Pure Python; no GPU needed. A :class:`Case` is one cell of the grid: one decode step
-(``L_q = 1``) over a full KV cache of ``seqlen_k`` keys per batch row, in one cache format
-(dense or paged, 16-bit or fp8) and one attention :class:`Variant` (plain, or a sliding window,
-softcap, sinks, batch-invariant decode, new keys appended by the call, rotary, alone or
-combined).
+Pure Python; no GPU needed. A :class:`Case` is one cell of the grid: one decode step of
+``seqlen_q`` queries per batch row (1, or several for speculative decoding: causal, bottom-right
+aligned) over a full KV cache of ``seqlen_k`` keys per row, in one cache format (dense or paged,
+16-bit or fp8) and one attention :class:`Variant` (plain, or a sliding window, softcap, sinks,
+batch-invariant decode, new keys appended by the call, rotary, alone or combined). The option
+parsers are :mod:`.options`' (re-exported here).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from .options import (MAX_SEQLEN_Q, flatten, format_seqlen, parse_append_list, parse_head_dim,  # noqa: F401
+                      parse_heads, parse_int_list, parse_kv_dtype_list, parse_page_size, parse_page_size_list,
+                      parse_positive_int, parse_seqlen, parse_seqlen_list, parse_seqlen_q, parse_seqlen_q_list,
+                      parse_softcap_list, parse_splits, parse_switch, parse_window, parse_window_list,
+                      switch_values)
 
 #: bench dtype names -> torch dtypes.
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -127,17 +132,20 @@ PLAIN = Variant()
 
 @dataclass(frozen=True)
 class Case:
-    """One grid cell: q ``[batch, 1, num_heads, head_dim]``; a dense cache k/v ``[batch, seqlen_k,
+    """One grid cell: q ``[batch, seqlen_q, num_heads, head_dim]``; a dense cache k/v ``[batch, seqlen_k,
     num_heads_kv, head_dim]``, or with ``page_size`` > 0 a paged one ``[num_pages, page_size,
     num_heads_kv, head_dim]`` with an int32 ``block_table`` ``[batch, pages_per_row]``; with an
     fp8 ``kv_dtype`` the cache is fp8 with fp32 descales per (row, KV head); the
     :class:`Variant` fields (``window``, ``softcap``, ``sinks``, ``batch_invariant``, ``append``,
     ``rotary``) say which attention the step computes. With ``append`` each row holds ``seqlen_k -
     append`` keys and the call appends the rest, so it attends to ``seqlen_k`` keys, as the plain
-    step of the cell does (every replay writes the same keys to the same slots)."""
+    step of the cell does (every replay writes the same keys to the same slots). With ``seqlen_q``
+    > 1 (keyword-only) the step is causal, bottom-right aligned (FlashAttention's ``causal=True``):
+    query i sits at key position ``seqlen_k - seqlen_q + i`` and sees the keys up to it."""
 
     batch: int
     seqlen_k: int
+    seqlen_q: int = field(default=1, kw_only=True)  # queries per row (> 1: causal)
     num_heads: int
     num_heads_kv: int
     head_dim: int
@@ -156,14 +164,20 @@ class Case:
         return Variant(self.window, self.softcap, self.sinks, self.batch_invariant, self.append, self.rotary)
 
     @property
+    def causal(self) -> bool:
+        """Several queries per row: they attend causally (at ``L_q = 1`` causal is a no-op, left off)."""
+        return self.seqlen_q > 1
+
+    @property
     def window_size(self) -> tuple[int, int]:
         """``flashsplit.decode``'s ``window_size``: ``(window, 0)``, or ``(-1, -1)`` without a window."""
         return (self.window, 0) if self.window >= 0 else (-1, -1)
 
     @property
     def visible_keys(self) -> int:
-        """Keys the query of a full row sees: ``seqlen_k``, or ``window + 1`` under a shorter window."""
-        return min(self.seqlen_k, self.window + 1) if self.window >= 0 else self.seqlen_k
+        """Keys the queries of a full row see together: ``seqlen_k``, or ``window + seqlen_q`` under a
+        shorter window (query i sees the ``window + 1`` keys up to its position)."""
+        return min(self.seqlen_k, self.window + self.seqlen_q) if self.window >= 0 else self.seqlen_k
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -220,7 +234,7 @@ class Case:
 
     @property
     def read_kv_bytes(self) -> int:
-        """Bytes of K and V the query can see (``kv_bytes``, or the window's keys only)."""
+        """Bytes of K and V the queries can see (``kv_bytes``, or the window's keys only)."""
         return self.kv_bytes * self.visible_keys // self.seqlen_k if self.seqlen_k else 0
 
     @property
@@ -234,7 +248,14 @@ class Case:
 
     @property
     def q_bytes(self) -> int:
-        return self.batch * self.num_heads * self.head_dim * self.itemsize
+        """Bytes of q ``[B, L_q, H, D]`` (and of the output, its shape)."""
+        return self.batch * self.seqlen_q * self.num_heads * self.head_dim * self.itemsize
+
+    @property
+    def rotary_positions(self) -> int:
+        """Rows of the rotary tables: the capacity, or more where query ``L_q - 1`` (rotated at
+        ``cache_seqlens + L_q - 1``, FlashAttention's causal convention) sits past it."""
+        return max(self.capacity, self.seqlen_k - self.append + self.seqlen_q)
 
     @property
     def append_bytes(self) -> int:
@@ -246,9 +267,9 @@ class Case:
 
     @property
     def moved_bytes(self) -> int:
-        """KV the query sees + block table / descales / sinks + q read + output written (+ an
+        """KV the queries see + block table / descales / sinks + q read + output written (+ an
         append's bytes): the bytes a GB/s figure counts (under a window, the window's keys only:
-        all a decode must read)."""
+        all a decode must read; q and the output ``L_q`` times)."""
         return self.read_kv_bytes + self.meta_bytes + 2 * self.q_bytes + self.append_bytes
 
     @property
@@ -258,7 +279,8 @@ class Case:
     def label(self) -> str:
         fmt = (f" paged/{self.page_size}" if self.paged else "") + (f" kv={self.kv}" if self.fp8 else "")
         variant = "" if self.variant.plain else f" {self.variant.label}"
-        return (f"B={self.batch} L_k={format_seqlen(self.seqlen_k)} H={self.heads} d={self.head_dim} "
+        queries = f" L_q={self.seqlen_q}" if self.seqlen_q > 1 else ""
+        return (f"B={self.batch} L_k={format_seqlen(self.seqlen_k)}{queries} H={self.heads} d={self.head_dim} "
                 f"{self.dtype}{fmt}{variant}")
 
 
@@ -268,201 +290,6 @@ class SkippedCell:
 
     case: Case
     reason: str
-
-
-# -- option parsers (argparse ``type=`` callables: they raise ArgumentTypeError) --------------
-
-_SEQLEN_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
-
-
-def parse_seqlen(text: str) -> int:
-    """``"16k"`` -> 16384, ``"1m"`` -> 1048576, ``"4096"`` -> 4096 (k = 1024: cache sizes are binary)."""
-    match = _SEQLEN_RE.match(str(text))
-    if not match:
-        raise argparse.ArgumentTypeError(f"expected a key count like 4096, 16k or 1m, got {text!r}")
-    number, suffix = float(match.group(1)), match.group(2).lower()
-    value = number * {"": 1, "k": 1024, "m": 1024 * 1024}[suffix]
-    if value != int(value) or value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number of keys, got {text!r}")
-    return int(value)
-
-
-def format_seqlen(n: int) -> str:
-    """Inverse of :func:`parse_seqlen` where exact: 16384 -> ``"16k"``, 1000 -> ``"1000"``."""
-    if n >= 1024 * 1024 and n % (1024 * 1024) == 0:
-        return f"{n // (1024 * 1024)}m"
-    if n >= 1024 and n % 1024 == 0:
-        return f"{n // 1024}k"
-    return str(n)
-
-
-def _split_list(text: str) -> list[str]:
-    parts = [p for p in re.split(r"[,\s]+", str(text).strip()) if p]
-    if not parts:
-        raise argparse.ArgumentTypeError(f"expected a non-empty list, got {text!r}")
-    return parts
-
-
-def parse_seqlen_list(text: str) -> list[int]:
-    """``"1k,16k"`` -> ``[1024, 16384]`` (use with ``nargs="+"``; lists are flattened later)."""
-    return [parse_seqlen(p) for p in _split_list(text)]
-
-
-def parse_positive_int(text: str) -> int:
-    try:
-        value = int(str(text).strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def parse_int_list(text: str) -> list[int]:
-    """``"1,4,16"`` -> ``[1, 4, 16]``."""
-    return [parse_positive_int(p) for p in _split_list(text)]
-
-
-def parse_splits(text: str) -> list[int]:
-    """num_splits list for ``--sweep-splits``: ``"1-64"``, ``"1..64"`` or ``"1,2,4,30"``."""
-    out: list[int] = []
-    for part in _split_list(text):
-        m = re.match(r"^(\d+)\s*(?:-|\.\.)\s*(\d+)$", part)
-        if m:
-            lo, hi = int(m.group(1)), int(m.group(2))
-            if lo < 1 or hi < lo:
-                raise argparse.ArgumentTypeError(f"expected a range lo-hi with 1 <= lo <= hi, got {part!r}")
-            out.extend(range(lo, hi + 1))
-        else:
-            out.append(parse_positive_int(part))
-    from ..plan import MAX_SPLITS
-
-    if max(out) > MAX_SPLITS:
-        raise argparse.ArgumentTypeError(f"num_splits above {MAX_SPLITS} are not supported, got {max(out)}")
-    return sorted(set(out))
-
-
-def parse_heads(text: str) -> tuple[int, int]:
-    """``"32/8"`` -> ``(32, 8)``; q heads must be a multiple of KV heads."""
-    m = re.match(r"^\s*(\d+)\s*/\s*(\d+)\s*$", str(text))
-    if not m:
-        raise argparse.ArgumentTypeError(f"expected Q/KV heads like 32/8, got {text!r}")
-    q, kv = int(m.group(1)), int(m.group(2))
-    if q < 1 or kv < 1 or q % kv:
-        raise argparse.ArgumentTypeError(f"expected q heads a positive multiple of KV heads, got {text!r}")
-    return q, kv
-
-
-def parse_head_dim(text: str) -> int:
-    from ..problem import MAX_HEAD_DIM
-
-    value = parse_positive_int(text)
-    if value % 8 or value > MAX_HEAD_DIM:
-        raise argparse.ArgumentTypeError(f"expected a head dim that is a multiple of 8 up to {MAX_HEAD_DIM}, got {text!r}")
-    return value
-
-
-def parse_page_size(text: str) -> int:
-    """``--page-size``: keys per page, 0 for a dense cache."""
-    try:
-        value = int(str(text).strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a page size (keys per page, 0 = dense), got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a page size >= 0 (0 = dense), got {text!r}")
-    return value
-
-
-def parse_append_list(text: str) -> list[int]:
-    """``--append``: new keys per row that each call writes, ``"0,1,4"`` -> ``[0, 1, 4]`` (0: none)."""
-    out = []
-    for part in _split_list(text):
-        try:
-            value = int(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected new keys per row (0 = no append), got {part!r}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"expected new keys per row >= 0 (0 = no append), got {part!r}")
-        out.append(value)
-    return out
-
-
-def parse_page_size_list(text: str) -> list[int]:
-    """``"0,1,16"`` -> ``[0, 1, 16]``."""
-    return [parse_page_size(p) for p in _split_list(text)]
-
-
-def parse_kv_dtype_list(text: str) -> list[str]:
-    """``"same,fp8e4m3"`` -> ``["same", "fp8e4m3"]`` (names of :data:`KV_DTYPES`)."""
-    out = []
-    for part in _split_list(text):
-        name = part.lower()
-        if name not in KV_DTYPES:
-            raise argparse.ArgumentTypeError(f"expected a KV dtype among {', '.join(KV_DTYPES)}, got {part!r}")
-        out.append(name)
-    return out
-
-
-def parse_window(text: str) -> int:
-    """``--window``: keys left of the query, ``-1`` or ``none`` for no window."""
-    t = str(text).strip().lower()
-    if t == "none":
-        return -1
-    try:
-        value = int(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a window of keys >= 0, or -1 / none for no window, "
-                                         f"got {text!r}") from None
-    if value < -1:
-        raise argparse.ArgumentTypeError(f"expected a window of keys >= 0, or -1 / none for no window, got {text!r}")
-    return value
-
-
-def parse_window_list(text: str) -> list[int]:
-    """``"none,128"`` -> ``[-1, 128]``."""
-    return [parse_window(p) for p in _split_list(text)]
-
-
-def parse_softcap_list(text: str) -> list[float]:
-    """``"0,30"`` -> ``[0.0, 30.0]`` (``--softcap``: finite values >= 0, 0 = off)."""
-    out = []
-    for part in _split_list(text):
-        try:
-            value = float(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a softcap >= 0 (0 = off), got {part!r}") from None
-        if not (value >= 0 and math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"expected a finite softcap >= 0 (0 = off), got {part!r}")
-        out.append(value)
-    return out
-
-
-_SWITCHES = {"on": True, "off": False}
-
-
-def parse_switch(text: str) -> bool:
-    """``--sinks`` / ``--batch-invariant`` values: ``on`` or ``off``."""
-    name = str(text).strip().lower()
-    if name not in _SWITCHES:
-        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
-    return _SWITCHES[name]
-
-
-def switch_values(values) -> list[bool]:
-    """An ``nargs="*"`` switch as the values to run: absent (None) -> off; bare -> on; else as given."""
-    if values is None:
-        return [False]
-    return list(dict.fromkeys(values)) if values else [True]
-
-
-def flatten(lists) -> list[int]:
-    """Flatten ``nargs="+"`` values of list-typed options, keeping order, dropping repeats."""
-    seen: list[int] = []
-    for item in lists:
-        for v in item if isinstance(item, (list, tuple)) else [item]:
-            if v not in seen:
-                seen.append(v)
-    return seen
 
 
 # -- grid ------------------------------------------------------------------------------------
@@ -540,16 +367,29 @@ def format_list(page_sizes=(0,), kv_dtypes=(SAME_KV,), baseline: bool = False) -
     return list(dict.fromkeys(formats))
 
 
+def skip_reason(case: Case, l2_bytes: int = DEFAULT_L2_BYTES, mem_cap_bytes: float = math.inf) -> str | None:
+    """Why :func:`build_grid` leaves ``case`` out (None: it runs): an append or queries the cache
+    cannot hold, or KV times its rotation count over ``mem_cap_bytes`` (the rotation count is
+    capped by memory, so this means one set alone does not fit)."""
+    if case.append >= case.seqlen_k:
+        return f"an append of {case.append} keys needs a cache of more keys"
+    if case.seqlen_q > case.seqlen_k:
+        return f"{case.seqlen_q} queries per row need a cache of at least as many keys"
+    sets = case_rotation(case, l2_bytes, mem_cap_bytes)
+    if set_bytes(case) * sets > mem_cap_bytes:
+        return (f"KV {case.kv_bytes / 1e9:.1f} GB x {sets} set(s) exceeds the {mem_cap_bytes / 1e9:.0f} GB memory "
+                f"cap (--mem-cap-gb)")
+    return None
+
+
 def build_grid(batches, seqlens, shape: Shape, dtype: str = "bf16", mem_cap_bytes: float = DEFAULT_MEM_CAP_GB * 1e9,
-               l2_bytes: int = DEFAULT_L2_BYTES, formats=(DENSE_FORMAT,),
-               variants=(PLAIN,)) -> tuple[list[Case], list[SkippedCell]]:
-    """The cells to run (batch-major, then seqlen, then cache format, then variant) and the
-    cells skipped by the memory cap.
+               l2_bytes: int = DEFAULT_L2_BYTES, formats=(DENSE_FORMAT,), variants=(PLAIN,),
+               seqlens_q=(1,)) -> tuple[list[Case], list[SkippedCell]]:
+    """The cells to run (batch-major, then seqlen_k, then seqlen_q, then cache format, then
+    variant) and the cells skipped (:func:`skip_reason`).
 
     ``formats`` are ``(page_size, kv_dtype)`` pairs (see :func:`format_list`), ``variants``
-    :class:`Variant` s (see :func:`variant_list`). A cell is skipped when its KV times its
-    rotation count exceeds ``mem_cap_bytes`` (the rotation count is capped by memory, so this
-    means one set alone does not fit).
+    :class:`Variant` s (see :func:`variant_list`), ``seqlens_q`` queries per row (ints >= 1).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
@@ -561,21 +401,19 @@ def build_grid(batches, seqlens, shape: Shape, dtype: str = "bf16", mem_cap_byte
     for v in variants:
         if not isinstance(v, Variant):
             raise TypeError(f"variants: expected Variant instances, got {type(v).__name__}")
+    for n in seqlens_q:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"seqlens_q: expected ints >= 1 (queries per row), got {n!r}")
     cases: list[Case] = []
     skipped: list[SkippedCell] = []
-    for batch in batches:
-        for seqlen in seqlens:
-            for (page_size, kv_dtype), v in ((f, v) for f in formats for v in variants):
-                case = Case(batch, seqlen, shape.num_heads, shape.num_heads_kv, shape.head_dim, dtype, page_size,
-                            kv_dtype, v.window, v.softcap, v.sinks, v.batch_invariant, v.append, v.rotary)
-                if v.append >= seqlen:
-                    skipped.append(SkippedCell(case, f"an append of {v.append} keys needs a cache of more keys"))
-                    continue
-                nbytes = set_bytes(case)
-                sets = case_rotation(case, l2_bytes, mem_cap_bytes)
-                if nbytes * sets > mem_cap_bytes:
-                    skipped.append(SkippedCell(case, f"KV {case.kv_bytes / 1e9:.1f} GB x {sets} set(s) exceeds the "
-                                                     f"{mem_cap_bytes / 1e9:.0f} GB memory cap (--mem-cap-gb)"))
-                else:
-                    cases.append(case)
+    for batch, seqlen, seqlen_q in ((b, n, q) for b in batches for n in seqlens for q in seqlens_q):
+        for (page_size, kv_dtype), v in ((f, v) for f in formats for v in variants):
+            case = Case(batch, seqlen, shape.num_heads, shape.num_heads_kv, shape.head_dim, dtype, page_size,
+                        kv_dtype, v.window, v.softcap, v.sinks, v.batch_invariant, v.append, v.rotary,
+                        seqlen_q=seqlen_q)
+            reason = skip_reason(case, l2_bytes, mem_cap_bytes)
+            if reason is None:
+                cases.append(case)
+            else:
+                skipped.append(SkippedCell(case, reason))
     return cases, skipped

@@ -4,9 +4,12 @@ The reference runs in float64 on a few batch rows only (the first and the last):
 copy of a whole 34 GB cache would not fit, and a wrong kernel is wrong on every row anyway.
 For a paged or fp8 cache it attends to those rows gathered from their pages and dequantized
 (:meth:`~.inputs.InputSets.reference_kv`): the attention the kernel is asked for. The reference
-computes the case's attention variant too (window, softcap, sinks, the appended keys, rotary),
-so a contender that ignores one fails the check wherever it changes the result by more than the
-tolerance.
+computes the case's attention variant too (window, softcap, sinks, the appended keys, rotary)
+and, for several queries per row, the causal mask (bottom-right aligned), so a contender that
+ignores one fails the check wherever it changes the result by more than the tolerance. Over a
+long cache the causal mask hides too few keys to move the result past the tolerance, so with
+several queries the output must also be closer to the causal reference than to the one without
+the mask.
 """
 
 from __future__ import annotations
@@ -41,22 +44,28 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return num / denom if denom > 0 else num
 
 
-def reference_row(inputs: InputSets, b: int) -> torch.Tensor:
-    """float64 ``[1, 1, H, D]`` reference output of batch row ``b`` of input set 0 (memoized)."""
-    if b not in inputs.ref_cache:
-        sl = slice(b, b + 1)
+def reference_row(inputs: InputSets, b: int, unmasked: bool = False) -> torch.Tensor:
+    """float64 ``[1, L_q, H, D]`` reference output of batch row ``b`` of input set 0 (memoized):
+    the case's attention, or with ``unmasked`` (a causal case's) the same attention without the
+    causal mask (a window's right bound lifted too: ``(window, -1)``)."""
+    case = inputs.case
+    unmasked = unmasked and case.causal
+    key = (b, "unmasked") if unmasked else b
+    if key not in inputs.ref_cache:
         k, v = inputs.reference_kv(b)
-        case = inputs.case
-        ref, _ = attention_ref(inputs.reference_q(b), k, v, inputs.cache_seqlens[sl] + case.append, upcast=True,
-                               window_size=case.window_size, softcap=case.softcap, sinks=inputs.sinks)
-        inputs.ref_cache[b] = ref
-    return inputs.ref_cache[b]
+        window = (case.window, -1) if unmasked and case.window >= 0 else case.window_size
+        ref, _ = attention_ref(inputs.reference_q(b), k, v, inputs.cache_seqlens[b:b + 1] + case.append,
+                               causal=case.causal and not unmasked, upcast=True, window_size=window,
+                               softcap=case.softcap, sinks=inputs.sinks)
+        inputs.ref_cache[key] = ref
+    return inputs.ref_cache[key]
 
 
 def check_output(out_bshd: torch.Tensor, inputs: InputSets, rows: list[int] | None = None) -> CheckResult:
-    """Compare ``out_bshd`` ``[B, 1, H, D]`` (computed on input set 0) with the float64 reference."""
+    """Compare ``out_bshd`` ``[B, L_q, H, D]`` (computed on input set 0) with the float64 reference
+    (for a causal case: and that it is closer to it than to the reference without the mask)."""
     case = inputs.case
-    expected_shape = (case.batch, 1, case.num_heads, case.head_dim)
+    expected_shape = (case.batch, case.seqlen_q, case.num_heads, case.head_dim)
     if tuple(out_bshd.shape) != expected_shape:
         return CheckResult(False, float("inf"), f"output shape {list(out_bshd.shape)}, expected {list(expected_shape)}")
     if rows is None:
@@ -69,4 +78,20 @@ def check_output(out_bshd: torch.Tensor, inputs: InputSets, rows: list[int] | No
             worst, worst_row = err, b
     ok = worst <= tol
     detail = f"rel err {worst:.2e} (batch row {worst_row}, tolerance {tol:.0e})"
+    if ok and case.causal:
+        unmasked = unmasked_row(out_bshd, inputs, rows)
+        if unmasked is not None:
+            return CheckResult(False, worst, f"{detail}, but closer to attention without the causal mask "
+                                             f"(rel err {unmasked[1]:.2e}, batch row {unmasked[0]})")
     return CheckResult(ok, worst, detail)
+
+
+def unmasked_row(out_bshd: torch.Tensor, inputs: InputSets, rows: list[int]) -> tuple[int, float] | None:
+    """The first of ``rows`` (and its error) whose output is at least as close to the reference
+    without the causal mask as to the causal one; None when every row is closer to the causal one."""
+    for b in rows:
+        causal = relative_error(out_bshd[b:b + 1], reference_row(inputs, b))
+        unmasked = relative_error(out_bshd[b:b + 1], reference_row(inputs, b, unmasked=True))
+        if unmasked <= causal:
+            return b, unmasked
+    return None

@@ -16,11 +16,12 @@ import sys
 from pathlib import Path
 
 from .cases import (DEFAULT_BATCHES, DEFAULT_MEM_CAP_GB, DEFAULT_PRESET, DEFAULT_SEQLENS, KV_DTYPES, L2_FACTOR,
-                    PLAIN, PRESETS, SAME_KV, SINK_MEAN, Shape, Variant, build_grid, flatten, format_list,
-                    format_seqlen, parse_append_list, parse_head_dim, parse_heads, parse_int_list, parse_kv_dtype_list,
-                    parse_page_size_list, parse_positive_int, parse_seqlen, parse_seqlen_list, parse_softcap_list,
-                    parse_splits, parse_switch, parse_window_list, switch_values, variant_list)
+                    PLAIN, PRESETS, SAME_KV, SINK_MEAN, Shape, Variant, build_grid, format_list, variant_list)
 from .contenders import contender_names
+from .options import (MAX_SEQLEN_Q, flatten, format_seqlen, parse_append_list, parse_head_dim, parse_heads,
+                      parse_int_list, parse_kv_dtype_list, parse_page_size_list, parse_positive_int, parse_seqlen,
+                      parse_seqlen_list, parse_seqlen_q_list, parse_softcap_list, parse_splits, parse_switch,
+                      parse_window_list, switch_values)
 
 NO_GPU_MESSAGE = ("flashsplit bench: error: timing needs a CUDA GPU and none was found; without one, --dry-run "
                   "lists the cells, contenders and planned splits, and --from-json FILE renders saved --json reports")
@@ -43,6 +44,8 @@ examples:
                                                     # softcap and batch-invariant variants, FA3 alongside
   flashsplit bench --append 1 --rotary off on --compare-variants --batch 1 16 --seqlen 16k 128k
                                                     # appending a token (and rotary) vs plain decode
+  flashsplit bench --seqlen-q 1 4 --batch 1 16 --seqlen 4k 16k
+                                                    # speculative decoding: 4 causal queries per row
   flashsplit bench --dry-run                        # no GPU needed: cells, contenders, planned splits
   flashsplit bench --from-json a.json b.json --plot ab.png   # re-render saved runs, merged (no GPU needed)
 """
@@ -53,10 +56,17 @@ FORMATS_NOTE = ("cache formats: paged caches hold every row's pages in one shuff
                 "block table and scales")
 
 VARIANTS_NOTE = (f"attention variants: a window of w keys is window_size=(w, 0) (the causal sliding window; at "
-                 f"L_q = 1 the same keys as (w, -1)), and GB/s counts the keys it sees, min(L_k, w + 1) per row, with "
-                 f"rotation sets sized by those keys; sinks are fp32 N({SINK_MEAN:g}, 1), one per q head; an append "
-                 f"of n keys starts from rows of L_k - n keys (the call attends to L_k, as plain decode does) and "
-                 f"rotary rotates all of head_dim (GPT-NeoX halves); the reference check computes the variant")
+                 f"L_q = 1 the same keys as (w, -1)), and GB/s counts the keys it sees, min(L_k, w + L_q) per row, "
+                 f"with rotation sets sized by those keys; sinks are fp32 N({SINK_MEAN:g}, 1), one per q head; an "
+                 f"append of n keys starts from rows of L_k - n keys (the call attends to L_k, as plain decode does) "
+                 f"and rotary rotates all of head_dim (GPT-NeoX halves); the reference check computes the variant")
+
+QUERIES_NOTE = ("several queries per row (--seqlen-q N > 1): causal, bottom-right aligned (FlashAttention's "
+                "causal=True: query i of N sits at key L_k - N + i and sees the keys up to it; with rotary, query i "
+                "is rotated at the row's length before the call + i); GB/s counts q and the output N times; torch "
+                "SDPA gets a bottom-right mask (flash: causal_lower_right, flash's causal kernel; cuDNN: an additive "
+                "[N, L_k] mask), FlexAttention a bottom-right block mask; FlashInfer's decode wrapper is skipped; "
+                "the reference check is causal, and an output closer to attention without the mask fails it")
 
 
 def _parse_contenders(text: str) -> list[str]:
@@ -123,8 +133,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                           "only with --append; bare: on; 'off on' runs both")
     var.add_argument("--compare-variants", action="store_true",
                      help="also run each cell as plain decode and report each variant's time / plain time per "
-                          "contender (for a window of w, also / a plain (w + 1)-key cache where --seqlen lists "
-                          "w + 1; default contenders: the flashsplit ones)")
+                          "contender (for a window of w, also / a plain (w + L_q)-key cache where --seqlen lists "
+                          "w + L_q, w + 1 at one query per row; default contenders: the flashsplit ones)")
 
     grid = parser.add_argument_group("grid")
     grid.add_argument("--batch", type=parse_int_list, nargs="+", metavar="B",
@@ -132,6 +142,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     grid.add_argument("--seqlen", type=parse_seqlen_list, nargs="+", metavar="L",
                       help="KV lengths, with k/m suffixes (default "
                            + " ".join(format_seqlen(n) for n in DEFAULT_SEQLENS) + ")")
+    grid.add_argument("--seqlen-q", type=parse_seqlen_q_list, nargs="+", metavar="N",
+                      help=f"queries per row, 1..{MAX_SEQLEN_Q} (default 1); N > 1 is speculative decoding: causal, "
+                           "bottom-right aligned (FlashAttention's causal=True: query i of N sits at key L_k - N + i "
+                           "and sees the keys up to it); several values run each")
     grid.add_argument("--mem-cap-gb", type=_parse_mem_cap, default=DEFAULT_MEM_CAP_GB, metavar="GB",
                       help=f"skip cells whose KV x rotation sets exceed this (default {DEFAULT_MEM_CAP_GB:g})")
 
@@ -178,8 +192,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                       "on a GPU (or list the grid without one)",
         description="Benchmark flashsplit decode attention against torch SDPA (flash, cuDNN), FlexAttention, "
                     "FlashInfer and FlashAttention: device us per call (CUDA-graph replay), eager us, GB/s, over "
-                    "cache formats (paged, fp8) and attention variants (sliding window, softcap, sinks, "
-                    "batch-invariant). Timing needs a CUDA GPU; --dry-run and --from-json do not.",
+                    "cache formats (paged, fp8), attention variants (sliding window, softcap, sinks, "
+                    "batch-invariant, appends, rotary) and queries per row (speculative decoding). Timing needs a "
+                    "CUDA GPU; --dry-run and --from-json do not.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     configure_parser(parser)
     parser.set_defaults(func=run_bench_command)
@@ -228,8 +243,9 @@ def resolve_variants(args: argparse.Namespace) -> list[Variant]:
 def resolve_grid(args: argparse.Namespace, l2_bytes: int):
     batches = flatten(args.batch) if args.batch else list(DEFAULT_BATCHES)
     seqlens = flatten(args.seqlen) if args.seqlen else list(DEFAULT_SEQLENS)
+    seqlens_q = flatten(args.seqlen_q) if args.seqlen_q else [1]
     return build_grid(batches, seqlens, resolve_shape(args), args.dtype, args.mem_cap_gb * 1e9, l2_bytes,
-                      formats=resolve_formats(args), variants=resolve_variants(args))
+                      formats=resolve_formats(args), variants=resolve_variants(args), seqlens_q=seqlens_q)
 
 
 def resolve_contenders(args: argparse.Namespace):
@@ -385,6 +401,8 @@ def _run_on_gpu(args: argparse.Namespace) -> int:
         header.notes.append(FORMATS_NOTE)
     if any(not c.variant.plain for c in cases):
         header.notes.append(VARIANTS_NOTE)
+    if any(c.causal for c in cases):
+        header.notes.append(QUERIES_NOTE)
     runnable = []
     for c in contenders:
         reason = c.available()

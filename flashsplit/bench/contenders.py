@@ -8,7 +8,9 @@ and returns a callable that runs one call on input set ``i``. ``prepare`` raises
 
 Cache formats: ``format_reason(case)`` says why a contender cannot take a case's paged or fp8
 cache (None: it can). Such a cell is skipped with that reason, never timed on a dense or
-16-bit copy instead: a row's time is always for the format its row names.
+16-bit copy instead: a row's time is always for the format its row names. Likewise
+``variant_reason(case)`` for an attention variant and ``queries_reason(case)`` for several
+queries per row (``L_q > 1``: causal, bottom-right aligned, as FlashAttention's ``causal=True``).
 
 Optional packages (FlashInfer, FlashAttention) are imported lazily, only when asked about.
 """
@@ -28,6 +30,7 @@ import torch
 from .cases import KV_DTYPES, Case
 from .device import cuda_available, synchronize
 from .inputs import InputSets
+from .masks import flex_block_mask, sdpa_causal_mask, sdpa_refused
 
 NO_GPU_REASON = "needs a CUDA GPU; none found"
 
@@ -72,7 +75,7 @@ class Prepared:
     """A contender ready to run one case.
 
     ``run(i)`` runs one call on input set ``i`` and returns its raw output; ``to_bshd`` turns
-    that output into ``[B, 1, H, D]`` for the correctness check (outside timing); ``close``
+    that output into ``[B, L_q, H, D]`` for the correctness check (outside timing); ``close``
     undoes setup (e.g. leaves an ``sdpa_kernel`` context).
     """
 
@@ -98,6 +101,8 @@ class Contender(abc.ABC):
     formats: frozenset = frozenset()
     #: Attention variants taken besides plain attention: a subset of :data:`VARIANT_FEATURES`.
     variants: frozenset = frozenset()
+    #: Takes several queries per row (``L_q > 1``), attending causally, bottom-right aligned.
+    multi_query: bool = False
 
     def format_reason(self, case: Case) -> str | None:
         """Why this contender cannot take ``case``'s cache format (None: it can)."""
@@ -110,6 +115,16 @@ class Contender(abc.ABC):
         """Why this contender cannot run ``case``'s attention variant (None: it can)."""
         missing = [f for f in case_features(case) if f not in self.variants]
         return _no_input(self.library or self.name, missing) if missing else None
+
+    def queries_reason(self, case: Case) -> str | None:
+        """Why this contender cannot run ``case``'s ``L_q`` queries per row (None: it can)."""
+        if case.seqlen_q == 1 or self.multi_query:
+            return None
+        return f"{self.library or self.name} has no causal multi-query (L_q > 1) input in the bench's call"
+
+    def skip_reason(self, case: Case) -> str | None:
+        """The first of the format, variant and queries reasons (None: it can run ``case``)."""
+        return self.format_reason(case) or self.variant_reason(case) or self.queries_reason(case)
 
     def static_reason(self) -> str | None:
         """Why this contender cannot run here regardless of the GPU (None: it can)."""
@@ -137,13 +152,14 @@ class FlashsplitContender(Contender):
     """``flashsplit.decode(..., backend=backend, num_splits=num_splits)`` (0: the heuristic), with
     ``block_table`` / ``k_descale`` / ``v_descale`` for paged / fp8 caches and ``window_size`` /
     ``softcap`` / ``sinks`` / ``batch_invariant`` / ``k``, ``v`` and the rotary tables for a
-    variant (a backend that refuses the format
-    or variant is skipped with the registry's reason; so is a fixed ``num_splits`` under
+    variant, ``causal=True`` for several queries per row (a backend that refuses the format,
+    variant or queries is skipped with the registry's reason; so is a fixed ``num_splits`` under
     batch-invariant decode, which fixes the split length itself)."""
 
     family = "flashsplit"
     formats = frozenset({"paged", "fp8"})
     variants = frozenset(VARIANT_FEATURES)
+    multi_query = True
 
     def __init__(self, name: str, backend: str, num_splits: int = 0):
         self.name = name
@@ -162,7 +178,8 @@ class FlashsplitContender(Contender):
 
         try:
             return flashsplit.plan(case.batch, case.capacity, case.num_heads, case.num_heads_kv, case.head_dim,
-                                   dtype=case.torch_dtype, has_cache_seqlens=True, page_size=case.page_size,
+                                   seqlen_q=case.seqlen_q, causal=case.causal, dtype=case.torch_dtype,
+                                   has_cache_seqlens=True, page_size=case.page_size,
                                    kv_dtype=KV_DTYPES[case.kv_dtype], num_splits=self.num_splits,
                                    num_sms=num_sms, device="cuda", backend=self.backend,
                                    window_size=case.window_size, softcap=case.softcap, has_sinks=case.sinks,
@@ -179,7 +196,7 @@ class FlashsplitContender(Contender):
         the_plan = self.plan(case, num_sms)
         q, k, v, lens = inputs.q, inputs.k, inputs.v, inputs.cache_seqlens
         backend, num_splits = self.backend, self.num_splits
-        variant = inputs.variant_kwargs()  # window_size, softcap, sinks, batch_invariant (plain: none)
+        variant = inputs.variant_kwargs()  # window_size, softcap, sinks, batch_invariant, causal (plain: none)
         # + block_table, descales; an append's k, v (and rotary tables)
         extra = [{**inputs.cache_kwargs(i), **variant, **inputs.append_kwargs(i)} for i in range(len(inputs))]
 
@@ -196,7 +213,7 @@ class FlashsplitContender(Contender):
 # -- torch -----------------------------------------------------------------------------------
 
 def _bhld_views(inputs: InputSets, contiguous: bool):
-    """SDPA's layout: q ``[B, H, 1, D]``, k/v ``[B, H_kv, L, D]``; views of the cache (flash
+    """SDPA's layout: q ``[B, H, L_q, D]``, k/v ``[B, H_kv, L, D]``; views of the cache (flash
     SDPA's native layout is ours, so no copy) or contiguous copies when a kernel needs them."""
     def conv(t: torch.Tensor) -> torch.Tensor:
         t = t.transpose(1, 2)
@@ -223,10 +240,13 @@ def _with_layout_fallback(make_run: Callable[[bool], Callable[[int], object]]) -
 
 
 class SdpaContender(Contender):
-    """``torch.nn.functional.scaled_dot_product_attention`` pinned to one backend."""
+    """``torch.nn.functional.scaled_dot_product_attention`` pinned to one backend; several queries
+    per row get a bottom-right causal mask (:func:`~.masks.sdpa_causal_mask`), or are skipped where the
+    backend has no kernel for it."""
 
     family = "torch"
     library = "torch SDPA"
+    multi_query = True
 
     def __init__(self, name: str, backend_attr: str):
         self.name = name
@@ -255,25 +275,34 @@ class SdpaContender(Contender):
         # would add host time to every eager call) and leave it in close().
         stack = contextlib.ExitStack()
         stack.enter_context(sdpa_kernel(getattr(SDPBackend, self.backend_attr)))
+        mask, mask_note = sdpa_causal_mask(self.backend_attr, case, inputs.q[0].device)
+        masked = {} if mask is None else {"attn_mask": mask}  # L_q = 1: exactly the plain call
 
         def make_run(contiguous: bool):
             qs, ks, vs = _bhld_views(inputs, contiguous)
-            return lambda i: sdpa(qs[i], ks[i], vs[i], enable_gqa=True)
+            return lambda i: sdpa(qs[i], ks[i], vs[i], enable_gqa=True, **masked)
 
         try:
             run, note = _with_layout_fallback(make_run)
-        except BaseException:
+        except BaseException as e:
             stack.close()
+            if mask is not None and sdpa_refused(e):
+                first = str(e).strip().splitlines()[0][:120]
+                raise Unsupported(f"torch SDPA's {self.backend_attr} backend has no kernel for a bottom-right causal "
+                                  f"mask of {case.seqlen_q} queries ({first})") from None
             raise
+        note = "; ".join(p for p in (note, mask_note) if p)
         return Prepared(run, to_bshd=lambda o: o.transpose(1, 2), note=note, close=stack.close)
 
 
 class FlexContender(Contender):
-    """``torch.compile(flex_attention)`` (FlexDecoding at L_q = 1); compiled at prepare time."""
+    """``torch.compile(flex_attention)`` (FlexDecoding at L_q = 1; several queries per row get a
+    bottom-right causal block mask, :func:`~.masks.flex_block_mask`); compiled at prepare time."""
 
     family = "torch"
     name = "flex"
     library = "torch FlexAttention"
+    multi_query = True
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
@@ -303,12 +332,16 @@ class FlexContender(Contender):
 
     def prepare(self, case: Case, inputs: InputSets) -> Prepared:
         flex = self._compile()
+        block_mask = flex_block_mask(case, inputs.q[0].device)
+        masked = {} if block_mask is None else {"block_mask": block_mask}
 
         def make_run(contiguous: bool):
             qs, ks, vs = _bhld_views(inputs, contiguous)
-            return lambda i: flex(qs[i], ks[i], vs[i], enable_gqa=True)
+            return lambda i: flex(qs[i], ks[i], vs[i], enable_gqa=True, **masked)
 
         run, note = _with_layout_fallback(make_run)  # the first call compiles (outside timing)
+        if block_mask is not None:
+            note += "; bottom-right causal block mask"
         return Prepared(run, to_bshd=lambda o: o.transpose(1, 2), note=note)
 
 
@@ -330,11 +363,13 @@ class FlashAttnContender(Contender):
     The block table goes in as ``block_table`` (FA2) or ``page_table`` (FA3), by the signature;
     so do the variants: ``window_size=(w, 0)``, ``softcap``, sinks (whichever of
     :data:`SINK_PARAMS` the build has), for batch-invariant decode ``num_splits=1``, and an
-    append's ``k``, ``v``, ``rotary_cos``, ``rotary_sin``.
+    append's ``k``, ``v``, ``rotary_cos``, ``rotary_sin``; several queries per row get
+    ``causal=True`` (FlashAttention's causal mask is bottom-right aligned).
     """
 
     family = "external"
     formats = frozenset({"paged"})
+    multi_query = True
     #: FA2's paged path needs pages of a multiple of 256 keys; FA3 takes any page size.
     FA2_PAGE_MULTIPLE = 256
     #: Names builds of flash_attn_with_kvcache give a per-q-head sink logit parameter.
@@ -377,6 +412,14 @@ class FlashAttnContender(Contender):
         missing = [f for f in features if self._variant_param(f, params) is None]
         return _no_input(self.library, missing, "in this build") if missing else None
 
+    def queries_reason(self, case: Case) -> str | None:
+        if not case.causal or _import_reason(self.module):  # L_q = 1, or available() says why not
+            return None
+        params = _signature_params(self._function())
+        if params is not None and "causal" not in params:
+            return f"{self.library} has no causal input in this build (needed for L_q > 1)"
+        return None
+
     def prepare(self, case: Case, inputs: InputSets) -> Prepared:
         fn = self._function()
         params = _signature_params(fn) or frozenset()
@@ -386,6 +429,10 @@ class FlashAttnContender(Contender):
             kwargs["page_table" if "page_table" in params and "block_table" not in params else "block_table"] = \
                 inputs.block_table
         note = "num_splits chosen by the library"
+        if case.causal:
+            if "causal" not in params:
+                raise Unsupported(f"{self.library} has no causal input in this build (needed for L_q > 1)")
+            kwargs["causal"] = True
         for feature in case_features(case):
             name = self._variant_param(feature, params)
             if name is None:
@@ -430,6 +477,12 @@ class FlashInferContender(Contender):
 
     def static_reason(self) -> str | None:
         return _import_reason("flashinfer")
+
+    def queries_reason(self, case: Case) -> str | None:
+        if not case.causal:
+            return None
+        return (f"flashinfer's BatchDecodeWithPagedKVCacheWrapper is decode-only: one query per row, not L_q = "
+                f"{case.seqlen_q} (its prefill wrapper is not in the bench)")
 
     def variant_reason(self, case: Case) -> str | None:
         features = case_features(case)

@@ -23,8 +23,8 @@ class PlannedCell:
     int) or why the backend cannot run it (a str), the keys its splits cover (``spans``: under a
     window, ``SplitPlan.span``), which backend each of them would run and the selection rule
     behind it (``"cute (swapped-operands)"``), and per other contender that cannot take the
-    cell's cache format (paged, fp8) or attention variant (window, softcap, sinks,
-    batch-invariant) why not."""
+    cell's cache format (paged, fp8), attention variant (window, softcap, sinks,
+    batch-invariant, append, rotary) or queries per row (``L_q > 1``) why not."""
 
     case: Case
     sets: int
@@ -33,6 +33,7 @@ class PlannedCell:
     spans: dict[str, int] = field(default_factory=dict)
     format_skips: dict[str, str] = field(default_factory=dict)
     variant_skips: dict[str, str] = field(default_factory=dict)
+    query_skips: dict[str, str] = field(default_factory=dict)
     rotation_note: str = ""
 
 
@@ -64,10 +65,12 @@ def build_dry_run(cases: list[Case], skipped: list[SkippedCell], contenders: lis
         for c in contenders:
             if c.name not in runnable:
                 continue
-            reason = c.format_reason(case)
-            if reason is not None:
-                cell.format_skips[c.name] = reason
-            elif c.variant_reason(case) is not None:  # the runner asks in this order too
-                cell.variant_skips[c.name] = c.variant_reason(case)
+            # in the runner's order (Contender.skip_reason): only the first reason counts
+            for skips, reason in ((cell.format_skips, c.format_reason(case)),
+                                  (cell.variant_skips, c.variant_reason(case)),
+                                  (cell.query_skips, c.queries_reason(case))):
+                if reason is not None:
+                    skips[c.name] = reason
+                    break
         cells.append(cell)
     return DryRun(device, statuses, cells, skipped)

@@ -28,8 +28,9 @@ FP8_TARGET_MIN_SEQLEN = 131072
 
 
 def _cell(r: BenchRow) -> tuple:
-    """Contender, cell and attention variant: what a format and its baseline share."""
-    return (r.contender, r.batch, r.seqlen_k, r.num_heads, r.num_heads_kv, r.head_dim, r.dtype, r.variant)
+    """Contender, cell (its queries per row too) and attention variant: what a format and its baseline share."""
+    return (r.contender, r.batch, r.seqlen_k, r.seqlen_q, r.num_heads, r.num_heads_kv, r.head_dim, r.dtype,
+            r.variant)
 
 
 def _timed(r: BenchRow) -> bool:
@@ -51,7 +52,7 @@ def compare(kind: str, row: BenchRow, base: BenchRow) -> FormatComparison:
     c = FormatComparison(row.contender, row.batch, row.seqlen_k, row.num_heads, row.num_heads_kv, row.head_dim,
                          row.dtype, kind, page_size=row.page_size, kv_dtype=row.kv, window=row.window,
                          softcap=row.softcap, sinks=row.sinks, batch_invariant=row.batch_invariant,
-                         append=row.append, rotary=row.rotary,
+                         append=row.append, rotary=row.rotary, seqlen_q=row.seqlen_q,
                          base_page_size=base.page_size, base_kv_dtype=base.kv)
     if kind == "paged" and row.page_size in PAGED_TARGETS:
         c.target = f"paged/dense <= {PAGED_TARGETS[row.page_size]:.2f}"

@@ -14,7 +14,8 @@ A case with ``sinks`` also gets one fp32 sink logit per q head, N(:data:`~.cases
 shared by every set (learned weights, like the block table, do not change between calls). A case
 with an ``append`` gets new keys and values per set ``[B, append, H_kv, D]``, its rows holding
 ``seqlen_k - append`` keys before the call, and with ``rotary`` RoPE tables ``[capacity, D / 2]``
-(fp32, shared); each call writes the same new keys into the same slots.
+(fp32, shared; a few rows more where the last of several queries is rotated past the capacity);
+each call writes the same new keys into the same slots. q holds ``seqlen_q`` queries per row.
 
 Paged and fp8 caches are written in chunks of batch rows straight into their final tensors,
 so no dense 16-bit copy of the whole cache is ever held; the reference check gathers and
@@ -41,13 +42,14 @@ GEN_CHUNK_BYTES = 1 << 30
 class InputSets:
     """``len(q)`` input sets of one case, on one device.
 
-    ``q[i]`` ``[B, 1, H, D]``; ``k[i]``/``v[i]`` the cache in the case's format: dense
+    ``q[i]`` ``[B, L_q, H, D]``; ``k[i]``/``v[i]`` the cache in the case's format: dense
     ``[B, L_k, H_kv, D]`` (flashsplit's and FlashAttention's layout) or paged ``[num_pages,
     page_size, H_kv, D]`` with ``block_table`` int32 ``[B, pages_per_row]`` (shared by every
     set); for fp8 ``k_descale[i]``/``v_descale[i]`` fp32 ``[B, H_kv]``. ``cache_seqlens`` int32
     ``[B]`` (every row full, or full but for an append's keys). ``sinks`` fp32 ``[H]`` when the
     case has sinks (shared by every set). With an append ``k_new[i]``/``v_new[i]`` ``[B, append,
-    H_kv, D]`` in q's dtype, and with rotary ``rotary_cos``/``rotary_sin`` fp32 ``[capacity, D / 2]``.
+    H_kv, D]`` in q's dtype, and with rotary ``rotary_cos``/``rotary_sin`` fp32 ``[rotary_positions,
+    D / 2]`` (:attr:`~.cases.Case.rotary_positions`).
     """
 
     case: Case
@@ -83,9 +85,12 @@ class InputSets:
 
     def variant_kwargs(self) -> dict:
         """``flashsplit.decode`` keyword arguments for the case's attention variant
-        (``window_size``, ``softcap``, ``sinks``, ``batch_invariant``; empty for plain attention,
-        so a plain cell times exactly the plain call)."""
+        (``window_size``, ``softcap``, ``sinks``, ``batch_invariant``, and ``causal`` for several
+        queries per row; empty for plain attention at ``L_q = 1``, so a plain cell times exactly
+        the plain call)."""
         case, kwargs = self.case, {}
+        if case.causal:
+            kwargs["causal"] = True
         if case.window >= 0:
             kwargs["window_size"] = case.window_size
         if case.softcap > 0:
@@ -111,11 +116,14 @@ class InputSets:
         return kwargs
 
     def reference_q(self, b: int) -> torch.Tensor:
-        """Batch row ``b`` of set 0's q as the call attends with it: rotated at the row's length."""
+        """Batch row ``b`` of set 0's q ``[1, L_q, H, D]`` as the call attends with it: query i
+        rotated at the row's length + i (FlashAttention's convention for a causal call, and at
+        ``L_q = 1`` for any call)."""
         q = self.q[0][b:b + 1]
         if self.rotary_cos is None:
             return q
-        positions = self.cache_seqlens[b:b + 1].long()[:, None]
+        steps = torch.arange(q.shape[1], device=q.device)
+        positions = self.cache_seqlens[b:b + 1].long()[:, None] + steps[None, :]
         return rotary_ref(q, self.rotary_cos, self.rotary_sin, positions, self.ROTARY_INTERLEAVED).to(q.dtype)
 
     def reference_kv(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -228,7 +236,7 @@ def make_inputs(case: Case, num_sets: int, device: str | torch.device = "cuda", 
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     dtype = case.torch_dtype
-    q_shape = (case.batch, 1, case.num_heads, case.head_dim)
+    q_shape = (case.batch, case.seqlen_q, case.num_heads, case.head_dim)
 
     def randn(shape):
         return torch.randn(shape, generator=gen, device=device, dtype=dtype)
@@ -253,7 +261,7 @@ def make_inputs(case: Case, num_sets: int, device: str | torch.device = "cuda", 
         k_new = [randn(new_shape) for _ in range(num_sets)]
         v_new = [randn(new_shape) for _ in range(num_sets)]
         if case.rotary:
-            cos, sin = rotary_tables(case.capacity, case.head_dim, torch.float32, device)
+            cos, sin = rotary_tables(case.rotary_positions, case.head_dim, torch.float32, device)
     return InputSets(case, qs, ks, vs, lens, block_table=table,
                      k_descale=k_scales if case.fp8 else None, v_descale=v_scales if case.fp8 else None, sinks=sinks,
                      k_new=k_new, v_new=v_new, rotary_cos=cos, rotary_sin=sin)

@@ -1,7 +1,8 @@
 """Rendering of bench data: rich tables for the terminal, and the optional matplotlib plot.
 
 Nothing here measures anything; every function takes the dataclasses of :mod:`.rows` or
-:mod:`.dryrun`.
+:mod:`.dryrun`. A table has an ``L_q`` column (queries per row) where some of its rows have
+several queries; with one query per row everywhere it is left out.
 """
 
 from __future__ import annotations
@@ -24,6 +25,24 @@ def _f(value: float | None, fmt: str = "{:.1f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def _several_queries(items) -> bool:
+    """Whether a table of ``items`` (rows or cases) shows an ``L_q`` column."""
+    return any(item.seqlen_q != 1 for item in items)
+
+
+def _lq(names: tuple, show: bool, after: str = "L_k") -> tuple:
+    """Column ``names`` with ``"L_q"`` after ``after`` when ``show``."""
+    if not show:
+        return names
+    at = names.index(after) + 1
+    return (*names[:at], "L_q", *names[at:])
+
+
+def _lq_cell(item, show: bool) -> list[str]:
+    """The ``L_q`` cell of a table row: ``[str(seqlen_q)]``, or nothing without the column."""
+    return [str(item.seqlen_q)] if show else []
+
+
 def render_header(console: Console, header: RunHeader) -> None:
     console.print(f"[bold]flashsplit bench[/bold] on {header.device} ({header.num_sms} SMs, "
                   f"L2 {header.l2_bytes / 2**20:.0f} MiB); torch {header.torch_version}, "
@@ -38,36 +57,36 @@ def render_header(console: Console, header: RunHeader) -> None:
 
 def rows_table(rows: list[BenchRow], title: str = "decode attention, per call") -> Table:
     table = Table(title=title, header_style="bold")
-    for name, justify in (("contender", "left"), ("B", "right"), ("L_k", "right"), ("heads", "right"),
-                          ("d", "right"), ("dtype", "left"), ("cache", "left"), ("variant", "left"), ("splits", "right"),
-                          ("device us", "right"),
-                          ("eager us", "right"), ("method", "left"), ("GB/s", "right"), ("% sheet", "right"),
-                          ("% ceil", "right"), ("rel err", "right"), ("note", "left")):
-        table.add_column(name, justify=justify, overflow="fold")
+    show = _several_queries(rows)
+    for name in _lq(("contender", "B", "L_k", "heads", "d", "dtype", "cache", "variant", "splits", "device us",
+                     "eager us", "method", "GB/s", "% sheet", "% ceil", "rel err", "note"), show):
+        left = name in ("contender", "dtype", "cache", "variant", "method", "note")
+        table.add_column(name, justify="left" if left else "right", overflow="fold")
     previous = None
     for r in rows:
-        cell = (r.batch, r.seqlen_k, r.heads, r.head_dim, r.dtype, r.page_size, r.kv, r.variant)
+        cell = (r.batch, r.seqlen_k, r.seqlen_q, r.heads, r.head_dim, r.dtype, r.page_size, r.kv, r.variant)
         if previous is not None and cell != previous:
             table.add_section()
         previous = cell
-        table.add_row(r.contender, str(r.batch), format_seqlen(r.seqlen_k), r.heads, str(r.head_dim), r.dtype,
-                      format_label(r.page_size, r.kv), r.variant_label, _f(r.num_splits, "{}"), _f(r.device_us),
-                      _f(r.eager_us), r.method,
-                      _f(r.gbps, "{:.0f}"), _f(r.pct_datasheet, "{:.0f}%"), _f(r.pct_ceiling, "{:.0f}%"), _f(r.rel_err, "{:.1e}"),
+        table.add_row(r.contender, str(r.batch), format_seqlen(r.seqlen_k), *_lq_cell(r, show), r.heads,
+                      str(r.head_dim), r.dtype, format_label(r.page_size, r.kv), r.variant_label,
+                      _f(r.num_splits, "{}"), _f(r.device_us), _f(r.eager_us), r.method, _f(r.gbps, "{:.0f}"),
+                      _f(r.pct_datasheet, "{:.0f}%"), _f(r.pct_ceiling, "{:.0f}%"), _f(r.rel_err, "{:.1e}"),
                       r.note if r.status == OK else f"{r.status}: {r.note}", style=_STATUS_STYLE.get(r.status, ""))
     return table
 
 
 def sweep_table(summaries: list[SweepSummary]) -> Table:
     table = Table(title="num_splits heuristic vs best measured", header_style="bold")
-    for name in ("contender", "B", "L_k", "heads", "d", "cache", "variant", "heuristic", "heuristic us", "best",
-                 "best us", "gap", "note"):
+    show = _several_queries(summaries)
+    for name in _lq(("contender", "B", "L_k", "heads", "d", "cache", "variant", "heuristic", "heuristic us", "best",
+                     "best us", "gap", "note"), show):
         table.add_column(name, justify="left" if name in ("contender", "cache", "variant", "note") else "right")
     for s in summaries:
         gap_style = "" if s.gap_pct is None or s.gap_pct < 5 else "yellow" if s.gap_pct < 15 else "red"
-        table.add_row(s.contender, str(s.batch), format_seqlen(s.seqlen_k), f"{s.num_heads}/{s.num_heads_kv}",
-                      str(s.head_dim), format_label(s.page_size, s.kv_dtype or s.dtype), s.variant_label,
-                      _f(s.heuristic_splits, "{}"),
+        table.add_row(s.contender, str(s.batch), format_seqlen(s.seqlen_k), *_lq_cell(s, show),
+                      f"{s.num_heads}/{s.num_heads_kv}", str(s.head_dim),
+                      format_label(s.page_size, s.kv_dtype or s.dtype), s.variant_label, _f(s.heuristic_splits, "{}"),
                       _f(s.heuristic_us), _f(s.best_splits, "{}"), _f(s.best_us), _f(s.gap_pct, "{:.1f}%"), s.note,
                       style=gap_style)
     return table
@@ -76,34 +95,38 @@ def sweep_table(summaries: list[SweepSummary]) -> Table:
 def formats_table(comparisons: list[FormatComparison]) -> Table:
     """``--compare-formats``: paged / dense time and 16-bit / fp8 speedup, against the targets of :mod:`.formats`."""
     table = Table(title="cache formats: paged vs dense time, fp8 vs 16-bit speedup", header_style="bold")
-    for name in ("contender", "B", "L_k", "heads", "d", "cache", "vs", "variant", "us", "vs us", "paged/dense",
-                 "speedup", "target", "met", "note"):
+    show = _several_queries(comparisons)
+    for name in _lq(("contender", "B", "L_k", "heads", "d", "cache", "vs", "variant", "us", "vs us", "paged/dense",
+                     "speedup", "target", "met", "note"), show):
         table.add_column(name, justify="left" if name in ("contender", "cache", "vs", "variant", "target", "note")
                          else "right", overflow="fold")
     for c in comparisons:
         met = "-" if c.met is None else "yes" if c.met else "NO"
         style = "" if c.met is None else "green" if c.met else "red"
-        table.add_row(c.contender, str(c.batch), format_seqlen(c.seqlen_k), f"{c.num_heads}/{c.num_heads_kv}",
-                      str(c.head_dim), format_label(c.page_size, c.kv_dtype or c.dtype),
+        table.add_row(c.contender, str(c.batch), format_seqlen(c.seqlen_k), *_lq_cell(c, show),
+                      f"{c.num_heads}/{c.num_heads_kv}", str(c.head_dim),
+                      format_label(c.page_size, c.kv_dtype or c.dtype),
                       format_label(c.base_page_size, c.base_kv_dtype or c.dtype), c.variant_label, _f(c.us),
-                      _f(c.base_us),
-                      _f(c.ratio, "{:.3f}") if c.kind == "paged" else "",
+                      _f(c.base_us), _f(c.ratio, "{:.3f}") if c.kind == "paged" else "",
                       _f(c.speedup, "{:.2f}x") if c.kind == "fp8" else "", c.target or "-", met, c.note, style=style)
     return table
 
 
 def variants_table(comparisons: list[VariantComparison]) -> Table:
     """``--compare-variants``: variant time / plain time of the same cell (and for a window of w,
-    / the plain time of a (w + 1)-key cache where the grid has one), per contender."""
+    / the plain time of a (w + L_q)-key cache where the grid has one), per contender."""
     table = Table(title="attention variants: time against plain decode", header_style="bold")
-    for name in ("contender", "B", "L_k", "heads", "d", "cache", "variant", "us", "plain us", "variant/plain",
-                 "w+1 keys", "w+1 us", "variant/(w+1)", "note"):
+    show = _several_queries(comparisons)
+    seen = "w+L_q" if show else "w+1"  # the keys a window of w shows the L_q queries
+    for name in _lq(("contender", "B", "L_k", "heads", "d", "cache", "variant", "us", "plain us", "variant/plain",
+                     f"{seen} keys", f"{seen} us", f"variant/({seen})", "note"), show):
         table.add_column(name, justify="left" if name in ("contender", "cache", "variant", "note") else "right",
                          overflow="fold")
     for c in comparisons:
-        table.add_row(c.contender, str(c.batch), format_seqlen(c.seqlen_k), f"{c.num_heads}/{c.num_heads_kv}",
-                      str(c.head_dim), format_label(c.page_size, c.kv_dtype or c.dtype), c.variant_label, _f(c.us),
-                      _f(c.base_us), _f(c.ratio, "{:.3f}"), format_seqlen(c.short_seqlen) if c.short_seqlen else "-",
+        table.add_row(c.contender, str(c.batch), format_seqlen(c.seqlen_k), *_lq_cell(c, show),
+                      f"{c.num_heads}/{c.num_heads_kv}", str(c.head_dim),
+                      format_label(c.page_size, c.kv_dtype or c.dtype), c.variant_label, _f(c.us), _f(c.base_us),
+                      _f(c.ratio, "{:.3f}"), format_seqlen(c.short_seqlen) if c.short_seqlen else "-",
                       _f(c.short_us), _f(c.short_ratio, "{:.3f}"), c.note)
     return table
 
@@ -117,14 +140,16 @@ def scorecard_table(card: list[ScoreRow]) -> Table:
     and the read floor of the same run."""
     table = Table(title=f"scorecard: auto against the faster backend (target <= {AUTO_SLACK:.2f}x), the peers "
                         "and the read floor", header_style="bold")
-    for name in ("B", "L_k", "heads", "d", "cache", "variant", "auto us", "ran", "best", "best us", "auto/best",
-                 "ok", "cuDNN us", "auto/cuDNN", "ok", "FA3 us", "auto/FA3", "floor us", "auto/floor"):
+    show = _several_queries(card)
+    for name in _lq(("B", "L_k", "heads", "d", "cache", "variant", "auto us", "ran", "best", "best us", "auto/best",
+                     "ok", "cuDNN us", "auto/cuDNN", "ok", "FA3 us", "auto/FA3", "floor us", "auto/floor"), show):
         table.add_column(name, justify="left" if name in ("cache", "variant", "ran", "best") else "right",
                          overflow="fold")
     for c in card:
         style = "red" if c.auto_ok is False or c.cudnn_ok is False else ""
-        table.add_row(str(c.batch), format_seqlen(c.seqlen_k), f"{c.num_heads}/{c.num_heads_kv}", str(c.head_dim),
-                      format_label(c.page_size, c.kv), c.variant_label, _f(c.auto_us), c.auto_backend or "-",
+        table.add_row(str(c.batch), format_seqlen(c.seqlen_k), *_lq_cell(c, show), f"{c.num_heads}/{c.num_heads_kv}",
+                      str(c.head_dim), format_label(c.page_size, c.kv), c.variant_label, _f(c.auto_us),
+                      c.auto_backend or "-",
                       c.best_backend or "-", _f(c.best_us), _f(c.vs_best, "{:.3f}"), _verdict(c.auto_ok),
                       _f(c.cudnn_us), _f(c.vs_cudnn, "{:.3f}"), _verdict(c.cudnn_ok), _f(c.fa3_us),
                       _f(c.vs_fa3, "{:.3f}"), _f(c.floor_us), _f(c.vs_floor, "{:.3f}"), style=style)
@@ -177,15 +202,17 @@ def render_dry_run(console: Console, dry: DryRun) -> None:
                            style="" if c.reason is None else "dim")
     console.print(contenders)
     planners = [c.name for c in dry.contenders if c.family == "flashsplit" and c.reason is None]
+    show = _several_queries([cell.case for cell in dry.cells])
     cells = Table(title="cells (flashsplit columns: planned num_splits, under a window 'N over S': N splits "
                         "covering S keys; auto: and the backend, by its rule)", header_style="bold")
-    for name in ("B", "L_k", "heads", "d", "dtype", "cache", "variant", "KV MB", "sets", *planners):
+    for name in _lq(("B", "L_k", "heads", "d", "dtype", "cache", "variant", "KV MB", "sets", *planners), show):
         cells.add_column(name, justify="left" if name in ("cache", "variant") else "right", overflow="fold")
     for cell in dry.cells:
         case = cell.case
         plans = [_planned(cell, p) for p in planners]
-        cells.add_row(str(case.batch), format_seqlen(case.seqlen_k), case.heads, str(case.head_dim), case.dtype,
-                      case.format_label, case.variant.label, f"{case.kv_bytes / 1e6:.1f}", str(cell.sets), *plans)
+        cells.add_row(str(case.batch), format_seqlen(case.seqlen_k), *_lq_cell(case, show), case.heads,
+                      str(case.head_dim), case.dtype, case.format_label, case.variant.label,
+                      f"{case.kv_bytes / 1e6:.1f}", str(cell.sets), *plans)
     console.print(cells)
     skips: dict[tuple[str, str], list[str]] = {}
     for cell in dry.cells:
@@ -193,6 +220,8 @@ def render_dry_run(console: Console, dry: DryRun) -> None:
             skips.setdefault((name, reason), []).append(cell.case.format_label)
         for name, reason in cell.variant_skips.items():
             skips.setdefault((name, reason), []).append(cell.case.variant.label)
+        for name, reason in cell.query_skips.items():
+            skips.setdefault((name, reason), []).append(f"L_q={cell.case.seqlen_q}")
     for (name, reason), labels in skips.items():
         console.print(f"  {name} skipped on {len(labels)} {', '.join(dict.fromkeys(labels))} cell(s): {reason}",
                       style="dim")
@@ -201,7 +230,7 @@ def render_dry_run(console: Console, dry: DryRun) -> None:
             console.print(f"  cell {cell.case.label()}: {cell.rotation_note}", style="yellow")
     render_skipped_cells(console, dry.skipped)
     console.print(f"  {len(dry.cells)} cell(s) x {sum(c.reason is None for c in dry.contenders)} contender(s) "
-                  f"would run; {len(dry.skipped)} cell(s) skipped by the memory cap")
+                  f"would run; {len(dry.skipped)} cell(s) skipped")
 
 
 # -- plot ------------------------------------------------------------------------------------
@@ -244,10 +273,11 @@ def _pyplot():
 
 
 def line_label(row: BenchRow, rows: list[BenchRow]) -> str:
-    """A plot line's name: the contender, tagged with the row's cache format and attention variant
-    where ``rows`` hold several of them (so lines of different formats or variants never merge)."""
+    """A plot line's name: the contender, tagged with the row's cache format, attention variant and
+    queries per row where ``rows`` hold several of them (so lines of different cells never merge)."""
     tags = [format_label(row.page_size, row.kv)] if len({(r.page_size, r.kv) for r in rows}) > 1 else []
     tags += [row.variant_label] if len({r.variant for r in rows}) > 1 else []
+    tags += [f"L_q={row.seqlen_q}"] if len({r.seqlen_q for r in rows}) > 1 else []
     return f"{row.contender} [{', '.join(tags)}]" if tags else row.contender
 
 
@@ -297,18 +327,20 @@ def write_sweep_plot(report: Report, path: str) -> None:
     plt = _pyplot()
     rows = [r for r in report.rows if r.status == OK and r.device_us is not None and r.num_splits]
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    heuristics = {(s.contender, s.batch, s.seqlen_k, s.page_size, s.kv_dtype or s.dtype, s.variant): s.heuristic_splits
-                  for s in report.sweep}
+    heuristics = {(s.contender, s.batch, s.seqlen_k, s.page_size, s.kv_dtype or s.dtype, s.variant, s.seqlen_q):
+                  s.heuristic_splits for s in report.sweep}
     several = len({(r.page_size, r.kv) for r in rows}) > 1
     variants = len({r.variant for r in rows}) > 1
+    queries = len({r.seqlen_q for r in rows}) > 1
 
     def key_of(r: BenchRow) -> tuple:
-        return (r.contender, r.batch, r.seqlen_k, r.page_size, r.kv, r.variant)
+        return (r.contender, r.batch, r.seqlen_k, r.page_size, r.kv, r.variant, r.seqlen_q)
 
     keys = list(dict.fromkeys(key_of(r) for r in rows))
     for key in keys:
         points = sorted((r.num_splits, r.device_us) for r in rows if key_of(r) == key)
         tags = ([format_label(key[3], key[4])] if several else []) + ([key[5].label] if variants else [])
+        tags += [f"L_q={key[6]}"] if queries else []
         fmt = f" [{', '.join(tags)}]" if tags else ""
         (line,) = ax.plot(*zip(*points), marker=".", label=f"{key[0]} B={key[1]} L_k={format_seqlen(key[2])}{fmt}")
         chosen = [p for p in points if p[0] == heuristics.get(key)]

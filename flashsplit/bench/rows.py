@@ -6,7 +6,7 @@ A :class:`Report` is a :class:`RunHeader` (the machine and the ceilings), the
 :class:`VariantComparison` list. Every row type names its cell by the :class:`CellFields`, its
 cache format (``page_size``, ``kv_dtype``) and its attention variant (``window``, ``softcap``,
 ``sinks``, ``batch_invariant``, ``append``, ``rotary``; reports written before a field existed
-read it back at its plain default).
+read it back at its plain default, ``seqlen_q`` at 1).
 ``report_from_json(report_to_json(r)) == r`` and ``rows_from_csv(rows_to_csv(rows)) == rows``.
 """
 
@@ -27,11 +27,14 @@ OK, SKIPPED, WRONG, ERROR = "ok", "skipped", "wrong", "error"
 
 @dataclass
 class CellFields:
-    """The fields that name one contender on one grid cell; every row type starts with them."""
+    """The fields that name one contender on one grid cell; every row type starts with them.
+    ``seqlen_q`` (queries per row; > 1: causal, bottom-right aligned) is keyword-only, so rows are
+    built positionally as before it existed, and defaults to 1 for reports written before then."""
 
     contender: str
     batch: int
     seqlen_k: int
+    seqlen_q: int = field(default=1, kw_only=True)
     num_heads: int
     num_heads_kv: int
     head_dim: int

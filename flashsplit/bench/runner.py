@@ -2,8 +2,9 @@
 
 One failing contender never stops the run: its exception becomes the row's ``error`` status
 and note. Inputs are made once per case and shared by every contender. A contender that cannot
-take a case's cache format (paged, fp8) or attention variant (window, softcap, sinks,
-batch-invariant) is skipped with its reason before anything runs.
+take a case's cache format (paged, fp8), attention variant (window, softcap, sinks,
+batch-invariant, append, rotary) or queries per row (``L_q > 1``) is skipped with its reason
+before anything runs.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def _short(e: BaseException, limit: int = 160) -> str:
 def empty_row(contender: str, case: Case, **kw) -> BenchRow:
     return BenchRow(contender, case.batch, case.seqlen_k, case.num_heads, case.num_heads_kv, case.head_dim,
                     case.dtype, case.page_size, case.kv, case.window, case.softcap, case.sinks, case.batch_invariant,
-                    case.append, case.rotary, **kw)
+                    case.append, case.rotary, seqlen_q=case.seqlen_q, **kw)
 
 
 def fill_bandwidth(row: BenchRow, case: Case, device: DeviceInfo, ceiling_bw: float | None) -> None:
@@ -78,8 +79,8 @@ def bench_one(contender: Contender, case: Case, inputs: InputSets, device: Devic
               ceiling_bw: float | None, options: RunOptions) -> BenchRow:
     """Prepare, check against the reference (set 0), then time one contender on one case."""
     row = empty_row(contender.name, case, sets=len(inputs))
-    reason = contender.format_reason(case) or contender.variant_reason(case)
-    if reason is not None:  # never time it on another format or variant instead
+    reason = contender.skip_reason(case)
+    if reason is not None:  # never time it on another format, variant or query count instead
         row.status, row.note = SKIPPED, reason
         return row
     prepared = None

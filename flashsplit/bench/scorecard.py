@@ -59,8 +59,8 @@ class ScoreRow(CellFields, VariantFields):
 
 
 def _cell(row: BenchRow) -> tuple:
-    return (row.batch, row.seqlen_k, row.num_heads, row.num_heads_kv, row.head_dim, row.dtype, row.page_size,
-            row.kv, row.variant)
+    return (row.batch, row.seqlen_k, row.seqlen_q, row.num_heads, row.num_heads_kv, row.head_dim, row.dtype,
+            row.page_size, row.kv, row.variant)
 
 
 def _ratio(us: float, other: float | None) -> float | None:
@@ -84,7 +84,8 @@ def score(rows: list[BenchRow]) -> list[ScoreRow]:
         match = _BACKEND_NOTE.search(auto.note)
         s = ScoreRow("auto", auto.batch, auto.seqlen_k, auto.num_heads, auto.num_heads_kv, auto.head_dim, auto.dtype,
                      auto.page_size, auto.kv_dtype, auto.window, auto.softcap, auto.sinks, auto.batch_invariant,
-                     auto.append, auto.rotary, auto_us=auto.device_us, auto_backend=match.group(1) if match else "")
+                     auto.append, auto.rotary, seqlen_q=auto.seqlen_q, auto_us=auto.device_us,
+                     auto_backend=match.group(1) if match else "")
         if best is not None:
             s.best_backend, s.best_us = best.contender, best.device_us
             s.vs_best = _ratio(auto.device_us, best.device_us)

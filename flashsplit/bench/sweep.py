@@ -27,7 +27,7 @@ def sweep_backends(contenders: list[Contender]) -> list[FlashsplitContender]:
 def _summary(contender: str, case: Case, **kw) -> SweepSummary:
     return SweepSummary(contender, case.batch, case.seqlen_k, case.num_heads, case.num_heads_kv, case.head_dim,
                         case.dtype, case.page_size, case.kv, case.window, case.softcap, case.sinks,
-                        case.batch_invariant, case.append, case.rotary, **kw)
+                        case.batch_invariant, case.append, case.rotary, seqlen_q=case.seqlen_q, **kw)
 
 
 def summarize(contender: str, case: Case, heuristic: int | None, rows: list[BenchRow]) -> SweepSummary:

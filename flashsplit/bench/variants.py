@@ -3,10 +3,11 @@
 Pure functions over :class:`~.rows.BenchRow` s (no GPU): for each contender, grid cell and
 cache format, every variant row (a window, softcap, sinks, batch-invariant decode, or a
 combination) is compared with the plain row of the same cell: ``ratio`` = variant time /
-plain time. A window of ``w`` keys is also compared with the plain decode of a ``w + 1``-key
-cache (the keys the window sees), where the grid has that cell (``--seqlen`` lists ``w + 1``):
-``short_ratio`` = windowed time / short-cache time, the overhead of finding the window in a
-long cache over reading a cache that short.
+plain time. A window of ``w`` keys is also compared with the plain decode of a ``w + L_q``-key
+cache (the keys the window shows the cell's ``L_q`` queries; ``w + 1`` at ``L_q = 1``), where the
+grid has that cell (``--seqlen`` lists ``w + L_q``): ``short_ratio`` = windowed time /
+short-cache time, the overhead of finding the window in a long cache over reading a cache that
+short.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from .rows import OK, SKIPPED, BenchRow, VariantComparison
 
 
 def _cell(r: BenchRow, seqlen_k: int | None = None) -> tuple:
-    """Contender, cell and cache format: what a variant and its plain baseline share."""
-    return (r.contender, r.batch, r.seqlen_k if seqlen_k is None else seqlen_k, r.num_heads, r.num_heads_kv,
-            r.head_dim, r.dtype, r.page_size, r.kv)
+    """Contender, cell (its queries per row too) and cache format: what a variant and its plain baseline share."""
+    return (r.contender, r.batch, r.seqlen_k if seqlen_k is None else seqlen_k, r.seqlen_q, r.num_heads,
+            r.num_heads_kv, r.head_dim, r.dtype, r.page_size, r.kv)
 
 
 def _timed(r: BenchRow | None) -> bool:
@@ -30,12 +31,12 @@ def _untimed(r: BenchRow, what: str) -> str:
 
 def compare(row: BenchRow, base: BenchRow, short: BenchRow | None = None) -> VariantComparison:
     """One comparison of variant ``row`` with the plain ``base`` of its cell (and for a window,
-    ``short``: the plain row of ``window + 1`` keys, or None where the grid has none)."""
+    ``short``: the plain row of ``window + L_q`` keys, or None where the grid has none)."""
     c = VariantComparison(row.contender, row.batch, row.seqlen_k, row.num_heads, row.num_heads_kv, row.head_dim,
                           row.dtype, page_size=row.page_size, kv_dtype=row.kv, window=row.window,
                           softcap=row.softcap, sinks=row.sinks, batch_invariant=row.batch_invariant,
-                          append=row.append, rotary=row.rotary,
-                          short_seqlen=row.window + 1 if row.window >= 0 else 0)
+                          append=row.append, rotary=row.rotary, seqlen_q=row.seqlen_q,
+                          short_seqlen=row.window + row.seqlen_q if row.window >= 0 else 0)
     notes = [_untimed(r, what) for r, what in ((row, "variant"), (base, "plain")) if not _timed(r)]
     if short is not None and not _timed(short):
         notes.append(_untimed(short, f"plain {c.short_seqlen}-key cache"))
@@ -69,6 +70,7 @@ def compare_variants(rows: list[BenchRow]) -> list[VariantComparison]:
         base = plain.get(_cell(r))
         if base is None:
             continue
-        short = plain.get(_cell(r, r.window + 1)) if 0 <= r.window and r.window + 1 < r.seqlen_k else None
+        seen = r.window + r.seqlen_q  # the keys the window shows the row's queries
+        short = plain.get(_cell(r, seen)) if 0 <= r.window and seen < r.seqlen_k else None
         out.append(compare(r, base, short))
     return out
