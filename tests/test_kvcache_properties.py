@@ -19,13 +19,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-import flashsplit
-from flashsplit.call import DecodeOptions
-from flashsplit.registry import get
-from flashsplit.testing_kvcache import KVCacheCase, make_kvcache_inputs, run_kvcache_case
-from flashsplit.validation import check_decode_inputs
+from flashsplit.testing_kvcache import KVCacheCase
 
-from conftest import DEVICE, HAS_CUDA
+from conftest import HAS_CUDA
+from test_kvcache import _run
 
 DTYPES = [torch.float16, torch.bfloat16] if HAS_CUDA else [torch.float16]
 _SETTINGS = dict(derandomize=True, deadline=None, database=None, print_blob=True,
@@ -67,24 +64,9 @@ def kvcache_cases(draw) -> KVCacheCase:
         **draw(st.sampled_from([{"batch_invariant": True}] + [{"num_splits": n} for n in (0, 1, 2, 3, 7)])))
 
 
-def _able_backends(case: KVCacheCase, args: dict) -> list[str]:
-    options = DecodeOptions(causal=case.causal, window_size=case.window_size, softcap=case.softcap,
-                            num_splits=case.num_splits, batch_invariant=case.batch_invariant,
-                            rotary_interleaved=case.rotary_interleaved)
-    from test_kvcache import _tensors  # the same call bundle the kvcache tests build
-
-    problem = check_decode_inputs(_tensors(args), options)
-    return [name for name in flashsplit.backends() if get(name).supports(problem) is None]
-
-
 def _check(case: KVCacheCase) -> None:
-    generator = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
-    state = generator.get_state()
-    names = _able_backends(case, make_kvcache_inputs(case, DEVICE, generator))
-    assert names, f"no backend runs {case}"
-    for name in names:
-        generator.set_state(state)  # fresh inputs for each: the call writes its caches
-        run_kvcache_case(case, lambda **kw: flashsplit.decode(**kw, backend=name), DEVICE, generator)
+    """The case on every backend that supports it (test_kvcache's runner), inputs seeded by the case."""
+    _run(case, torch.Generator().manual_seed(zlib.crc32(repr(case).encode())))
 
 
 @given(case=kvcache_cases())
