@@ -64,7 +64,7 @@ def rows_table(rows: list[BenchRow], title: str = "decode attention, per call") 
         table.add_column(name, justify="left" if left else "right", overflow="fold")
     previous = None
     for r in rows:
-        cell = (r.batch, r.seqlen_k, r.seqlen_q, r.heads, r.head_dim, r.dtype, r.page_size, r.kv, r.variant)
+        cell = r.cell
         if previous is not None and cell != previous:
             table.add_section()
         previous = cell

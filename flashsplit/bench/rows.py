@@ -93,6 +93,12 @@ class BenchRow(CellFields, VariantFields):
     def kv(self) -> str:
         return self.kv_dtype or self.dtype
 
+    @property
+    def cell(self) -> tuple:
+        """The grid cell the row times, contender aside: shape, queries, cache format and variant."""
+        return (self.batch, self.seqlen_k, self.seqlen_q, self.num_heads, self.num_heads_kv, self.head_dim, self.dtype,
+                self.page_size, self.kv, self.variant)
+
 
 @dataclass
 class SweepSummary(CellFields, VariantFields):

@@ -58,11 +58,6 @@ class ScoreRow(CellFields, VariantFields):
         return self.kv_dtype or self.dtype
 
 
-def _cell(row: BenchRow) -> tuple:
-    return (row.batch, row.seqlen_k, row.seqlen_q, row.num_heads, row.num_heads_kv, row.head_dim, row.dtype,
-            row.page_size, row.kv, row.variant)
-
-
 def _ratio(us: float, other: float | None) -> float | None:
     return None if other is None or other <= 0 else us / other
 
@@ -72,7 +67,7 @@ def score(rows: list[BenchRow]) -> list[ScoreRow]:
     timed: dict[tuple, dict[str, BenchRow]] = {}
     for row in rows:
         if row.status == OK and row.device_us:
-            timed.setdefault(_cell(row), {})[row.contender] = row
+            timed.setdefault(row.cell, {})[row.contender] = row
     card = []
     for by_name in timed.values():
         auto = by_name.get("auto")
