@@ -1,6 +1,8 @@
 """Test configuration: one command runs what the machine can.
 
-Tests marked ``gpu`` need CUDA and are skipped cleanly without it. Tests marked ``full`` (the
+Tests marked ``gpu`` need CUDA and are skipped cleanly without it; tests marked ``cpu`` decode
+CPU tensors, which only the Triton interpreter runs, and are skipped on a CUDA machine (where the
+interpreter is off and their ``*_gpu.py`` twins run). Tests marked ``full`` (the
 rest of the CPU matrix, beyond a default subset that covers every regime boundary) run only with
 ``pytest --full``, on any machine, so ``pytest --full`` on a GPU machine runs everything.
 Without CUDA, flashsplit's Triton kernels run through the interpreter (asked for here, before
@@ -35,11 +37,14 @@ def pytest_addoption(parser):
 
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip_cpu = pytest.mark.skip(reason="decodes CPU tensors through the Triton interpreter, which is off where CUDA is")
     skip_full = pytest.mark.skip(reason=FULL_SKIP_REASON)
     full = config.getoption("--full")
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
+        if "cpu" in item.keywords and HAS_CUDA:
+            item.add_marker(skip_cpu)
         if "full" in item.keywords and not full:
             item.add_marker(skip_full)
 

@@ -964,7 +964,7 @@ def test_help_describes_seqlen_q():
 
 def test_runner_checks_several_queries_causally():
     """L_q = 4 through the Triton interpreter (fp16): flashsplit passes; attention without the causal
-    mask fails, at 512 keys by the tolerance, at 16k keys (where the mask hides too few keys to
+    mask fails, at 512 keys by the tolerance, at 64k keys and L_q = 2 (where the mask hides too few keys to
     pass it) by being closer to the unmasked reference."""
     from flashsplit.reference import attention_ref
 
@@ -979,7 +979,7 @@ def test_runner_checks_several_queries_causally():
     def unmasked(case, inputs):
         return contenders.Prepared(lambda i: attention_ref(inputs.q[i], inputs.k[i], inputs.v[i])[0].half())
 
-    short, long = Case(2, 512, 4, 2, 64, "fp16", seqlen_q=4), Case(2, 16384, 4, 2, 64, "fp16", seqlen_q=4)
+    short, long = Case(2, 512, 4, 2, 64, "fp16", seqlen_q=4), Case(2, 65536, 4, 2, 64, "fp16", seqlen_q=2)
     calls = []
     options = runner.RunOptions(mem_cap_bytes=1e9, timer=_fake_timer(calls))
     out = runner.run_grid([short], [contenders.FlashsplitContender("triton", "triton"), Ref("causal", causal),

@@ -64,12 +64,14 @@ def test_uninitialized_world_is_named():
         fd.cp_decode(q, k, v, cache_seqlens=seqlens)
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("world", [2, 4])
 def test_cp_decode_gloo(world, tmp_path):
     spawn_cases(world, _default_cases(world), tmp_path)
 
 
 @pytest.mark.full
+@pytest.mark.cpu
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_cp_decode_gloo_full(world, tmp_path):
     spawn_cases(world, _full_cases(world), tmp_path)
@@ -84,6 +86,7 @@ def group_of_one():
         yield group
 
 
+@pytest.mark.cpu
 def test_group_of_one_equals_decode(group_of_one):
     for case in (build_case("one-lq1", 1, 31, seqlen_q=1, sinks=True),
                  build_case("one-lq4-causal", 1, 32, seqlen_q=4, causal=True, totals=(200, 3))):
@@ -152,6 +155,7 @@ def test_choose_merge_by_bytes():
 
 
 @pytest.mark.full
+@pytest.mark.cpu
 def test_bench_cp_smoke(tmp_path):
     """scripts/bench_cp.py's CPU smoke configuration under torchrun: both merges timed, sane rows."""
     import json
