@@ -13,6 +13,12 @@ rule                   backend   when (all measured on an H200, 32/8 heads, bf16
                                  row by row, 1.7-2.4x the dense time; Triton 1.11-1.18x.
 ``paged-tma``          cute      a paged 16-bit cache in TMA pages: cute reads them at dense speed
                                  (pages of 128 1.00x, of 16 1.00-1.01x), Triton 1.06-1.22x.
+``short-span``         triton    a dense cache whose rows' splits cover at most :data:`SHORT_SPAN_KEYS`
+                                 keys (a short cache, or a window of up to 128 keys at one query):
+                                 cute's fixed start outweighs the keys (129-key cache, B = 1 5.9 vs
+                                 7.1 us, B = 16 7.6 vs 8.8; a 128-key window over 4k keys, B = 1
+                                 5.8 vs 7.4, over 16k, B = 16 7.2 vs 8.3); at 1k keys cute is
+                                 ahead (B = 1 7.0 vs 7.9).
 ``one-cta-per-sm``     cute      a dense (or TMA-paged) 16-bit cache at d = 128 whose CTAs fit one
                                  wave of one CTA per SM with 2k-32k keys each (the cute deep-pipeline
                                  tile: B = 16 x 4k 64.4-64.6 vs Triton 66.3-67.4 us); not
@@ -32,6 +38,11 @@ rule                   backend   when (all measured on an H200, 32/8 heads, bf16
                                  :data:`SHORT_SPAN_D96` keys (B = 1 x 4k 10.0 vs 10.7 us, 16k 19.5
                                  vs 20.8, B = 4 x 16k 55.2 vs 57.2; at 128k, or B >= 16, Triton
                                  was 1-18% faster; 32/32 heads: Triton).
+``mha-many-waves``     cute      a dense 16-bit cache at d = 128, fewer than :data:`MIN_PACKED_ROWS`
+                                 packed rows (MHA), >= :data:`MHA_CUTE_UNITS` work units (32/32
+                                 heads, B = 64: 1k 240.2 vs 245.8 us, 4k 935.3 vs 960.0, 16k 3777
+                                 vs 3852, 64k 14943 vs 15155; at B = 16, 512 units, Triton led by
+                                 0.2-1.9%).
 ``default``            triton    everything else: fp8 caches (Triton reads fp8 V in pairs: cute was
                                  1.6x slower at B = 1 x 128k), other head dims, one q row per KV head
                                  in several waves (32/32 heads B = 16 x 16k: 935.6 vs 957.7 us).
@@ -46,12 +57,17 @@ from typing import Callable, Sequence
 from .plan import choose_num_splits, tokens_per_split
 from .problem import DecodeProblem
 
+#: ``short-span``: spans (keys a row's splits cover, :attr:`DecodeProblem.span`) up to this many:
+#: two granules, what a 128-key window at one query spans.
+SHORT_SPAN_KEYS = 256
 #: ``gqa-fills-machine``: from this many work units (batch rows x KV heads x row blocks of 64).
 FILL_UNITS = 64
 #: ``long-splits``: from this many keys per split, as the plan splits the problem for cute.
 LONG_SPLIT_KEYS = 512
 #: ``short-gqa-d96``: spans (keys a row's splits cover) up to this many.
 SHORT_SPAN_D96 = 32768
+#: ``mha-many-waves``: from this many work units (B = 64 x 32 KV heads).
+MHA_CUTE_UNITS = 2048
 #: ``gqa-fills-machine`` / ``long-splits``: at least this many packed rows (L_q x q heads per KV head);
 #: with fewer, the 64-row tile is mostly padding and Triton's 16-row tile was faster.
 MIN_PACKED_ROWS = 4
@@ -100,6 +116,10 @@ def _paged_tma(problem: DecodeProblem) -> bool:
     return problem.paged and problem.cache_dtype not in FP8_DTYPES
 
 
+def _short_span(problem: DecodeProblem) -> bool:
+    return not problem.paged and problem.span <= SHORT_SPAN_KEYS
+
+
 def _one_cta_per_sm(problem: DecodeProblem) -> bool:
     from .cute import choice
 
@@ -128,10 +148,17 @@ def _long_splits(problem: DecodeProblem) -> bool:
     return tokens_per_split(problem.span, splits) >= LONG_SPLIT_KEYS
 
 
+def _mha_many_waves(problem: DecodeProblem) -> bool:
+    return (_dense_16bit_d128(problem) and problem.packed_rows < MIN_PACKED_ROWS
+            and problem.work_units(64) >= MHA_CUTE_UNITS)
+
+
 RULES: tuple[Rule, ...] = (
     Rule("paged-gathered", "triton", "pages cute cannot load by TMA (it would copy them row by row)",
          _paged_gathered),
     Rule("paged-tma", "cute", "a paged 16-bit cache in TMA pages (read at dense speed)", _paged_tma),
+    Rule("short-span", "triton", f"splits covering <= {SHORT_SPAN_KEYS} keys (cute's fixed start outweighs them)",
+         _short_span),
     Rule("one-cta-per-sm", "cute", "one wave of one deep-pipeline CTA per SM", _one_cta_per_sm),
     Rule("swapped-operands", "cute", "1-8 packed q rows per KV head in one wave (swapped wgmma operands)",
          _swapped_operands),
@@ -141,6 +168,8 @@ RULES: tuple[Rule, ...] = (
          _long_splits),
     Rule("short-gqa-d96", "cute", f"d = 96, >= {MIN_PACKED_ROWS} packed rows, < {FILL_UNITS} work units, "
          f"<= {SHORT_SPAN_D96} keys", _short_gqa_d96),
+    Rule("mha-many-waves", "cute", f"< {MIN_PACKED_ROWS} packed rows and >= {MHA_CUTE_UNITS} work units",
+         _mha_many_waves),
     Rule("default", "triton", "measured as fast or faster for everything else", lambda problem: True),
 )
 

@@ -19,10 +19,11 @@ H200 = KNOWN_GPUS["h200"]
 
 
 def _problem(batch=1, seqlen_k=4096, num_heads=32, num_heads_kv=8, head_dim=128, seqlen_q=1, dtype=torch.bfloat16,
-             kv_dtype=None, page_size=0, gpu=H200):
+             kv_dtype=None, page_size=0, gpu=H200, window_left=-1):
     return DecodeProblem(batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_heads=num_heads,
                          num_heads_kv=num_heads_kv, head_dim=head_dim, dtype=dtype, causal=seqlen_q > 1,
-                         has_cache_seqlens=True, device_type="cuda", kv_dtype=kv_dtype, page_size=page_size, gpu=gpu)
+                         has_cache_seqlens=True, device_type="cuda", kv_dtype=kv_dtype, page_size=page_size, gpu=gpu,
+                         window_left=window_left)
 
 
 def test_docstring_table_lists_every_rule_in_order():
@@ -42,6 +43,14 @@ GOLDEN = [
     (_problem(page_size=16), "paged-tma"),
     (_problem(page_size=128, batch=64), "paged-tma"),
     (_problem(page_size=16, kv_dtype=FP8), "default"),  # fp8 pages: Triton reads fp8 V in pairs
+    (_problem(seqlen_k=129), "short-span"),
+    (_problem(batch=16, seqlen_k=129), "short-span"),
+    (_problem(seqlen_k=4096, window_left=128), "short-span"),
+    (_problem(batch=16, seqlen_k=16384, window_left=128), "short-span"),
+    (_problem(seqlen_k=129, page_size=16), "paged-tma"),
+    (_problem(seqlen_k=384), "swapped-operands"),
+    (_problem(seqlen_k=1024), "swapped-operands"),
+    (_problem(seqlen_k=16384, window_left=4096), "swapped-operands"),
     (_problem(batch=16, seqlen_k=4096), "one-cta-per-sm"),
     (_problem(batch=16, seqlen_k=16384), "one-cta-per-sm"),
     (_problem(batch=4, seqlen_k=131072), "one-cta-per-sm"),
@@ -64,6 +73,11 @@ GOLDEN = [
     (_problem(batch=8, seqlen_k=4096, seqlen_q=4), "gqa-fills-machine"),  # 16 packed rows: no swap
     (_problem(batch=1, seqlen_k=131072, seqlen_q=4), "long-splits"),
     (_problem(batch=16, seqlen_k=16384, num_heads_kv=32), "default"),  # one packed row, two waves
+    (_problem(batch=64, seqlen_k=1024, num_heads_kv=32), "mha-many-waves"),  # Llama-2-7B heads, 2048 units
+    (_problem(batch=64, seqlen_k=65536, num_heads_kv=32), "mha-many-waves"),
+    (_problem(batch=32, seqlen_k=4096, num_heads_kv=32), "default"),  # 1024 units
+    (_problem(batch=64, seqlen_k=4096, num_heads_kv=32, kv_dtype=FP8), "default"),
+    (_problem(batch=64, seqlen_k=4096, num_heads_kv=32, head_dim=64), "default"),
     (_problem(batch=64, seqlen_k=4096, head_dim=64), "default"),
     (_problem(batch=64, seqlen_k=4096, head_dim=256), "default"),
     (_problem(batch=64, seqlen_k=4096, kv_dtype=FP8), "default"),
@@ -103,6 +117,17 @@ def test_thresholds_sit_where_documented():
     assert at.work_units(64) == selection.FILL_UNITS and fills(at) and not fills(below)
     few_rows = _problem(batch=64, num_heads=24, num_heads_kv=8)  # 3 packed rows
     assert few_rows.packed_rows == selection.MIN_PACKED_ROWS - 1 and not fills(few_rows)
+    short = selection._short_span
+    at_most = selection.SHORT_SPAN_KEYS
+    assert short(_problem(seqlen_k=at_most)) and not short(_problem(seqlen_k=at_most + 1))
+    # A window of w at one query spans w + 1 keys plus the first key's granule alignment (127).
+    assert short(_problem(seqlen_k=65536, window_left=selection.SHORT_SPAN_KEYS - 128))
+    assert not short(_problem(seqlen_k=65536, window_left=selection.SHORT_SPAN_KEYS - 127))
+    mha = selection._mha_many_waves
+    units = selection.MHA_CUTE_UNITS
+    assert mha(_problem(batch=units // 32, num_heads_kv=32))
+    assert not mha(_problem(batch=units // 32 - 1, num_heads_kv=32))
+    assert not mha(_problem(batch=units // 8, num_heads_kv=8)), "GQA rows take the packed-row rules"
     long = selection._long_splits
     # B = 1, L_q 4 (16 packed rows), 8 units: 32 splits of capacity / 32 keys.
     assert long(_problem(seqlen_q=4, seqlen_k=32 * selection.LONG_SPLIT_KEYS))
