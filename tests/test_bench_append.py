@@ -134,7 +134,8 @@ def test_peers_without_an_append_input_are_skipped():
 
 def test_flash_attn_gets_k_v_and_the_rotary_tables(monkeypatch):
     """A FlashAttention build whose flash_attn_with_kvcache is flashsplit's (the bench's call
-    is FA's): k, v and the rotary tables reach it, per input set."""
+    is FA's): k, v and the rotary tables reach it, per input set, the tables in q's dtype (FA3
+    refuses others)."""
     seen = []
 
     def fake(q, k_cache, v_cache, **kw):
@@ -158,6 +159,7 @@ def test_flash_attn_gets_k_v_and_the_rotary_tables(monkeypatch):
         assert row.status == rows.OK and row.rel_err < 1e-2, row.note
         assert {"k", "v", "rotary_cos", "rotary_sin", "page_table"} <= set(seen[0])
         assert seen[0]["rotary_interleaved"] is False
+        assert seen[0]["rotary_cos"].dtype == seen[0]["rotary_sin"].dtype == torch.float16
     finally:
         contenders._import_reason.cache_clear()
 

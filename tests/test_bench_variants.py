@@ -271,6 +271,7 @@ def test_flash_attn3_gets_the_variants_its_signature_has(monkeypatch, clear_impo
     assert ("cache_seqlens", "num_splits") in first and ("cache_seqlens", "page_table") in first
     assert any(kw.get("window_size") == (31, 0) for kw in seen) and any(kw.get("num_splits") == 1 for kw in seen)
     assert "num_splits=1" in out[2].note
+    assert all(kw["sinks"].dtype == torch.float16 for kw in seen if "sinks" in kw), "FA3 takes sinks in q's dtype"
 
 
 def test_flash_attn_without_a_parameter_skips_that_variant(monkeypatch, clear_import_cache):

@@ -357,13 +357,19 @@ def _import_reason(module: str) -> str | None:
     return None
 
 
+def _in_dtype(tensor, dtype):
+    """``tensor`` cast to ``dtype`` (None stays None)."""
+    return None if tensor is None else tensor.to(dtype)
+
+
 class FlashAttnContender(Contender):
     """FlashAttention's ``flash_attn_with_kvcache`` (``flash_attn`` = FA2, ``flash_attn_interface`` = FA3).
 
     The block table goes in as ``block_table`` (FA2) or ``page_table`` (FA3), by the signature;
     so do the variants: ``window_size=(w, 0)``, ``softcap``, sinks (whichever of
     :data:`SINK_PARAMS` the build has), for batch-invariant decode ``num_splits=1``, and an
-    append's ``k``, ``v``, ``rotary_cos``, ``rotary_sin``; several queries per row get
+    append's ``k``, ``v``, ``rotary_cos``, ``rotary_sin`` (sinks and tables in q's dtype, as
+    FlashAttention-3 requires); several queries per row get
     ``causal=True`` (FlashAttention's causal mask is bottom-right aligned).
     """
 
@@ -374,6 +380,8 @@ class FlashAttnContender(Contender):
     FA2_PAGE_MULTIPLE = 256
     #: Names builds of flash_attn_with_kvcache give a per-q-head sink logit parameter.
     SINK_PARAMS = ("sinks", "s_aux", "learnable_sink")
+    #: Inputs FlashAttention-3 takes in q's dtype only (it refuses fp32 rotary tables); the sinks too.
+    Q_DTYPE_PARAMS = frozenset({"rotary_cos", "rotary_sin"})
 
     def __init__(self, name: str, module: str):
         self.name = name
@@ -424,6 +432,7 @@ class FlashAttnContender(Contender):
         fn = self._function()
         params = _signature_params(fn) or frozenset()
         q, k, v = inputs.q, inputs.k, inputs.v
+        dtype = q[0].dtype
         kwargs = {"cache_seqlens": inputs.cache_seqlens}
         if inputs.block_table is not None:
             kwargs["page_table" if "page_table" in params and "block_table" not in params else "block_table"] = \
@@ -439,11 +448,12 @@ class FlashAttnContender(Contender):
                 raise Unsupported(_no_input(self.library, [feature], "in this build"))
             if feature in ("append", "rotary"):  # per input set: append_kwargs below
                 continue
-            kwargs[name] = {"window": case.window_size, "softcap": case.softcap, "sinks": inputs.sinks,
-                            "batch_invariant": 1}[feature]
+            kwargs[name] = {"window": case.window_size, "softcap": case.softcap,
+                            "sinks": _in_dtype(inputs.sinks, dtype), "batch_invariant": 1}[feature]
             if feature == "batch_invariant":
                 note = "num_splits=1 (one split per row: batch-invariant by construction)"
-        extra = [inputs.append_kwargs(i) for i in range(len(inputs))]
+        extra = [{name: _in_dtype(value, dtype) if name in self.Q_DTYPE_PARAMS else value
+                  for name, value in inputs.append_kwargs(i).items()} for i in range(len(inputs))]
 
         def run(i: int):
             return fn(q[i], k[i], v[i], **kwargs, **extra[i])
