@@ -68,6 +68,8 @@ GOLDEN = [
     (_problem(batch=64, seqlen_k=4096, num_heads=64), "gqa-fills-machine"),  # two waves
     (_problem(batch=8, seqlen_k=4096), "swapped-operands"),
     (_problem(batch=64, seqlen_k=4096), "gqa-fills-machine"),
+    (_problem(batch=64, seqlen_k=1024), "many-short-rows"),
+    (_problem(batch=64, seqlen_k=1152), "gqa-fills-machine"),
     (_problem(batch=64, seqlen_k=131072), "gqa-fills-machine"),
     (_problem(batch=16, seqlen_k=131072), "swapped-operands"),  # 128 units x 2 splits: one wave
     (_problem(batch=8, seqlen_k=4096, seqlen_q=4), "gqa-fills-machine"),  # 16 packed rows: no swap
@@ -123,6 +125,11 @@ def test_thresholds_sit_where_documented():
     # A window of w at one query spans w + 1 keys plus the first key's granule alignment (127).
     assert short(_problem(seqlen_k=65536, window_left=selection.SHORT_SPAN_KEYS - 128))
     assert not short(_problem(seqlen_k=65536, window_left=selection.SHORT_SPAN_KEYS - 127))
+    few = selection._many_short_rows
+    assert few(_problem(batch=64, seqlen_k=selection.SHORT_ROWS_SPAN))
+    assert not few(_problem(batch=64, seqlen_k=selection.SHORT_ROWS_SPAN + 1))
+    assert not few(_problem(batch=selection.SHORT_ROWS_UNITS // 8 - 1, seqlen_k=1024))
+    assert not few(_problem(batch=64, seqlen_k=1024, num_heads_kv=32)), "MHA rows take mha-many-waves"
     mha = selection._mha_many_waves
     units = selection.MHA_CUTE_UNITS
     assert mha(_problem(batch=units // 32, num_heads_kv=32))
