@@ -41,11 +41,11 @@ def pytest_collection_modifyitems(config, items):
     skip_full = pytest.mark.skip(reason=FULL_SKIP_REASON)
     full = config.getoption("--full")
     for item in items:
-        if "gpu" in item.keywords and not HAS_CUDA:
+        if item.get_closest_marker("gpu") and not HAS_CUDA:
             item.add_marker(skip_gpu)
-        if "cpu" in item.keywords and HAS_CUDA:
+        if item.get_closest_marker("cpu") and HAS_CUDA:
             item.add_marker(skip_cpu)
-        if "full" in item.keywords and not full:
+        if item.get_closest_marker("full") and not full:
             item.add_marker(skip_full)
 
 
