@@ -750,7 +750,7 @@ def test_dry_run_lists_cache_formats(monkeypatch, capsys):
            "paged/1 bf16, paged/16 bf16" in out
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="runs the Triton interpreter on CPU tensors (CPU machines only)")
+@pytest.mark.cpu
 def test_compare_formats_end_to_end_with_a_fake_gpu(monkeypatch, tmp_path, capsys):
     """The whole --compare-formats run (rows, comparison table, JSON, CSV) on CPU tensors: the
     Triton interpreter computes, a fake timer makes paged 5% and fp8 2x."""
@@ -795,6 +795,36 @@ def test_compare_formats_end_to_end_with_a_fake_gpu(monkeypatch, tmp_path, capsy
     assert any("cache formats" in n for n in report.header.notes)
     assert (tmp_path / "r.formats.csv").exists() and "paged/16 fp8e4m3" in out and "1.050" in out
     assert rows.rows_from_csv(csv_path.read_text()) == report.rows
+
+
+@pytest.mark.cpu
+def test_json_holds_the_finished_rows_while_the_run_goes_on(monkeypatch, tmp_path, capsys):
+    """With --json, each finished row is saved with those before it (a whole report, replaced by a
+    rename), so a run stopped midway leaves what it measured; the end writes the full report."""
+    import functools
+
+    json_path = tmp_path / "r.json"
+    saved = []  # rows in the file when each timing starts
+
+    def timer(run, num_sets, config):
+        run(0)
+        saved.append(len(rows.report_from_json(json_path.read_text()).rows) if json_path.exists() else None)
+        return Timing(device_us=10.0, eager_us=1.0, method="graph")
+
+    info = device.DeviceInfo("Fake H200", 132, 1024, 0, 4.8e12, "datasheet", False)
+    monkeypatch.setattr(device, "cuda_available", lambda: True)
+    monkeypatch.setattr(contenders, "cuda_available", lambda: True)
+    monkeypatch.setattr(device, "device_info", lambda: info)
+    monkeypatch.setattr(runner, "synchronize", lambda: None)
+    monkeypatch.setattr(runner, "RunOptions", functools.partial(runner.RunOptions, timer=timer))
+    code = cli.main(["--contenders", "triton", "--heads", "4/2", "--head-dim", "64", "--dtype", "fp16",
+                     "--batch", "1", "2", "--seqlen", "256", "512", "--no-ceiling", "--json", str(json_path)])
+    assert code == 0, capsys.readouterr().out
+    assert saved == [None, 1, 2, 3], "each timing starts with the rows before it saved"
+    final = rows.report_from_json(json_path.read_text())
+    assert [(r.batch, r.seqlen_k, r.status) for r in final.rows] == [(1, 256, "ok"), (1, 512, "ok"), (2, 256, "ok"),
+                                                                    (2, 512, "ok")]
+    assert final.header.device == "Fake H200" and not (tmp_path / "r.json.part").exists()
 
 
 # -- several queries per row: --seqlen-q (speculative decoding, causal, bottom-right) --------
@@ -1028,7 +1058,7 @@ def test_check_output_wants_l_q_rows():
         "one query per row: the plain call, no causal flag"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="runs the Triton interpreter on CPU tensors (CPU machines only)")
+@pytest.mark.cpu
 def test_seqlen_q_end_to_end_with_a_fake_gpu(monkeypatch, tmp_path, capsys):
     """A whole --seqlen-q 1 4 run (rows, tables, JSON, CSV) on CPU tensors: the Triton interpreter
     computes, a fake timer times."""

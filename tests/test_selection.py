@@ -170,7 +170,7 @@ def test_plan_for_a_named_gpu_from_any_machine():
     assert flashsplit.plan(1, 4096, 32, 8, 128, gpu="h200", num_sms=66).num_sms == 66
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton interpreter runs flashsplit only without CUDA")
+@pytest.mark.cpu
 def test_plan_for_the_interpreter():
     p = flashsplit.plan(1, 4096, 32, 8, 128, device="cpu")
     assert p.backend == "triton" and p.gpu == "cpu"

@@ -176,7 +176,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                            "--json/--csv/--plot of them; several files merge (the first file's header)")
 
     out = parser.add_argument_group("output")
-    out.add_argument("--json", metavar="FILE", help="write the report (header, rows, sweep) as JSON")
+    out.add_argument("--json", metavar="FILE", help="write the report (header, rows, sweep) as JSON; without "
+                                                    "--sweep-splits it is rewritten after every row, so a run "
+                                                    "stopped midway leaves the rows it finished")
     out.add_argument("--csv", metavar="FILE", help="write the rows as CSV (with --sweep-splits also FILE.sweep.csv, "
                                                    "with --compare-formats also FILE.formats.csv, with "
                                                    "--compare-variants also FILE.variants.csv)")
@@ -336,16 +338,30 @@ def cases_variants(cases) -> list[str]:
 
 
 class _RichProgress:
-    """Adapts the runner's :class:`~.runner.Progress` callbacks to a rich progress bar."""
+    """Adapts the runner's :class:`~.runner.Progress` callbacks to a rich progress bar; with a
+    ``json_path``, each finished row is also saved there with the rows before it (a ``--json``
+    report of the rows so far), so a run stopped midway leaves what it measured."""
 
-    def __init__(self, progress, task):
+    def __init__(self, progress, task, json_path: str | None = None, header=None):
         self.progress, self.task = progress, task
+        self.json_path, self.header, self.rows = json_path, header, []
 
     def start(self, description: str) -> None:
         self.progress.update(self.task, description=description)
 
     def advance(self, row) -> None:
         self.progress.advance(self.task)
+        if self.json_path:
+            from .rows import Report, report_to_json
+
+            self.rows.append(row)
+            part = Path(self.json_path + ".part")
+            try:
+                part.write_text(report_to_json(Report(self.header, list(self.rows))))
+                part.replace(self.json_path)  # a rename: a reader never sees half a file
+            except OSError as e:  # the run goes on; the final write reports the path's problem
+                print(f"could not save the rows so far to {self.json_path}: {e}", file=sys.stderr)
+                self.json_path = None
 
 
 def _sweep_total(cases, backends, splits, num_sms) -> int:
@@ -436,7 +452,8 @@ def _run_on_gpu(args: argparse.Namespace) -> int:
                                                    options, _RichProgress(bar, task))
         else:
             task = bar.add_task("bench", total=len(cases) * len(runnable))
-            report.rows = run_grid(cases, runnable, device, header.ceiling_bw, options, _RichProgress(bar, task))
+            report.rows = run_grid(cases, runnable, device, header.ceiling_bw, options,
+                                   _RichProgress(bar, task, args.json, header))
     if args.compare_formats:
         report.formats = compare_formats(report.rows)
     if args.compare_variants:
