@@ -182,10 +182,13 @@ class CombineKernel:
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = tidx % 32
         acc = cute.make_rmem_tensor((C,), Float32)
+        sink = None
+        if cutlass.const_expr(mSinks is not None):  # loaded first: its latency overlaps the partials'
+            sink = mSinks[h].to(Float32)
         lse = self.row_merge.warp_sum(mOp, mLp, acc, num_splits, b, m, h, warp, lane)
         factor = None
         if cutlass.const_expr(mSinks is not None):  # the head's sink joins the merged softmax
-            lse, factor = softmax.add_sink(lse, mSinks[h].to(Float32))
+            lse, factor = softmax.add_sink(lse, sink)
 
         # 4. Merge the warps through shared memory; thread t writes column t (d = 64: t < 64).
         cute.autovec_copy(acc, self.row_merge.lane_columns(sAcc[warp, None], lane))

@@ -58,6 +58,8 @@ def combine_kernel(
             span = seqlen - row_first_key(seqlen, seqlen_q, window_left, GRANULE, LEFT_BOUND)
         if row_splits_used(span, num_splits, GRANULE, INVARIANT) <= 1:
             return
+    if HAS_SINKS:  # an input, written before the split kernel started: loaded before the wait
+        sink = tl.load(SINKS + h).to(tl.float32)
     if WAIT_FOR_PRIOR_GRID:
         # Launched as a programmatic dependent of the split kernel: wait until its partials are
         # written and visible (a no-op without programmatic dependence). The lengths above were
@@ -105,7 +107,7 @@ def combine_kernel(
             )
             acc += tl.sum(weight[:, None] * o, axis=0)
     if HAS_SINKS:
-        lse, factor = add_sink(lse, tl.load(SINKS + h).to(tl.float32))
+        lse, factor = add_sink(lse, sink)
         acc = acc * factor
     tl.store(OUT + b * stride_ob + m * stride_om + h * stride_oh + offs_d, acc.to(OUT.dtype.element_ty), mask=mask_d)
     if WRITE_LSE:
