@@ -750,12 +750,23 @@ def test_dry_run_lists_cache_formats(monkeypatch, capsys):
            "paged/1 bf16, paged/16 bf16" in out
 
 
+def _fake_gpu(monkeypatch, timer):
+    """The bench's CLI on CPU tensors as if on a GPU: a fake H200, no synchronize, ``timer`` for
+    every timing (the Triton interpreter computes the outputs that are checked)."""
+    import functools
+
+    info = device.DeviceInfo("Fake H200", 132, 1024, 0, 4.8e12, "datasheet", False)
+    monkeypatch.setattr(device, "cuda_available", lambda: True)
+    monkeypatch.setattr(contenders, "cuda_available", lambda: True)
+    monkeypatch.setattr(device, "device_info", lambda: info)
+    monkeypatch.setattr(runner, "synchronize", lambda: None)
+    monkeypatch.setattr(runner, "RunOptions", functools.partial(runner.RunOptions, timer=timer))
+
+
 @pytest.mark.cpu
 def test_compare_formats_end_to_end_with_a_fake_gpu(monkeypatch, tmp_path, capsys):
     """The whole --compare-formats run (rows, comparison table, JSON, CSV) on CPU tensors: the
     Triton interpreter computes, a fake timer makes paged 5% and fp8 2x."""
-    import functools
-
     fake_us = {(0, "fp16"): 100.0, (16, "fp16"): 105.0, (16, "fp8e4m3"): 52.5}
 
     def timer(run, num_sets, config):
@@ -770,13 +781,8 @@ def test_compare_formats_end_to_end_with_a_fake_gpu(monkeypatch, tmp_path, capsy
         current[:] = [case]
         return real_bench_one(contender, case, *a, **kw)
 
-    info = device.DeviceInfo("Fake H200", 132, 1024, 0, 4.8e12, "datasheet", False)
-    monkeypatch.setattr(device, "cuda_available", lambda: True)
-    monkeypatch.setattr(contenders, "cuda_available", lambda: True)
-    monkeypatch.setattr(device, "device_info", lambda: info)
-    monkeypatch.setattr(runner, "synchronize", lambda: None)
+    _fake_gpu(monkeypatch, timer)
     monkeypatch.setattr(runner, "bench_one", bench_one)
-    monkeypatch.setattr(runner, "RunOptions", functools.partial(runner.RunOptions, timer=timer))
     json_path, csv_path = tmp_path / "r.json", tmp_path / "r.csv"
     code = cli.main(["--compare-formats", "--page-size", "16", "--kv-dtype", "fp8e4m3", "--contenders", "triton",
                      "--heads", "4/2", "--head-dim", "64", "--dtype", "fp16", "--batch", "2", "--seqlen", "256",
@@ -801,8 +807,6 @@ def test_compare_formats_end_to_end_with_a_fake_gpu(monkeypatch, tmp_path, capsy
 def test_json_holds_the_finished_rows_while_the_run_goes_on(monkeypatch, tmp_path, capsys):
     """With --json, each finished row is saved with those before it (a whole report, replaced by a
     rename), so a run stopped midway leaves what it measured; the end writes the full report."""
-    import functools
-
     json_path = tmp_path / "r.json"
     saved = []  # rows in the file when each timing starts
 
@@ -811,12 +815,7 @@ def test_json_holds_the_finished_rows_while_the_run_goes_on(monkeypatch, tmp_pat
         saved.append(len(rows.report_from_json(json_path.read_text()).rows) if json_path.exists() else None)
         return Timing(device_us=10.0, eager_us=1.0, method="graph")
 
-    info = device.DeviceInfo("Fake H200", 132, 1024, 0, 4.8e12, "datasheet", False)
-    monkeypatch.setattr(device, "cuda_available", lambda: True)
-    monkeypatch.setattr(contenders, "cuda_available", lambda: True)
-    monkeypatch.setattr(device, "device_info", lambda: info)
-    monkeypatch.setattr(runner, "synchronize", lambda: None)
-    monkeypatch.setattr(runner, "RunOptions", functools.partial(runner.RunOptions, timer=timer))
+    _fake_gpu(monkeypatch, timer)
     code = cli.main(["--contenders", "triton", "--heads", "4/2", "--head-dim", "64", "--dtype", "fp16",
                      "--batch", "1", "2", "--seqlen", "256", "512", "--no-ceiling", "--json", str(json_path)])
     assert code == 0, capsys.readouterr().out
@@ -1062,18 +1061,12 @@ def test_check_output_wants_l_q_rows():
 def test_seqlen_q_end_to_end_with_a_fake_gpu(monkeypatch, tmp_path, capsys):
     """A whole --seqlen-q 1 4 run (rows, tables, JSON, CSV) on CPU tensors: the Triton interpreter
     computes, a fake timer times."""
-    import functools
 
     def timer(run, num_sets, config):
         run(0)
         return Timing(device_us=10.0, eager_us=1.0, method="graph")
 
-    info = device.DeviceInfo("Fake H200", 132, 1024, 0, 4.8e12, "datasheet", False)
-    monkeypatch.setattr(device, "cuda_available", lambda: True)
-    monkeypatch.setattr(contenders, "cuda_available", lambda: True)
-    monkeypatch.setattr(device, "device_info", lambda: info)
-    monkeypatch.setattr(runner, "synchronize", lambda: None)
-    monkeypatch.setattr(runner, "RunOptions", functools.partial(runner.RunOptions, timer=timer))
+    _fake_gpu(monkeypatch, timer)
     json_path, csv_path = tmp_path / "r.json", tmp_path / "r.csv"
     code = cli.main(["--seqlen-q", "1", "4", "--contenders", "triton", "--heads", "4/2", "--head-dim", "64",
                      "--dtype", "fp16", "--batch", "2", "--seqlen", "256", "--no-ceiling", "--json", str(json_path),
