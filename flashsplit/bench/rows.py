@@ -62,8 +62,9 @@ class VariantFields:
 
 
 @dataclass
-class BenchRow(CellFields, VariantFields):
-    """One contender on one case. Times in microseconds per call; None where not measured."""
+class CellVariantFields(CellFields, VariantFields):
+    """:class:`CellFields`, then the cell's cache format and attention variant: the leading
+    fields of every row type but :class:`FormatComparison` (whose ``kind`` comes first)."""
 
     page_size: int = 0                # keys per page of a paged cache; 0: dense
     kv_dtype: str = ""                # the cache's dtype ("bf16", "fp8e4m3", ...); "" means dtype
@@ -73,6 +74,12 @@ class BenchRow(CellFields, VariantFields):
     batch_invariant: bool = False
     append: int = 0                   # new keys per row written by the call; rotary of them and q
     rotary: bool = False
+
+
+@dataclass
+class BenchRow(CellVariantFields):
+    """One contender on one case. Times in microseconds per call; None where not measured."""
+
     status: str = OK
     num_splits: int | None = None     # flashsplit contenders: from flashsplit.plan
     device_us: float | None = None
@@ -101,17 +108,9 @@ class BenchRow(CellFields, VariantFields):
 
 
 @dataclass
-class SweepSummary(CellFields, VariantFields):
+class SweepSummary(CellVariantFields):
     """``--sweep-splits`` for one flashsplit backend on one case: heuristic vs best measured."""
 
-    page_size: int = 0
-    kv_dtype: str = ""
-    window: int = -1
-    softcap: float = 0.0
-    sinks: bool = False
-    batch_invariant: bool = False
-    append: int = 0
-    rotary: bool = False
     heuristic_splits: int | None = None
     heuristic_us: float | None = None
     best_splits: int | None = None
@@ -151,21 +150,13 @@ class FormatComparison(CellFields, VariantFields):
 
 
 @dataclass
-class VariantComparison(CellFields, VariantFields):
+class VariantComparison(CellVariantFields):
     """``--compare-variants``: one contender on one cell and cache format, an attention variant
     against the plain decode of the same cell (``ratio`` = variant time / plain time). For a
     window of ``w``, also against the plain decode of a ``w + 1``-key cache (the keys the
     window sees), where the grid has that cell: ``short_seqlen``, ``short_us``, ``short_ratio``.
     """
 
-    page_size: int = 0
-    kv_dtype: str = ""
-    window: int = -1                  # the variant measured
-    softcap: float = 0.0
-    sinks: bool = False
-    batch_invariant: bool = False
-    append: int = 0
-    rotary: bool = False
     us: float | None = None           # device us of the variant
     base_us: float | None = None      # device us of the plain decode, same cell
     ratio: float | None = None        # us / base_us

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .rows import OK, BenchRow, CellFields, VariantFields
+from .rows import OK, BenchRow, CellVariantFields
 
 #: ``auto`` within 2% of the faster flashsplit backend of its cell.
 AUTO_SLACK = 1.02
@@ -28,17 +28,9 @@ _BACKEND_NOTE = re.compile(r"\bbackend (\w+)")
 
 
 @dataclass
-class ScoreRow(CellFields, VariantFields):
+class ScoreRow(CellVariantFields):
     """One cell's scorecard (``contender`` is "auto"); ratios are auto's time over the other's."""
 
-    page_size: int = 0
-    kv_dtype: str = ""
-    window: int = -1
-    softcap: float = 0.0
-    sinks: bool = False
-    batch_invariant: bool = False
-    append: int = 0
-    rotary: bool = False
     auto_us: float = 0.0
     auto_backend: str = ""            # the backend auto ran, from its row's note
     best_backend: str = ""            # the faster of triton and cute ("" unless both ran)
