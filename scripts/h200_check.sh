@@ -25,7 +25,7 @@ timeout "$T" $P tests/test_gpu.py -k "triton and not bfloat16" > "$OUT/pytest-gp
 timeout "$T" $P tests/test_gpu.py -k "not triton and bfloat16" > "$OUT/pytest-gpu-cute-bf16.log" 2>&1 &
 timeout "$T" $P tests/test_gpu.py -k "not triton and not bfloat16" > "$OUT/pytest-gpu-cute-rest.log" 2>&1 &
 timeout "$T" $P -n 2 tests/test_cute_gpu.py > "$OUT/pytest-cute.log" 2>&1 &
-timeout "$T" $P -n 6 tests --ignore=tests/test_gpu.py --ignore=tests/test_cute_gpu.py \
+timeout "$T" $P -n ${REST_WORKERS:-6} tests --ignore=tests/test_gpu.py --ignore=tests/test_cute_gpu.py \
   --ignore=tests/test_cute_compile.py --ignore=tests/test_triton_compile.py > "$OUT/pytest-rest.log" 2>&1 &
 wait
 for f in "$OUT"/pytest-*.log; do

@@ -148,6 +148,27 @@ def test_every_feature_with_paged_and_fp8_caches(page_size, fp8, generator):
         _decode_and_check(q, k, v, seqlens, k_ref=k_ref, v_ref=v_ref, num_splits=3, **extra, **kwargs)
 
 
+@pytest.mark.parametrize("page_size", [0, 48])
+@pytest.mark.parametrize("fp8", [torch.float8_e5m2, pytest.param(torch.float8_e4m3fn, marks=FULL)])
+@pytest.mark.parametrize("window, causal", [((40, 0), False), ((-1, -1), True), pytest.param((40, -1), False, marks=FULL)])
+def test_fp8_masks_over_a_full_row_tile(page_size, fp8, window, causal, generator):
+    """Masked scores over an fp8 cache with 64-row tiles (16 queries x 5 q heads per KV head,
+    head dim 64): the shape where reading V as int16 pairs went wrong on sm_90."""
+    case = DecodeCase(batch=3, seqlen_q=16, seqlen_k=288, num_heads_kv=1, group=5, head_dim=64, dtype=DTYPES[-1],
+                      lengths=(116, 81, 227))
+    q, k, v, seqlens = make_inputs(case, DEVICE, generator)
+    k, v = _hide_unseen(k, v, seqlens, 16, window[0])
+    extra = {}
+    k, extra["k_descale"] = quantize_fp8(k, fp8, per_head=False)
+    v, extra["v_descale"] = quantize_fp8(v, fp8, per_head=False)
+    k_ref, v_ref = dequantize(k, extra["k_descale"]), dequantize(v, extra["v_descale"])
+    if page_size:
+        k, v, extra["block_table"], _, _ = to_paged(k, v, list(case.lengths), page_size, generator,
+                                                    share_first_page=False)
+    _decode_and_check(q, k, v, seqlens, k_ref=k_ref, v_ref=v_ref, backend="triton", window_size=window,
+                      causal=causal, **extra)
+
+
 @pytest.mark.parametrize("page_size", [0, pytest.param(16, marks=FULL)])
 @pytest.mark.parametrize("seqlen_q", [1, pytest.param(4, marks=FULL)])
 def test_batch_invariance(page_size, seqlen_q, generator):

@@ -118,6 +118,7 @@ class TritonBackend(Backend):
     full_tiles_fp8 = True
     #: fp8 V caches read as int16 pairs of adjacent columns (:func:`_v_pairs`): 16-byte copies and
     #: a transposing ``ldmatrix`` instead of a byte-wise gather of V's fp8 tile before ``P @ V``.
+    #: Only for launches whose scores need no window or causal mask (:func:`_pairs_for_masks`).
     fp8_v_pairs = True
     #: Warps per combine program; 0: :func:`combine_warps`.
     combine_num_warps = 0
@@ -173,13 +174,15 @@ class TritonBackend(Backend):
         tiles = choose_tiles(seqlen_q * group, head_dim, num_splits, num_splits * batch * num_heads_kv * row_blocks,
                              split_keys, k_descale is not None, device_num_sms(q.device.type, q.device.index))
         grid = (num_splits, batch, num_heads_kv * row_blocks)
-        v_pairs = self.fp8_v_pairs and v_cache.dtype in FP8_DTYPES and _v_pairs(v_cache)
+        window_right = 0 if causal else variant.window_right
+        right_bound = 0 <= window_right < seqlen_q - 1  # some query cannot see every key
+        v_pairs = (self.fp8_v_pairs and v_cache.dtype in FP8_DTYPES and _v_pairs(v_cache)
+                   and _pairs_for_masks(variant.window_left >= 0, right_bound))
         v_arg = v_cache.view(torch.int16) if v_pairs else v_cache  # the same address: replays pass v_cache's
         tensors = (q, k_cache, v_arg, cache_seqlens, block_table, k_descale, v_descale,
                    out_partial, lse_partial, out, lse, arrivals, sinks if variant.has_sinks else None,
                    cache_leftpad if variant.has_leftpad else None, cache_batch_idx if variant.has_batch_idx else None,
                    *((rotary_cos, rotary_sin) if rotary else (None, None)), k_new, v_new)
-        window_right = 0 if causal else variant.window_right
         tail = (
             *q.stride()[:3], *k_cache.stride()[:3], *v_arg.stride()[:3],
             *_strides(out_partial, 4), *_strides(lse_partial, 3),
@@ -197,7 +200,7 @@ class TritonBackend(Backend):
             out_partial is not None,  # HAS_PARTIALS
             block_table is not None,  # PAGED
             k_descale is not None,  # HAS_DESCALE
-            0 <= window_right < seqlen_q - 1,  # RIGHT_BOUND: some query cannot see every key
+            right_bound,  # RIGHT_BOUND
             final_for_single_split_rows,
             lse is not None,  # WRITE_LSE
             interpreter_active(),  # RUNTIME_BOUND_WHILE
@@ -220,7 +223,7 @@ class TritonBackend(Backend):
             variant.has_batch_idx,  # HAS_BATCH_IDX
             rotary,  # ROTARY
             variant.rotary_interleaved,  # ROTARY_INTERLEAVED
-            variant.rotary_q_per_token,  # ROTARY_PER_TOKEN
+            variant.rotary_q_per_token and seqlen_q > 1,  # ROTARY_PER_TOKEN (one query: one position)
             *FP8_FORMATS.get(k_cache.dtype, (0, 0, 0.0)),  # FP8_EMIN, FP8_MBITS, FP8_MAX
             new_key_tile(variant.seqlen_new, tiles.block_n),  # NEW_BLOCK_N
         )
@@ -482,6 +485,16 @@ def _v_pairs(v_cache: torch.Tensor) -> bool:
     records that alignment, so every replay of the launch meets it too)."""
     return (v_cache.shape[-1] % 2 == 0 and v_cache.stride(-1) == 1
             and all(s % 2 == 0 for s in v_cache.stride()[:-1]) and v_cache.data_ptr() % 16 == 0)
+
+
+def _pairs_for_masks(left_bound: bool, right_bound: bool) -> bool:
+    """Whether a launch may read fp8 V as pairs given its score masks: only without a left
+    (window) or right (causal, window) bound. With them, the sm_90 build (triton 3.6) of the pairs
+    path computed wrong outputs, or read out of bounds, for head dim 64 and 64-row tiles (L_q 16
+    x 5 q heads per KV head, window (40, 0)), where the interpreter's run of the same kernel was
+    right; the byte-wise V path was right on both. Masked launches read few keys (a window) or
+    several queries (speculative decoding), where V's conversion is not the bottleneck."""
+    return not (left_bound or right_bound)
 
 
 def _compiled_for(t: torch.Tensor, capability: tuple[int, int]) -> bool:
