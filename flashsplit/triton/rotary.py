@@ -53,3 +53,16 @@ def load_rotated_rows(row_ptrs, mask_r, positions, COS, SIN, stride_cos, seqlen_
     cos = tl.load(COS + rows, mask=table_mask, other=1.0).to(tl.float32)
     sin = tl.load(SIN + rows, mask=table_mask, other=0.0).to(tl.float32)
     return x * cos + x_partner * tl.where(first[None, :], -sin, sin)
+
+
+@triton.jit
+def load_rows_rotated_at(row_ptrs, mask_r, position, COS, SIN, stride_cos, seqlen_ro, rotary_half, head_dim, offs_d,
+                         INTERLEAVED: tl.constexpr):
+    """:func:`load_rotated_rows` for rows that share one ``position``: the table row is loaded once
+    (``[BLOCK_D]``, broadcast over the rows) instead of once per row."""
+    cos, signed_sin, partner = rotary_factors(COS, SIN, stride_cos, position, seqlen_ro, rotary_half, offs_d,
+                                              INTERLEAVED)
+    mask = mask_r[:, None] & (offs_d < head_dim)[None, :]
+    x = tl.load(row_ptrs[:, None] + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
+    x_partner = tl.load(row_ptrs[:, None] + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+    return x * cos[None, :] + x_partner * signed_sin[None, :]

@@ -13,7 +13,7 @@ from triton.language.extra.cuda import gdc_launch_dependents
 
 from .attend import attend_range, chunk_page_ids, q_for_fp16_dots
 from .new_keys import write_new_keys
-from .rotary import load_rotated_rows
+from .rotary import load_rotated_rows, load_rows_rotated_at
 from .split_rule import (add_sink, load_leftpad, load_seqlen, padded_row_first_key, row_first_key, row_split_range,
                          row_splits_used)
 
@@ -250,12 +250,13 @@ def split_kv_kernel(
         rot_position = tl.load(SEQLENS + b)
         if HAS_LEFTPAD:
             rot_position -= tl.load(LEFTPAD + b)
-        position = rot_position + tl.zeros([BLOCK_M], tl.int32)
+        q_rows = Q + b * stride_qb + offs_m * stride_qm + offs_hq * stride_qh
         if ROTARY_PER_TOKEN:
-            position += offs_m
-        q = load_rotated_rows(Q + b * stride_qb + offs_m * stride_qm + offs_hq * stride_qh, mask_r,
-                              position, COS, SIN, stride_cos, seqlen_ro, rotary_half,
-                              head_dim, offs_d, ROTARY_INTERLEAVED).to(Q.dtype.element_ty)
+            q = load_rotated_rows(q_rows, mask_r, rot_position + offs_m, COS, SIN, stride_cos, seqlen_ro,
+                                  rotary_half, head_dim, offs_d, ROTARY_INTERLEAVED).to(Q.dtype.element_ty)
+        else:  # one table row for the tile: fewer loads ahead of the first K tile
+            q = load_rows_rotated_at(q_rows, mask_r, rot_position, COS, SIN, stride_cos, seqlen_ro, rotary_half,
+                                     head_dim, offs_d, ROTARY_INTERLEAVED).to(Q.dtype.element_ty)
     else:
         q_ptrs = Q + b * stride_qb + offs_m[:, None] * stride_qm + offs_hq[:, None] * stride_qh + offs_d[None, :]
         q = tl.load(q_ptrs, mask=mask_r[:, None] & mask_d[None, :], other=0.0)
