@@ -20,7 +20,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from flashsplit.triton.backend import (FP8_FORMATS, TritonBackend, _page_chunk, _pairs_for_masks,  # noqa: E402
+from flashsplit.triton.backend import (FP8_FORMATS, TritonBackend, _page_chunk, _pairs_for_tile,  # noqa: E402
                                        choose_tiles, combine_warps, new_key_tile)
 from flashsplit.triton.combine_kernel import combine_kernel  # noqa: E402
 from flashsplit.triton.split_kernel import split_kv_kernel  # noqa: E402
@@ -155,7 +155,8 @@ def main(every: int = 1) -> int:
             # fp8 V read as int16 pairs, converted by PTX cvt on sm_90 (the launcher's choice there);
             # PAIRS_PTX=False (the integer path of older GPUs) where a variant asks for it.
             flags["V_PAIRS"] = (flags["HAS_DESCALE"] and TritonBackend.fp8_v_pairs
-                                and _pairs_for_masks(flags.get("LEFT_BOUND", False), flags["RIGHT_BOUND"]))
+                                and _pairs_for_tile(flags["BLOCK_M"], flags.get("LEFT_BOUND", False),
+                                                    flags["RIGHT_BOUND"]))
             flags["V_E5M2"] = kv == "fp8e5"
             flags["PAIRS_PTX"] = flags["V_PAIRS"] and flags.pop("PAIRS_PTX", True)
             if flags["MERGE_IN_LAST_SPLIT"]:  # 4 packed rows, 32 splits: two chunks of 16 (merge_tiles)

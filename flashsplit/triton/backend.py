@@ -118,7 +118,7 @@ class TritonBackend(Backend):
     full_tiles_fp8 = True
     #: fp8 V caches read as int16 pairs of adjacent columns (:func:`_v_pairs`): 16-byte copies and
     #: a transposing ``ldmatrix`` instead of a byte-wise gather of V's fp8 tile before ``P @ V``.
-    #: Only for launches whose scores need no window or causal mask (:func:`_pairs_for_masks`).
+    #: Only for 16-row tiles whose scores need no window or causal mask (:func:`_pairs_for_tile`).
     fp8_v_pairs = True
     #: Warps per combine program; 0: :func:`combine_warps`.
     combine_num_warps = 0
@@ -177,7 +177,7 @@ class TritonBackend(Backend):
         window_right = 0 if causal else variant.window_right
         right_bound = 0 <= window_right < seqlen_q - 1  # some query cannot see every key
         v_pairs = (self.fp8_v_pairs and v_cache.dtype in FP8_DTYPES and _v_pairs(v_cache)
-                   and _pairs_for_masks(variant.window_left >= 0, right_bound))
+                   and _pairs_for_tile(tiles.block_m, variant.window_left >= 0, right_bound))
         v_arg = v_cache.view(torch.int16) if v_pairs else v_cache  # the same address: replays pass v_cache's
         tensors = (q, k_cache, v_arg, cache_seqlens, block_table, k_descale, v_descale,
                    out_partial, lse_partial, out, lse, arrivals, sinks if variant.has_sinks else None,
@@ -487,14 +487,16 @@ def _v_pairs(v_cache: torch.Tensor) -> bool:
             and all(s % 2 == 0 for s in v_cache.stride()[:-1]) and v_cache.data_ptr() % 16 == 0)
 
 
-def _pairs_for_masks(left_bound: bool, right_bound: bool) -> bool:
-    """Whether a launch may read fp8 V as pairs given its score masks: only without a left
-    (window) or right (causal, window) bound. With them, the sm_90 build (triton 3.6) of the pairs
-    path computed wrong outputs, or read out of bounds, for head dim 64 and 64-row tiles (L_q 16
-    x 5 q heads per KV head, window (40, 0)), where the interpreter's run of the same kernel was
-    right; the byte-wise V path was right on both. Masked launches read few keys (a window) or
-    several queries (speculative decoding), where V's conversion is not the bottleneck."""
-    return not (left_bound or right_bound)
+def _pairs_for_tile(block_m: int, left_bound: bool, right_bound: bool) -> bool:
+    """Whether a launch may read fp8 V as pairs: 16-row tiles (one query per row and up to 16 q
+    heads per KV head: the decode step, where the GPU test matrices cover it) whose scores take
+    no left (window) or right (causal, window) bound. On 64-row tiles of head dim 64 with a
+    window (L_q 16 x 5 q heads per KV head, window (40, 0)) the sm_90 build (triton 3.6) of the
+    pairs path computed wrong outputs or read out of bounds, where the interpreter's run of the
+    same kernel and the byte-wise V path were right. The launches left out read few keys (a
+    window) or several queries per row (speculative decoding), where V's conversion is not
+    what bounds the time."""
+    return block_m == 16 and not (left_bound or right_bound)
 
 
 def _compiled_for(t: torch.Tensor, capability: tuple[int, int]) -> bool:
