@@ -266,3 +266,35 @@ def test_out_of_range_values_never_leave_the_cache(generator):
     assert out.shape == q.shape
     with pytest.raises(ValueError, match="block_table: row 0 entry 3 is page 1000000"):
         flashsplit.check_inputs(q, k_pages, v_pages, block_table=table, cache_seqlens=clamped)
+
+
+@pytest.mark.parametrize("seqlen_q, group, window, causal, pairs", [
+    (1, 4, (-1, -1), False, True),  # the decode step: 4 packed rows, a 16-row tile
+    (1, 4, (100, -1), False, False),  # a window's left bound
+    (4, 4, (-1, -1), True, False),  # causal with several queries (and a 16-row tile)
+    (8, 4, (-1, -1), False, False),  # 32 packed rows
+])
+def test_fp8_v_pairs_only_on_unmasked_16_row_tiles(seqlen_q, group, window, causal, pairs, generator, monkeypatch):
+    """The split kernel gets V as int16 pairs only for 16-row tiles whose scores take no window or
+    causal mask (``_pairs_for_tile``); every launch still matches the reference."""
+    from flashsplit.triton import backend as triton_backend
+
+    seen = []
+    real_launch = triton_backend.launch
+
+    def spy(kernel, grid, tensors, tail, options):
+        if kernel is triton_backend.split_kv_kernel:
+            seen.append(tensors[2].dtype)
+        return real_launch(kernel, grid, tensors, tail, options)
+
+    monkeypatch.setattr(triton_backend, "launch", spy)
+    case = DecodeCase(batch=2, seqlen_q=seqlen_q, seqlen_k=300, num_heads_kv=1, group=group, head_dim=64,
+                      dtype=torch.float16, lengths=(300, 77))
+    q, k, v, seqlens = make_inputs(case, DEVICE, generator)
+    k8, k_descale = quantize_fp8(k, torch.float8_e5m2, True)
+    v8, v_descale = quantize_fp8(v, torch.float8_e5m2, True)
+    out, lse = flashsplit.decode(q, k8, v8, cache_seqlens=seqlens, k_descale=k_descale, v_descale=v_descale,
+                                 window_size=window, causal=causal, num_splits=2, return_lse=True, backend="triton")
+    assert seen == [torch.int16 if pairs else torch.float8_e5m2]
+    check_against_reference(out, lse, q, dequantize(k8, k_descale), dequantize(v8, v_descale), seqlens, causal,
+                            window_size=window)
