@@ -39,15 +39,23 @@ def rotary_factors(COS, SIN, stride_cos, position, seqlen_ro, rotary_half, offs_
 
 
 @triton.jit
+def load_rows_and_partners(row_ptrs, mask_r, partner, head_dim, offs_d):
+    """fp32 ``(x, x[:, partner])`` ``[R, BLOCK_D]`` of the rows at ``row_ptrs`` (zeros where
+    ``mask_r`` or the head dim masks them)."""
+    mask = mask_r[:, None] & (offs_d < head_dim)[None, :]
+    x = tl.load(row_ptrs[:, None] + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
+    x_partner = tl.load(row_ptrs[:, None] + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+    return x, x_partner
+
+
+@triton.jit
 def load_rotated_rows(row_ptrs, mask_r, positions, COS, SIN, stride_cos, seqlen_ro, rotary_half, head_dim, offs_d,
                       INTERLEAVED: tl.constexpr):
     """Rows ``[R, BLOCK_D]`` at ``row_ptrs`` ``[R]`` (each a token's first feature), row ``r``
     rotated at ``positions[r]`` (clamped into the table), in fp32 (zeros where ``mask_r`` or the
     head dim masks them)."""
     rotated, pair, first, partner = rotary_pairs(offs_d, rotary_half, INTERLEAVED)
-    mask = mask_r[:, None] & (offs_d < head_dim)[None, :]
-    x = tl.load(row_ptrs[:, None] + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
-    x_partner = tl.load(row_ptrs[:, None] + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+    x, x_partner = load_rows_and_partners(row_ptrs, mask_r, partner, head_dim, offs_d)
     rows = (tl.minimum(tl.maximum(positions, 0), seqlen_ro - 1).to(tl.int64) * stride_cos)[:, None] + pair[None, :]
     table_mask = mask_r[:, None] & rotated[None, :]
     cos = tl.load(COS + rows, mask=table_mask, other=1.0).to(tl.float32)
@@ -62,7 +70,5 @@ def load_rows_rotated_at(row_ptrs, mask_r, position, COS, SIN, stride_cos, seqle
     (``[BLOCK_D]``, broadcast over the rows) instead of once per row."""
     cos, signed_sin, partner = rotary_factors(COS, SIN, stride_cos, position, seqlen_ro, rotary_half, offs_d,
                                               INTERLEAVED)
-    mask = mask_r[:, None] & (offs_d < head_dim)[None, :]
-    x = tl.load(row_ptrs[:, None] + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
-    x_partner = tl.load(row_ptrs[:, None] + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+    x, x_partner = load_rows_and_partners(row_ptrs, mask_r, partner, head_dim, offs_d)
     return x * cos[None, :] + x_partner * signed_sin[None, :]
