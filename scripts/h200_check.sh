@@ -25,13 +25,24 @@ timeout "$T" $P tests/test_gpu.py -k "triton and not bfloat16" > "$OUT/pytest-gp
 timeout "$T" $P tests/test_gpu.py -k "not triton and bfloat16" > "$OUT/pytest-gpu-cute-bf16.log" 2>&1 &
 timeout "$T" $P tests/test_gpu.py -k "not triton and not bfloat16" > "$OUT/pytest-gpu-cute-rest.log" 2>&1 &
 timeout "$T" $P -n 2 tests/test_cute_gpu.py > "$OUT/pytest-cute.log" 2>&1 &
+# Property tests on their own, each drawn example printed as it runs (-s, verbose): a failure,
+# or a sticky CUDA error it leaves behind, names its example even if the timeout stops the run.
+for f in kvcache_properties properties; do
+  timeout "$T" $P -s --hypothesis-verbosity=verbose tests/test_$f.py > "$OUT/pytest-$f.log" 2>&1 &
+done
 timeout "$T" $P -n ${REST_WORKERS:-6} tests --ignore=tests/test_gpu.py --ignore=tests/test_cute_gpu.py \
-  --ignore=tests/test_cute_compile.py --ignore=tests/test_triton_compile.py > "$OUT/pytest-rest.log" 2>&1 &
+  --ignore=tests/test_cute_compile.py --ignore=tests/test_triton_compile.py \
+  --ignore=tests/test_kvcache_properties.py --ignore=tests/test_properties.py > "$OUT/pytest-rest.log" 2>&1 &
 wait
 for f in "$OUT"/pytest-*.log; do
   echo "== $f: $(grep -c ' PASSED' "$f") passed, $(grep -c ' FAILED\| ERROR' "$f") lines with FAILED or ERROR"
   grep -E "(^| )(FAILED|ERROR)( |$)" "$f" | sed -E 's/\[gw[0-9]+\] \[ *[0-9]+%\] //; s/ +\[ *[0-9]+%\]$//' \
     | sort -u | head -8; tail -1 "$f"
+done
+# The first drawn example whose run raised: the lines from its "Test case" header to the error.
+for f in "$OUT"/pytest-kvcache_properties.log "$OUT"/pytest-properties.log; do
+  awk '/Test case:/ { block = ""; inside = 1 } inside { block = block $0 "\n" }
+       /Error|error:/ && inside { printf "%s: first failing example:\n%s", FILENAME, block; exit }' "$f" | head -40
 done
 echo "pytest took $(( $(date +%s) - start )) s"
 mkdir -p /tmp/cute && python -c "
