@@ -65,7 +65,7 @@ def test_uninitialized_world_is_named():
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.full)])
 def test_cp_decode_gloo(world, tmp_path):
     spawn_cases(world, _default_cases(world), tmp_path)
 

@@ -291,7 +291,7 @@ def _run_decode(backend, case, q, k, v, kwargs):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @given(data=st.data())
-@examples(50)
+@examples(30)
 def test_decode_matches_reference(backend, data):
     check_decode(backend, data.draw(decode_cases(backend)))
 

@@ -126,8 +126,8 @@ def test_sinks(dtype, sink_scale, sink_dtype, generator):
             assert torch.allclose(lse[1, :, 0], sinks.float(), atol=1e-5)  # query 0 at position -2: no key
 
 
-@pytest.mark.parametrize("page_size", [0, 16])
-@pytest.mark.parametrize("fp8", [None, torch.float8_e4m3fn])
+@pytest.mark.parametrize("page_size, fp8", [(0, None), (16, torch.float8_e4m3fn),
+                                           pytest.param(16, None, marks=FULL), pytest.param(0, torch.float8_e4m3fn, marks=FULL)])
 def test_every_feature_with_paged_and_fp8_caches(page_size, fp8, generator):
     case = DecodeCase(batch=3, seqlen_q=2, seqlen_k=900, num_heads_kv=2, group=4, head_dim=64, dtype=DTYPES[-1],
                       lengths=(900, 333, 64))
