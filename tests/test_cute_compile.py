@@ -132,7 +132,7 @@ def _features(config) -> set[tuple]:
 
 def _variants(config) -> list[str]:
     """The attention variants a configuration turns on."""
-    names = ("left_bound", "right_bound", "softcap", "invariant")
+    names = ("left_bound", "right_bound", "softcap", "invariant", "leftpad")
     return [n for n in names if getattr(config, n)] + (["sinks"] if config.sinks else [])
 
 
@@ -166,7 +166,7 @@ def test_default_compile_check_covers_every_mode():
     assert {f[1] for f in features if f[0] == "cache"} == {"same", "float8_e4m3fn", "float8_e5m2"}
     assert any(c.fp16_operands for c in chosen) and {c.head_dim for c in chosen} == {64, 96, 128, 256}
     assert {f[1] for f in features if f[0] == "variant"} == {"left_bound", "right_bound", "softcap", "sinks",
-                                                              "invariant"}
+                                                              "invariant", "leftpad"}
 
 
 @needs_cutlass
@@ -237,15 +237,16 @@ def _entry_params(ptx: str) -> str:
 def _check_variants(ptx: str, config) -> None:
     """A variant costs only the configurations that turn it on: its runtime values are kernel
     parameters there and nowhere else (a window bound one u32 each after the 6 sizes; the
-    softcap one f32 after the softmax scale; sinks one tensor after the 11 plain ones, 2 fp8
-    descales and 3 merge outputs), the softcap's ``rcp.approx`` per score appears only with it,
+    softcap one f32 after the softmax scale; sinks and left padding one tensor each after the 11
+    plain ones, 2 fp8 descales and 3 merge outputs), the softcap's ``rcp.approx`` per score appears only with it,
     and only a batch-invariant split rule takes its 512-key minimum split."""
     from flashsplit.plan import BATCH_INVARIANT_MIN_SPLIT
 
     params = _entry_params(ptx)
     assert params.count(".param .u32") == 6 + config.left_bound + config.right_bound, params
     assert params.count(".param .f32") == 1 + config.softcap, params
-    assert params.count(".param .align") == 11 + 2 * config.fp8 + 3 * config.merge + bool(config.sinks), params
+    assert params.count(".param .align") == (11 + 2 * config.fp8 + 3 * config.merge + bool(config.sinks)
+                                             + config.leftpad), params
     caps = len(re.findall(r"rcp\.approx\.ftz\.f32", ptx))
     scores = config.tile_n * config.rows // 128  # per consumer thread and tile
     assert caps == (scores if config.softcap else 0), (caps, scores)

@@ -260,7 +260,7 @@ def test_decode_does_not_change_q_or_cache_seqlens(generator):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["auto", "triton"])
+@pytest.mark.parametrize("backend", ["auto", "triton", "cute"])
 @pytest.mark.parametrize("page_size, rotary_dim, num_splits", [(0, 0, 0), (16, 128, 0), (0, 64, 8)])
 def test_graph_captured_decode_loop_equals_eager(backend, page_size, rotary_dim, num_splits, generator):
     """A CUDA graph of one decode step that appends one token and advances cache_seqlens on the

@@ -19,11 +19,11 @@ H200 = KNOWN_GPUS["h200"]
 
 
 def _problem(batch=1, seqlen_k=4096, num_heads=32, num_heads_kv=8, head_dim=128, seqlen_q=1, dtype=torch.bfloat16,
-             kv_dtype=None, page_size=0, gpu=H200, window_left=-1):
+             kv_dtype=None, page_size=0, gpu=H200, window_left=-1, **cache_update):
     return DecodeProblem(batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_heads=num_heads,
                          num_heads_kv=num_heads_kv, head_dim=head_dim, dtype=dtype, causal=seqlen_q > 1,
                          has_cache_seqlens=True, device_type="cuda", kv_dtype=kv_dtype, page_size=page_size, gpu=gpu,
-                         window_left=window_left)
+                         window_left=window_left, **cache_update)
 
 
 def test_docstring_table_lists_every_rule_in_order():
@@ -37,6 +37,10 @@ def test_docstring_table_lists_every_rule_in_order():
 
 # (problem, rule): each rule on problems measured on the H200, Llama-3-8B heads unless named.
 GOLDEN = [
+    (_problem(batch=16, seqlen_k=16384, seqlen_new=1), "cache-update"),  # cute would take it without the append
+    (_problem(page_size=16, seqlen_new=1, rotary_dim=128), "cache-update"),
+    (_problem(batch=16, seqlen_k=16384, has_leftpad=True), "cache-update"),
+    (_problem(batch=16, seqlen_k=16384, has_batch_idx=True), "cache-update"),
     (_problem(page_size=48), "paged-gathered"),
     (_problem(page_size=1, batch=16), "paged-gathered"),
     (_problem(page_size=3, kv_dtype=FP8), "paged-gathered"),
@@ -209,13 +213,14 @@ def test_plan_rejects_what_decode_rejects(kwargs, error, needle):
 
 
 @needs_cutlass
-@pytest.mark.parametrize("field", [dict(seqlen_new=1), dict(rotary_dim=64), dict(has_leftpad=True),
-                                   dict(has_batch_idx=True)], ids=lambda f: next(iter(f)))
-def test_cute_refuses_cache_updates_and_auto_runs_them_on_triton(field):
-    """Appending keys, rotary, left padding and cache_batch_idx are not in the cute kernel: it says
-    so, and auto takes Triton for them."""
+@pytest.mark.parametrize("field", [dict(seqlen_new=1), dict(seqlen_new=1, rotary_dim=64), dict(has_leftpad=True),
+                                   dict(has_batch_idx=True)], ids=lambda f: "-".join(f))
+def test_cute_runs_cache_updates_and_auto_takes_triton_for_them(field):
+    """Appends (with rotary), left padding and cache_batch_idx run on cute too (``backend="cute"``),
+    and auto takes Triton for them, which writes the new keys inside its split kernel."""
     import dataclasses
 
-    problem = dataclasses.replace(_problem(), **field)
-    assert get("cute").supports(problem) is not None
+    problem = dataclasses.replace(_problem(batch=16, seqlen_k=16384), **field)
+    assert get("cute").supports(problem) is None
+    assert select(problem, "cute")[0].name == "cute"
     assert select(problem, "auto")[0].name == "triton"

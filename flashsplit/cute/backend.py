@@ -1,5 +1,9 @@
 """``backend="cute"``: the CuTeDSL split kernel and combine on Hopper (sm_90a).
 
+Cache updates: new keys (and rotary) are written by the shared small Triton kernel of
+:mod:`flashsplit.triton.cache_update` ahead of the split kernel; ``cache_leftpad`` is the split
+kernel's own; ``cache_batch_idx`` reads a dense cache as one page per row.
+
 This module imports neither cutlass nor the kernels at import time; the first call that needs
 them compiles (once per :class:`~flashsplit.cute.configs.SplitConfig` /
 :class:`~flashsplit.cute.configs.CombineConfig`) and caches. Which kernel variant a launch runs
@@ -8,6 +12,7 @@ is :mod:`flashsplit.cute.choice`'s rule; :mod:`flashsplit.cute.launcher` launche
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import torch
@@ -39,14 +44,6 @@ class CuteBackend(Backend):
 
     # ------------------------------------------------------------------ capability
     def supports(self, problem: DecodeProblem) -> str | None:
-        if problem.has_new_kv:
-            return "appending new keys (k/v) is not in the cute backend yet (triton runs it)"
-        if problem.has_rotary:
-            return "rotary embedding is not in the cute backend yet (triton runs it)"
-        if problem.has_leftpad:
-            return "cache_leftpad is not in the cute kernel yet (triton runs it)"
-        if problem.has_batch_idx:
-            return "cache_batch_idx is not in the cute kernel yet (triton runs it)"
         if problem.head_dim not in configs.HEAD_DIMS:
             return f"head_dim {problem.head_dim} is not one of {configs.HEAD_DIMS}"
         if problem.dtype not in _DTYPE_NAMES:
@@ -72,6 +69,8 @@ class CuteBackend(Backend):
 
     # ------------------------------------------------------------------ launches
     def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float):
+        if problem.has_batch_idx:  # launched as pages of the whole capacity (PreparedCuteDecode)
+            problem = dataclasses.replace(problem, page_size=problem.seqlen_k)
         tile = choice.choose(problem, num_splits, problem.num_sms, self.merge_max_splits)
         return PreparedCuteDecode(self.launcher, tile, num_splits, softmax_scale, problem.causal, problem.variant)
 

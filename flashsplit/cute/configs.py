@@ -91,11 +91,22 @@ class SplitConfig:
     #: Batch-invariant decode: each row's splits follow its own length
     #: (``flashsplit.plan.tokens_per_split(..., invariant=True)``); partials only, never merged.
     invariant: bool = False
+    #: Left padding (``cache_leftpad``, a runtime ``[B]`` tensor): row b's keys start at
+    #: ``leftpad[b]``; its splits start at that key's granule, a CTA skips the tiles before it and
+    #: the mask hides the keys before it (as a left window bound does, and with one: the later).
+    leftpad: bool = False
 
     @property
     def variant(self) -> bool:
-        """Any attention variant (window, softcap, sinks, batch invariance) is on."""
-        return self.left_bound or self.right_bound or self.softcap or bool(self.sinks) or self.invariant
+        """Any attention variant (window, softcap, sinks, batch invariance, left padding) is on."""
+        return (self.left_bound or self.right_bound or self.softcap or bool(self.sinks) or self.invariant
+                or self.leftpad)
+
+    @property
+    def first_bound(self) -> bool:
+        """Rows may start past key 0 (a left window bound or left padding): the CTA skips tiles,
+        zeroes the V rows before its first key and masks scores before each row's."""
+        return self.left_bound or self.leftpad
 
     @property
     def rows(self) -> int:
@@ -237,7 +248,7 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
                  kv_dtype: str = "same", page_size: int | None = None, merge: bool = False,
                  one_per_sm: bool = False, one_wave: bool = False, swap_rows: int = 0, *, left_bound: bool = False,
                  right_bound: bool = False, softcap: bool = False, sinks: str = "",
-                 invariant: bool = False) -> SplitConfig:
+                 invariant: bool = False, leftpad: bool = False) -> SplitConfig:
     """The compile key for a problem. ``page_size`` (paged only) picks the load mode: a multiple
     of the tile (one TMA box per tile; the page size a runtime value), a sub-tile size
     (``subtile_page``: tile_n / P TMA boxes), or anything else (``gather_pages``: one bulk copy
@@ -247,8 +258,8 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
     ``one_wave`` (merging launches of dense 16-bit caches at d = 128 on the two-CTA tile):
     :data:`ONE_WAVE_STAGES`. ``swap_rows`` (0 or ``SWAP_AB_ROWS``): the swapped-operand consumer
     (``SplitConfig.swap_rows``), for 16-bit caches read by whole TMA tiles or sub-tile boxes.
-    ``left_bound``, ``right_bound``, ``softcap``, ``sinks``, ``invariant``: the attention
-    variants (:class:`SplitConfig`'s fields of those names)."""
+    ``left_bound``, ``right_bound``, ``softcap``, ``sinks``, ``invariant``, ``leftpad``: the
+    attention variants (:class:`SplitConfig`'s fields of those names)."""
     _check_variant(causal, write_partials, merge, one_per_sm, one_wave, swap_rows, right_bound, sinks, invariant)
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype: expected one of {KV_DTYPES}, got {kv_dtype!r}")
@@ -289,7 +300,8 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
         raise ValueError(f"swap_rows: only for 16-bit caches in TMA tiles, got kv_dtype {kv_dtype}, gathered pages "
                          f"{gather}")
     return SplitConfig(dtype, head_dim, tile_n, stages, causal, write_partials, units, paged, kv_dtype,
-                       subtile_page, gather, merge, swap_rows, left_bound, right_bound, softcap, sinks, invariant)
+                       subtile_page, gather, merge, swap_rows, left_bound, right_bound, softcap, sinks, invariant,
+                       leftpad)
 
 
 def _check_variant(causal, write_partials, merge, one_per_sm, one_wave, swap_rows, right_bound, sinks,
@@ -452,7 +464,7 @@ def at_head_dim(config: SplitConfig, head_dim: int) -> SplitConfig | None:
         return split_config(config.dtype, head_dim, config.causal, config.write_partials, config.paged,
                             config.kv_dtype, page_size, config.merge, one_per_sm, one_wave, config.swap_rows,
                             left_bound=config.left_bound, right_bound=config.right_bound, softcap=config.softcap,
-                            sinks=config.sinks, invariant=config.invariant)
+                            sinks=config.sinks, invariant=config.invariant, leftpad=config.leftpad)
     except ValueError:
         return None
 

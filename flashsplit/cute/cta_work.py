@@ -14,8 +14,9 @@ class CtaWork:
     ``n_keys``), which are ``num_tiles`` KV tiles from ``first_tile`` on, and row tile
     ``row_block`` of KV head ``kvh``'s ``seqlen_q * group`` packed q rows. A windowed
     configuration also carries its runtime bounds (``window_left``, ``window_right``; None where
-    off) and, with a left bound, ``cta_first``: the first key any query of the CTA sees (the
-    CTA's tiles start at the tile holding it; V rows before it are zeroed)."""
+    off) and, with a left bound or left padding, ``cta_first``: the first key any query of the
+    CTA sees (the CTA's tiles start at the tile holding it; V rows before it are zeroed); with
+    left padding, ``leftpad``: the row's first key."""
 
     tidx: Int32
     split_idx: Int32
@@ -34,3 +35,4 @@ class CtaWork:
     window_left: Int32 | None = None
     window_right: Int32 | None = None
     cta_first: Int32 | None = None
+    leftpad: Int32 | None = None

@@ -220,7 +220,9 @@ class KVProducer:
                 key = tile_start + n
                 if key >= end:
                     key = tile_start
-                page = mBlockTable[batch_idx, key // page_size]
+                # Clamped into the cache: a wrong page id (unchecked without a host sync) reads a
+                # wrong page, never stray memory.
+                page = cutlass.min(cutlass.max(mBlockTable[batch_idx, key // page_size], Int32(0)), mK.shape[3] - 1)
                 slot = key % page_size
                 cute.copy(row_k, mK[slot, None, kvh, page], sK[n, None, state.index], mbar_ptr=bar)
                 cute.copy(row_v, mV[None, slot, kvh, page], sV[None, n, state.index], mbar_ptr=bar)

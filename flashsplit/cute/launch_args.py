@@ -61,6 +61,7 @@ SPLIT_ARGS: tuple[Arg, ...] = (
     _ptr("out_ptr", "q"), _ptr("out_lse_ptr", "float32", 4), _ptr("arrivals_ptr", "int32", 4),
     *_scalars("i64", "out_stride_b", "out_stride_l", "out_stride_h"),
     *_scalars("i32", "window_left", "window_right"), Arg("softcap_log2", "f32"), _ptr("sinks_ptr", "sinks", 2),
+    _ptr("leftpad_ptr", "int32", 4),
     Arg("stream", "stream"),
 )
 

@@ -18,6 +18,7 @@ import torch
 
 from ..call import DecodeTensors
 from ..problem import Variant
+from ..triton.cache_update import append_new_keys
 from ..workspace import ARRIVALS, Workspace, stream_key
 from . import configs, launch_args
 from .choice import LaunchChoice
@@ -37,11 +38,11 @@ def variant_keys(variant: Variant, causal: bool, seqlen_q: int, sinks=None) -> d
     """The split config's mask and variant keys for a launch: ``causal`` (also a right window
     bound of 0: the same mask), ``right_bound`` (a right bound > 0 that hides keys from some
     of the ``seqlen_q`` queries), ``left_bound``, ``softcap``, ``sinks`` (the dtype of the
-    ``sinks`` this launch applies, "" for none) and ``invariant``."""
+    ``sinks`` this launch applies, "" for none), ``invariant`` and ``leftpad``."""
     causal = causal or variant.window_right == 0
     return dict(causal=causal, right_bound=not causal and 0 <= variant.window_right < seqlen_q - 1,
                 left_bound=variant.window_left >= 0, softcap=variant.softcap > 0, sinks=_sinks_name(sinks),
-                invariant=variant.batch_invariant)
+                invariant=variant.batch_invariant, leftpad=variant.has_leftpad)
 
 
 class CuteLauncher:
@@ -142,7 +143,11 @@ class PreparedCuteDecode:
     launch whose last CTAs merge (arrival counters from
     :class:`~flashsplit.workspace.ArrivalCounters`); otherwise the combine kernel merges. A
     batch-invariant decode (``variant.batch_invariant``) always writes partials and combines
-    them, even with one split: every row takes the same path in any launch.
+    them, even with one split: every row takes the same path in any launch. Cache updates:
+    a call's new keys (``variant.seqlen_new``) are written, and q rotated, by
+    :func:`~flashsplit.triton.cache_update.append_new_keys` first (the attention then reads
+    ``cache_seqlens + L_new`` keys); ``cache_batch_idx`` reads the dense cache as pages of its
+    whole capacity, page ``cache_batch_idx[b]`` for row b; ``cache_leftpad`` is the kernel's.
     """
 
     def __init__(self, launcher: CuteLauncher, tile: LaunchChoice, num_splits: int, softmax_scale: float,
@@ -160,6 +165,12 @@ class PreparedCuteDecode:
 
     def __call__(self, tensors: DecodeTensors) -> None:
         q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, sinks = tensors[:10]
+        variant = self.variant
+        if variant.seqlen_new:  # the new keys (and q's rotation) by the shared small kernel, first
+            q, cache_seqlens = append_new_keys(tensors, variant)
+        if variant.has_batch_idx:  # the dense cache's rows as one-page rows: row b reads page cache_batch_idx[b]
+            block_table = tensors.cache_batch_idx.unsqueeze(1)
+        leftpad = tensors.cache_leftpad if variant.has_leftpad else None
         batch, seqlen_q, num_heads, head_dim = q.shape
         splits = self.num_splits
         rows = batch * seqlen_q * num_heads
@@ -182,14 +193,14 @@ class PreparedCuteDecode:
         # kernel's last CTAs (merge) or the combine merge.
         if self.direct:
             self.split.launch(q, k_cache, v_cache, out_ptr, lse_ptr, cache_seqlens, block_table, k_descale,
-                              v_descale, None, stream, sinks)
+                              v_descale, None, stream, sinks, leftpad)
         elif self.tile.merge:
             arrivals = self.launcher.arrivals.for_queries(q).data_ptr()
             self.split.launch(q, k_cache, v_cache, op, lp, cache_seqlens, block_table, k_descale, v_descale,
-                              (out_ptr, lse_ptr, arrivals), stream, sinks)
+                              (out_ptr, lse_ptr, arrivals), stream, sinks, leftpad)
         else:
             self.split.launch(q, k_cache, v_cache, op, lp, cache_seqlens, block_table, k_descale, v_descale,
-                              None, stream)
+                              None, stream, None, leftpad)
             self.combine.launch(op, lp, out_ptr, lse_ptr, stream, sinks)
 
     def _first_launch_setup(self, q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse,
@@ -235,14 +246,14 @@ class SplitLaunch:
             raise ValueError(f"static: unknown arguments {sorted(set(static) - set(_SPLIT_STATIC))}")
 
     def raw(self, q, k, v, o_ptr: int, lse_ptr: int, cache_seqlens, block_table, k_descale, v_descale,
-            merge_into: tuple | None, stream: int, sinks=None) -> tuple:
+            merge_into: tuple | None, stream: int, sinks=None, leftpad=None) -> tuple:
         """Every argument of the compiled host function as a plain value, in its order: the
         addresses, the static part, the stream. ``o_ptr``/``lse_ptr`` address the partial
         buffers or the final outputs; ``merge_into`` is ``(out, lse, arrival counters)``
         addresses for a merging kernel. Arguments a configuration never reads get placeholders:
         a dense launch passes ``cache_seqlens`` as its block table, a 16-bit one the lse address
         as its descales, a launch that does not merge ``o_ptr``/``lse_ptr`` as the merge's, one
-        without ``sinks`` the lse address as theirs."""
+        without ``sinks`` the lse address as theirs, one without ``leftpad`` ``cache_seqlens``."""
         seqlens = (self.full_seqlens if cache_seqlens is None else cache_seqlens).data_ptr()
         merge_out, merge_lse, arrivals = merge_into or (o_ptr, lse_ptr, lse_ptr)
         return _pack_split(
@@ -251,14 +262,15 @@ class SplitLaunch:
             k_descale_ptr=lse_ptr if k_descale is None else k_descale.data_ptr(),
             v_descale_ptr=lse_ptr if v_descale is None else v_descale.data_ptr(),
             out_ptr=merge_out, out_lse_ptr=merge_lse, arrivals_ptr=arrivals,
-            sinks_ptr=lse_ptr if sinks is None else sinks.data_ptr(), stream=stream,
+            sinks_ptr=lse_ptr if sinks is None else sinks.data_ptr(),
+            leftpad_ptr=seqlens if leftpad is None else leftpad.data_ptr(), stream=stream,
         )
 
     def launch(self, q, k, v, o_ptr: int, lse_ptr: int, cache_seqlens, block_table, k_descale, v_descale,
-               merge_into: tuple | None, stream: int, sinks=None) -> None:
+               merge_into: tuple | None, stream: int, sinks=None, leftpad=None) -> None:
         """Launch the split kernel with :meth:`raw`'s arguments."""
         raw = self.raw(q, k, v, o_ptr, lse_ptr, cache_seqlens, block_table, k_descale, v_descale, merge_into,
-                       stream, sinks)
+                       stream, sinks, leftpad)
         _run(self.kernel, raw, lambda: launch_args.cute_args(launch_args.SPLIT_ARGS, self.elements, raw))
 
 

@@ -3,7 +3,8 @@
 Query ``m`` of ``L_q`` sits at position ``p = n_keys - L_q + m`` (bottom-right aligned). The limit
 of a row is the end of this CTA's split (the row's live keys cap it), and with a causal mask
 (keys up to ``p``) or a right window bound (up to ``p + window_right``) the smaller of the two.
-A left window bound gives the row a first key, ``p - window_left``. Masking selects ``-inf``
+A left window bound gives the row a first key, ``p - window_left``; left padding, the row's
+first key ``leftpad[b]`` (with both, the later of the two). Masking selects ``-inf``
 instead of the score (cache slots past the live length or before a window may hold NaN, which a
 multiply by 0 would keep).
 """
@@ -37,10 +38,17 @@ class KeyMask:
             key_limit[i] = cutlass.min(end, n_keys - seqlen_q + m + window_right + 1)
 
     @cute.jit
-    def set_first(self, key_first, i, n_keys, seqlen_q, group, packed_row, window_left):
-        """``key_first[i]`` = the first key a packed row sees under the left window bound."""
-        m = packed_row() // group
-        key_first[i] = n_keys - seqlen_q + m - window_left
+    def set_first(self, key_first, i, n_keys, seqlen_q, group, packed_row, window_left, leftpad=None):
+        """``key_first[i]`` = the first key a packed row sees: under the left window bound
+        (``window_left`` not None), its query's; with left padding (``leftpad``), at least the
+        row's first key."""
+        if cutlass.const_expr(window_left is not None):
+            m = packed_row() // group
+            key_first[i] = n_keys - seqlen_q + m - window_left
+            if cutlass.const_expr(leftpad is not None):
+                key_first[i] = cutlass.max(key_first[i], leftpad)
+        else:
+            key_first[i] = leftpad
 
     @cute.jit
     def apply(self, s, key, limit, first=None):

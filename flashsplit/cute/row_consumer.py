@@ -41,7 +41,7 @@ class RowConsumer:
         self.q_tile = QTile(config)
         self.kv_operands = KVOperands(config)
         self.mask = KeyMask(config.causal, config.left_bound, config.right_bound)
-        self.left_bound = config.left_bound
+        self.first_bound = config.first_bound  # a left window bound or left padding
         self.softcap = config.softcap
 
     @cute.jit
@@ -71,8 +71,8 @@ class RowConsumer:
         row_max = cute.make_rmem_tensor((2,), Float32)
         row_sum = cute.make_rmem_tensor((2,), Float32)
         key_limit = cute.make_rmem_tensor((2,), Int32)  # first key a row may not see
-        key_first = None  # first key a row sees (left window bound)
-        if cutlass.const_expr(self.left_bound):
+        key_first = None  # first key a row sees (left window bound, left padding)
+        if cutlass.const_expr(self.first_bound):
             key_first = cute.make_rmem_tensor((2,), Int32)
         row_qk_scale = cute.make_rmem_tensor((2,), Float32)  # log2 score scale of the row
         cap_k = None  # softcap: 2 log2(e) / softcap_log2 (softmax.cap_score)
@@ -86,9 +86,10 @@ class RowConsumer:
             row_sum[r] = 0.0
             self.mask.set_limit(key_limit, r, end, work.n_keys, work.seqlen_q, work.group,
                                 lambda: work.row_block * M + warp * 16 + lane // 4 + 8 * r, work.window_right)
-            if cutlass.const_expr(self.left_bound):
+            if cutlass.const_expr(self.first_bound):
                 self.mask.set_first(key_first, r, work.n_keys, work.seqlen_q, work.group,
-                                    lambda: work.row_block * M + warp * 16 + lane // 4 + 8 * r, work.window_left)
+                                    lambda: work.row_block * M + warp * 16 + lane // 4 + 8 * r, work.window_left,
+                                    work.leftpad)
 
         warp_uniform = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         rows_here = tile_rows(work.seqlen_q, work.group, work.row_block, M)
@@ -102,8 +103,8 @@ class RowConsumer:
                 # Every consumer warp has waited on its wgmmas of the previous tile (they read
                 # the operand buffers) before any overwrites them.
                 consumer_barrier()
-                head = None  # V rows before the CTA's first visible key (left window bound)
-                if cutlass.const_expr(self.left_bound):
+                head = None  # V rows before the CTA's first visible key (left window bound, left padding)
+                if cutlass.const_expr(self.first_bound):
                     head = work.cta_first - tile_start
                 self.kv_operands.convert(sK8, sV8, sK, sV, state.index, end - tile_start, tidx, head)
                 # The staging slot is consumed: hand it back to the producer now.

@@ -129,6 +129,7 @@ class SplitKVDecodeKernel:
         window_right: Int32,
         softcap_log2: Float32,
         sinks_ptr: cute.Pointer,
+        leftpad_ptr: cute.Pointer,
         stream,
     ):
         """Launch on raw pointers; sizes and strides are runtime values.
@@ -147,7 +148,8 @@ class SplitKVDecodeKernel:
         ``[batch * heads_kv * row_blocks]`` (other configs never read these three).
         The variants' runtime values (read only where the config turns the variant on):
         ``window_left`` / ``window_right`` (keys before / after a query's position it sees),
-        ``softcap_log2`` (softcap * log2(e)) and ``sinks`` ``[num_heads]`` (the config's dtype).
+        ``softcap_log2`` (softcap * log2(e)), ``sinks`` ``[num_heads]`` (the config's dtype) and
+        the int32 ``leftpad`` ``[batch]`` (row b's first key).
         """
         D, N, M = self.head_dim, self.tile_n, self.block_m
         group = num_heads // num_heads_kv
@@ -229,7 +231,7 @@ class SplitKVDecodeKernel:
             mArrivals = cute.make_tensor(arrivals_ptr, cute.make_layout((batch * num_heads_kv * row_blocks,)))
 
         # The variants' values: None where a variant is off, so its kernel takes no argument for it.
-        left, right, cap, mSinks = None, None, None, None
+        left, right, cap, mSinks, mLeftpad = None, None, None, None, None
         if cutlass.const_expr(self.config.left_bound):
             left = window_left
         if cutlass.const_expr(self.config.right_bound):
@@ -238,12 +240,14 @@ class SplitKVDecodeKernel:
             cap = softcap_log2
         if cutlass.const_expr(bool(self.config.sinks)):
             mSinks = cute.make_tensor(sinks_ptr, cute.make_layout((num_heads,)))
+        if cutlass.const_expr(self.config.leftpad):
+            mLeftpad = cute.make_tensor(leftpad_ptr, cute.make_layout((batch,)))
 
         self.kernel(
             qk_mma, pv_mma, tma_k, mK_tma, tma_v, mV_tma, mQ, mO, mLSE, mSeqlens, mBlockTable,
             q_layout, k_layout, v_layout, p_layout, seqlen_q, seqlen_k, group, row_blocks, num_splits, tiles_per_page,
             softmax_scale_log2, mKDescale, mVDescale, k_load_layout, v_load_layout, mOut, mOutLSE, mArrivals,
-            left, right, cap, mSinks,
+            left, right, cap, mSinks, mLeftpad,
         ).launch(
             grid=[num_splits, batch, num_heads_kv * row_blocks],
             block=[NUM_THREADS, 1, 1],
@@ -344,6 +348,7 @@ class SplitKVDecodeKernel:
         window_right: Int32 | None,
         softcap_log2: Float32 | None,
         mSinks: cute.Tensor | None,
+        mLeftpad: cute.Tensor | None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -374,25 +379,34 @@ class SplitKVDecodeKernel:
         # This CTA's keys, with exactly the rule of flashsplit.plan.
         n_keys = split_rule.load_seqlen(mSeqlens, batch_idx, seqlen_k)
         cta_first = None
-        if cutlass.const_expr(self.config.left_bound or self.config.invariant):
+        pad = None  # the row's first key (left padding)
+        if cutlass.const_expr(self.config.leftpad):
+            pad = split_rule.load_leftpad(mLeftpad, batch_idx, n_keys)
+        if cutlass.const_expr(self.config.first_bound or self.config.invariant):
             first = Int32(0)
-            if cutlass.const_expr(self.config.left_bound):
-                first = split_rule.row_first_key(n_keys, seqlen_q, window_left)
+            if cutlass.const_expr(self.config.first_bound):
+                first = split_rule.row_first_key(n_keys, seqlen_q, window_left, pad)
             start, end = split_rule.row_split_range_from(n_keys, first, split_idx, num_splits, self.config.invariant)
         else:
             start, end = split_rule.row_split_range(n_keys, split_idx, num_splits)
         lo = start  # the CTA's first tile starts here
-        if cutlass.const_expr(self.config.left_bound):
+        if cutlass.const_expr(self.config.first_bound):
             # The tiles before the one holding the first key this CTA's first query sees (its
-            # row block's first packed row) hold no key any of its rows sees: skipped.
-            cta_first = n_keys - seqlen_q + row_block * self.block_m // group - window_left
+            # row block's first packed row; at the row's padding at the earliest) hold no key any
+            # of its rows sees: skipped.
+            if cutlass.const_expr(self.config.left_bound):
+                cta_first = n_keys - seqlen_q + row_block * self.block_m // group - window_left
+                if cutlass.const_expr(self.config.leftpad):
+                    cta_first = cutlass.max(cta_first, pad)
+            else:
+                cta_first = pad
             lo = cutlass.max(start, cutlass.max(cta_first, Int32(0)) // self.tile_n * self.tile_n)
         num_tiles = Int32(0)
         if lo < end:
             num_tiles = (end - lo + self.tile_n - 1) // self.tile_n
         first_tile = lo // self.tile_n
         work = CtaWork(tidx, split_idx, batch_idx, z_idx, kvh, row_block, seqlen_q, group, num_splits, n_keys, start,
-                       end, first_tile, num_tiles, window_left, window_right, cta_first)
+                       end, first_tile, num_tiles, window_left, window_right, cta_first, pad)
 
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()

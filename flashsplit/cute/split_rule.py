@@ -4,7 +4,9 @@ The split kernel and the merge tail call these, so every CTA owns exactly the ke
 :func:`flashsplit.plan.split_bounds` gives its split (the same rule as
 ``flashsplit/triton/split_rule.py``), in multiples of :data:`flashsplit.plan.SPLIT_GRANULE`: a
 row's splits cover ``[first, seqlen)``, where ``first`` is 0, or with a left window bound the
-first key query 0 can see, rounded down to the granule; ``invariant`` (batch-invariant decode)
+first key query 0 can see, or with left padding at least the row's first key, rounded down to the
+granule (Triton's kernel rounds a padded row's keys from its padding instead: the split
+boundaries differ, the result does not); ``invariant`` (batch-invariant decode)
 cuts a row by its own length (``BATCH_INVARIANT_SPLITS`` splits of at least
 ``BATCH_INVARIANT_MIN_SPLIT`` keys) instead of dividing it among the launch's splits.
 """
@@ -27,11 +29,23 @@ def load_seqlen(mSeqlens: cute.Tensor, b: Int32, capacity: Int32) -> Int32:
 
 
 @cute.jit
-def row_first_key(seqlen: Int32, seqlen_q: Int32, window_left: Int32) -> Int32:
-    """The first key of a row's splits under a left window bound: the first key query 0 sees
-    (``seqlen - seqlen_q - window_left``), at least 0, rounded down to the granule."""
+def load_leftpad(mLeftpad: cute.Tensor, b: Int32, seqlen: Int32) -> Int32:
+    """Row ``b``'s first key (``cache_leftpad[b]``), clamped to ``[0, seqlen]``."""
+    return cutlass.min(cutlass.max(mLeftpad[b], Int32(0)), seqlen)
+
+
+@cute.jit
+def row_first_key(seqlen: Int32, seqlen_q: Int32, window_left: Int32 | None, pad: Int32 | None = None) -> Int32:
+    """The first key of a row's splits: under a left window bound (``window_left``), the first
+    key query 0 sees (``seqlen - seqlen_q - window_left``, at least 0); with left padding
+    (``pad``), at least the row's first key; rounded down to the granule."""
     g = SPLIT_GRANULE
-    return cutlass.max(seqlen - seqlen_q - window_left, Int32(0)) // g * g
+    first = Int32(0)
+    if cutlass.const_expr(window_left is not None):
+        first = cutlass.max(seqlen - seqlen_q - window_left, Int32(0))
+    if cutlass.const_expr(pad is not None):
+        first = cutlass.max(first, pad)
+    return first // g * g
 
 
 @cute.jit

@@ -47,7 +47,7 @@ class SwapConsumer:
         self.q_tile = QTile(config)
         self.kv_operands = KVOperands(config)
         self.mask = KeyMask(config.causal, config.left_bound, config.right_bound)
-        self.left_bound = config.left_bound
+        self.first_bound = config.first_bound  # a left window bound or left padding
         self.softcap = config.softcap
 
     @cute.jit
@@ -75,8 +75,8 @@ class SwapConsumer:
         row_max = cute.make_rmem_tensor((2,), Float32)
         row_sum = cute.make_rmem_tensor((2,), Float32)
         key_limit = cute.make_rmem_tensor((2,), Int32)  # first key a column may not see
-        key_first = None  # first key a column sees (left window bound)
-        if cutlass.const_expr(self.left_bound):
+        key_first = None  # first key a column sees (left window bound, left padding)
+        if cutlass.const_expr(self.first_bound):
             key_first = cute.make_rmem_tensor((2,), Int32)
         cap_k = None  # softcap: 2 log2(e) / softcap_log2 (softmax.cap_score)
         if cutlass.const_expr(self.softcap):
@@ -86,9 +86,10 @@ class SwapConsumer:
             row_sum[c] = 0.0
             self.mask.set_limit(key_limit, c, end, work.n_keys, work.seqlen_q, work.group,
                                 lambda: work.row_block * R + (lane % 4) * 2 + c, work.window_right)
-            if cutlass.const_expr(self.left_bound):
+            if cutlass.const_expr(self.first_bound):
                 self.mask.set_first(key_first, c, work.n_keys, work.seqlen_q, work.group,
-                                    lambda: work.row_block * R + (lane % 4) * 2 + c, work.window_left)
+                                    lambda: work.row_block * R + (lane % 4) * 2 + c, work.window_left,
+                                    work.leftpad)
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         for i in cutlass.range(work.num_tiles, unroll=1):

@@ -51,6 +51,18 @@ def variant_check_configs() -> list[SplitConfig]:
         c("bfloat16", 128, False, True, kv_dtype="float8_e4m3fn", **inv),
         c("float16", 256, True, True, True, page_size=gather, **inv),
     ]
+    # Left padding: the row's first key (splits, skipped tiles, V rows zeroed, the mask), alone
+    # and beside a left window bound; gathered and whole pages are cache_batch_idx's dense rows.
+    pad = dict(leftpad=True)
+    configs += [
+        c("bfloat16", 128, True, False, **pad), c("float16", 64, False, True, True, page_size=gather, **pad),
+        c("bfloat16", 128, True, True, True, page_size=16, merge=True, swap_rows=swap, **pad),
+        c("bfloat16", 128, False, True, kv_dtype="float8_e4m3fn", invariant=True, **pad),
+        c("float16", 128, True, True, True, page_size=128, left_bound=True, **pad),
+        c("bfloat16", 128, True, True, merge=True, one_per_sm=True, **pad),
+        c("float16", 128, False, True, merge=True, one_wave=True, left_bound=True, **pad),
+        c("float16", 64, False, False, True, "float8_e5m2", 16, **pad),
+    ]
     every = dict(left_bound=True, softcap=True)
     configs += [
         c("bfloat16", 128, True, False, sinks="bfloat16", **every),

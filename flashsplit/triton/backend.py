@@ -22,6 +22,7 @@ from ..workspace import ARRIVALS, Workspace, stream_key
 from . import INTERPRETER_OFF, interpreter_active
 from .combine_kernel import combine_kernel
 from .launch import Relaunch, launch
+from .new_keys import FP8_FORMATS
 from .split_kernel import LOG2E, split_kv_kernel
 
 
@@ -35,10 +36,6 @@ class TritonTiles:
     num_warps: int
     num_stages: int
 
-
-#: fp8 formats as the split kernel rounds new keys to them (:func:`~flashsplit.triton.new_keys.round_to_fp8`):
-#: (smallest normal exponent, mantissa bits, largest finite value).
-FP8_FORMATS = {torch.float8_e4m3fn: (-6, 3, 448.0), torch.float8_e5m2: (-14, 2, 57344.0)}
 
 #: Programs per SM the plan counts for the split kernel: 2 beat FA3's 1 on the H200 (32/8 heads:
 #: B = 1 x 128k 30 splits 10% faster than FA3's 15; B = 16 x 16k 2 splits 6% faster than its 1);

@@ -14,11 +14,15 @@ Wrong lengths or page ids (unchecked without a host sync) give a wrong row, neve
 keys past the capacity are not written, page ids are clamped into the cache.
 """
 
+import torch
 import triton
 import triton.language as tl
 
 from .rotary import load_rotated_rows
 
+#: fp8 cache formats: (smallest normal exponent, mantissa bits, largest finite value), the
+#: constexprs of :func:`round_to_fp8`.
+FP8_FORMATS = {torch.float8_e4m3fn: (-6, 3, 448.0), torch.float8_e5m2: (-14, 2, 57344.0)}
 ROUNDING_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: x + it - it rounds |x| < 2^22 to an integer, ties to even
 
 
