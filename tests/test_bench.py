@@ -991,6 +991,7 @@ def test_help_describes_seqlen_q():
     assert "--seqlen-q 1 4" in text, "an example uses it"
 
 
+@pytest.mark.full
 def test_runner_checks_several_queries_causally():
     """L_q = 4 through the Triton interpreter (fp16): flashsplit passes; attention without the causal
     mask fails, at 512 keys by the tolerance, at 64k keys and L_q = 2 (where the mask hides too few keys to

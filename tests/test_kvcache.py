@@ -79,7 +79,7 @@ def test_append_paged(dtype, page_size, seqlen_new, generator):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 @pytest.mark.parametrize("per_head", [False, True])
-@pytest.mark.parametrize("page_size", [0, 16])
+@pytest.mark.parametrize("page_size", [0, pytest.param(16, marks=FULL)])
 def test_append_fp8(dtype, kv_dtype, per_head, page_size, generator):
     """An fp8 cache stores k / k_descale, saturated and rounded to nearest even."""
     _run(KVCacheCase(dtype=dtype, kv_dtype=kv_dtype, per_head_scale=per_head, page_size=page_size, seqlen_new=3,
@@ -142,8 +142,8 @@ def test_append_with_several_row_tiles(generator):
          generator)
 
 
-@pytest.mark.parametrize("window, causal", [((-1, -1), False), ((-1, -1), True), ((40, 0), False),
-                                            pytest.param((100, -1), False, marks=FULL)])
+@pytest.mark.parametrize("window, causal", [((-1, -1), False), pytest.param((-1, -1), True, marks=FULL),
+                                            ((40, 0), False), pytest.param((100, -1), False, marks=FULL)])
 @pytest.mark.parametrize("seqlen_new", [0, 3])
 def test_leftpad(window, causal, seqlen_new, generator):
     """Row b's keys are [leftpad, seqlen): a NaN prefix is never read; windows and causal masks

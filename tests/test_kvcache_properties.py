@@ -70,7 +70,7 @@ def _check(case: KVCacheCase) -> None:
 
 
 @given(case=kvcache_cases())
-@settings(max_examples=15, **_SETTINGS)
+@settings(max_examples=4, **_SETTINGS)
 def test_drawn_appends_match_the_reference(case):
     _check(case)
 

@@ -376,8 +376,9 @@ def test_prepared_cute_launches_with_workspace_addresses(num_splits, with_lse, m
     lp = op + partial_rows * 32 * 4
     lse_ptr = lse.data_ptr() if with_lse else lp + partial_rows * 4
     seqlens = lens.data_ptr()
-    # The split launch: the table is seqlens when dense, the descales lse when none, the merge's
-    # out / lse / counters o / lse / lse when not merging; every static argument the launch's (7).
+    # The split launch: the table and the left padding are seqlens when dense and unpadded, the
+    # descales lse when none, the merge's out / lse / counters o / lse / lse when not merging;
+    # every static argument the launch's (7).
     o_ptr, l_ptr = (op, lp) if num_splits > 1 else (out.data_ptr(), lse_ptr)
     if merged:
         assert len(counters) == 2 and counters[0].numel() >= rows and not counters[0].any()
@@ -387,7 +388,8 @@ def test_prepared_cute_launches_with_workspace_addresses(num_splits, with_lse, m
         merge_args = (o_ptr, l_ptr, l_ptr)
     split_raw = dict(q_ptr=q.data_ptr(), k_ptr=k.data_ptr(), v_ptr=v.data_ptr(), o_ptr=o_ptr, lse_ptr=l_ptr,
                      seqlens_ptr=seqlens, block_table_ptr=seqlens, k_descale_ptr=l_ptr, v_descale_ptr=l_ptr,
-                     **dict(zip(("out_ptr", "out_lse_ptr", "arrivals_ptr"), merge_args)), sinks_ptr=l_ptr, stream=0)
+                     **dict(zip(("out_ptr", "out_lse_ptr", "arrivals_ptr"), merge_args)), sinks_ptr=l_ptr,
+                     leftpad_ptr=seqlens, stream=0)
     expected = [("split-kernel", launch_args.SPLIT_ARGS, split_raw, 7)]
     if num_splits > 1 and not merged:
         combine_raw = dict(op_ptr=op, lp_ptr=lp, o_ptr=out.data_ptr(), lse_ptr=lse_ptr, sinks_ptr=lse_ptr, stream=0)

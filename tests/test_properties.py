@@ -291,7 +291,7 @@ def _run_decode(backend, case, q, k, v, kwargs):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @given(data=st.data())
-@examples(30)
+@examples(15)
 def test_decode_matches_reference(backend, data):
     check_decode(backend, data.draw(decode_cases(backend)))
 
@@ -367,7 +367,7 @@ def _combine_fp32(out_partial, lse_partial):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @given(data=st.data())
-@examples(60)
+@examples(30)
 def test_combine_matches_reference(backend, data):
     check_combine(backend, data.draw(combine_cases(backend)))
 

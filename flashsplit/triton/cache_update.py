@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ..call import DecodeTensors, cache_capacity
 from ..problem import Variant
-from .new_keys import FP8_FORMATS, write_new_keys
+from .new_keys import FP8_FORMATS, row_cache_bases, write_new_keys
 from .rotary import load_rotated_rows, load_rows_rotated_at
 
 #: q rows rotated per step of the rotation loop (registers: BLOCK_R x BLOCK_D fp32, twice).
@@ -62,17 +62,11 @@ def cache_update_kernel(
     if HAS_LEFTPAD:
         rot_position -= tl.load(LEFTPAD + b)
 
+    k_base, v_base = row_cache_bases(K, V, BATCH_IDX, b, kvh, num_pages, stride_kb, stride_kh, stride_vb, stride_vh,
+                                     PAGED, HAS_BATCH_IDX)
+    bt_row = BLOCK_TABLE  # the row's page table (PAGED)
     if PAGED:
-        k_base = K + kvh * stride_kh
-        v_base = V + kvh * stride_vh
         bt_row = BLOCK_TABLE + b * stride_btb
-    else:
-        cache_row = b
-        if HAS_BATCH_IDX:
-            cache_row = tl.minimum(tl.maximum(tl.load(BATCH_IDX + b), 0), num_pages - 1).to(tl.int64)
-        k_base = K + cache_row * stride_kb + kvh * stride_kh
-        v_base = V + cache_row * stride_vb + kvh * stride_vh
-        bt_row = BLOCK_TABLE
     k_scale = 1.0
     v_scale = 1.0
     if HAS_DESCALE:

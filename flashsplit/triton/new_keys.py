@@ -70,6 +70,25 @@ def new_rows(NEW, stride_nt, offs_t, mask_t, positions, COS, SIN, stride_cos, se
 
 
 @triton.jit
+def row_cache_bases(K, V, BATCH_IDX, b, kvh, num_pages, stride_kb, stride_kh, stride_vb, stride_vh,
+                    PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr):
+    """``(k_base, v_base)`` of row ``b`` and KV head ``kvh``: PAGED, the cache's head (dim 0 is the
+    page, found per key through the row's page table); dense, the row's (cache row
+    ``BATCH_IDX[b]`` with HAS_BATCH_IDX, clamped like a page id: a wrong index reads and writes a
+    wrong row, never stray memory)."""
+    if PAGED:
+        k_base = K + kvh * stride_kh
+        v_base = V + kvh * stride_vh
+    else:
+        cache_row = b
+        if HAS_BATCH_IDX:
+            cache_row = tl.minimum(tl.maximum(tl.load(BATCH_IDX + b), 0), num_pages - 1).to(tl.int64)
+        k_base = K + cache_row * stride_kb + kvh * stride_kh
+        v_base = V + cache_row * stride_vb + kvh * stride_vh
+    return k_base, v_base
+
+
+@triton.jit
 def slot_offsets(offs_n, mask_n, bt_row, num_pages, stride_b, stride_n, PAGED: tl.constexpr,
                  PAGE_SIZE: tl.constexpr):
     """int64 offsets ``[BLOCK_N]`` of keys ``offs_n`` in a cache (dense: from the row's base;

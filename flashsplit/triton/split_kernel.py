@@ -12,7 +12,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
 from .attend import attend_range, chunk_page_ids, q_for_fp16_dots
-from .new_keys import write_new_keys
+from .new_keys import row_cache_bases, write_new_keys
 from .rotary import load_rotated_rows, load_rows_rotated_at
 from .split_rule import (add_sink, load_leftpad, load_seqlen, padded_row_first_key, row_first_key, row_split_range,
                          row_splits_used)
@@ -279,17 +279,11 @@ def split_kv_kernel(
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         acc_odd = tl.zeros([1], tl.float32)  # unused
-    if PAGED:  # dim 0 of the cache is the page, found per key through the row's page table
-        k_base = K + kvh * stride_kh
-        v_base = V + kvh * stride_vh
+    k_base, v_base = row_cache_bases(K, V, BATCH_IDX, b, kvh, num_pages, stride_kb, stride_kh, stride_vb, stride_vh,
+                                     PAGED, HAS_BATCH_IDX)
+    bt_row = BLOCK_TABLE  # the row's page table (PAGED)
+    if PAGED:
         bt_row = BLOCK_TABLE + b * stride_btb
-    else:
-        cache_row = b
-        if HAS_BATCH_IDX:  # clamped like a page id: a wrong index reads a wrong row, never stray memory
-            cache_row = tl.minimum(tl.maximum(tl.load(BATCH_IDX + b), 0), num_pages - 1).to(tl.int64)
-        k_base = K + cache_row * stride_kb + kvh * stride_kh
-        v_base = V + cache_row * stride_vb + kvh * stride_vh
-        bt_row = BLOCK_TABLE
     k_scale = 1.0
     v_scale = 1.0
     if HAS_DESCALE:  # fp8 cache: K's scale multiplies the scores, V's the output
