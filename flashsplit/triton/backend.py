@@ -21,7 +21,7 @@ from ..registry import Backend
 from ..workspace import ARRIVALS, Workspace, stream_key
 from . import INTERPRETER_OFF, interpreter_active
 from .combine_kernel import combine_kernel
-from .launch import Relaunch, launch
+from .launch import Relaunch, descale_strides, launch, strides_or_zeros
 from .new_keys import FP8_FORMATS
 from .split_kernel import LOG2E, split_kv_kernel
 
@@ -85,15 +85,6 @@ def new_key_tile(seqlen_new: int, block_n: int) -> int:
     (16, 16, 64)
     """
     return min(block_n, max(16, triton.next_power_of_2(max(seqlen_new, 1))))
-
-
-def _strides(t: torch.Tensor | None, dims: int) -> tuple[int, ...]:
-    return tuple(t.stride()[:dims]) if t is not None else (0,) * dims
-
-
-def _descale_strides(scale: torch.Tensor | None) -> tuple[int, int]:
-    """(row, KV head) strides of a descale: 0, 0 for one scale for the whole cache."""
-    return (0, 0) if scale is None or scale.numel() == 1 else tuple(scale.stride())
 
 
 class TritonBackend(Backend):
@@ -182,10 +173,10 @@ class TritonBackend(Backend):
                    *((rotary_cos, rotary_sin) if rotary else (None, None)), k_new, v_new)
         tail = (
             *q.stride()[:3], *k_cache.stride()[:3], *v_arg.stride()[:3],
-            *_strides(out_partial, 4), *_strides(lse_partial, 3),
-            *_strides(out, 3), *_strides(lse, 2),
-            *_strides(block_table, 1), *_descale_strides(k_descale), *_descale_strides(v_descale),
-            rotary_cos.stride(0) if rotary else 0, *_strides(k_new, 3), *_strides(v_new, 3),
+            *strides_or_zeros(out_partial, 4), *strides_or_zeros(lse_partial, 3),
+            *strides_or_zeros(out, 3), *strides_or_zeros(lse, 2),
+            *strides_or_zeros(block_table, 1), *descale_strides(k_descale), *descale_strides(v_descale),
+            rotary_cos.stride(0) if rotary else 0, *strides_or_zeros(k_new, 3), *strides_or_zeros(v_new, 3),
             # group and head_dim are runtime values (masks, index math): fewer compiled variants. The
             # page size is a constexpr (one variant per page size): no integer division per key.
             seqlen_q, seqlen_k, num_splits, row_blocks, group, head_dim, page_size, k_cache.shape[0],
@@ -250,7 +241,7 @@ class TritonBackend(Backend):
         chunk_s = block_s if invariant else min(block_s, max(8, 8192 // block_d))
         tail = (
             *out_partial.stride()[:4], *lse_partial.stride()[:3],
-            *out.stride()[:3], *_strides(lse, 2),
+            *out.stride()[:3], *strides_or_zeros(lse, 2),
             seqlen_q, seqlen_k, num_heads, num_splits, variant.window_left,
             head_dim, block_d, block_s, chunk_s,
             SPLIT_GRANULE, skip_single_split_rows, lse is not None,

@@ -20,11 +20,15 @@ import triton.language as tl
 
 from ..call import DecodeTensors, cache_capacity
 from ..problem import Variant
-from .new_keys import FP8_FORMATS, row_cache_bases, write_new_keys
+from .backend import new_key_tile
+from .launch import descale_strides, strides_or_zeros
+from .new_keys import FP8_FORMATS, row_cache_bases, row_descales, write_new_keys
 from .rotary import load_rotated_rows, load_rows_rotated_at
 
 #: q rows rotated per step of the rotation loop (registers: BLOCK_R x BLOCK_D fp32, twice).
 Q_ROWS = 16
+#: The most new keys a tile holds (:func:`~flashsplit.triton.backend.new_key_tile`'s cap).
+NEW_KEYS_MAX_TILE = 64
 
 
 @triton.jit
@@ -67,11 +71,8 @@ def cache_update_kernel(
     bt_row = BLOCK_TABLE  # the row's page table (PAGED)
     if PAGED:
         bt_row = BLOCK_TABLE + b * stride_btb
-    k_scale = 1.0
-    v_scale = 1.0
-    if HAS_DESCALE:
-        k_scale = tl.load(K_DESCALE + b * stride_kdb + kvh * stride_kdh)
-        v_scale = tl.load(V_DESCALE + b * stride_vdb + kvh * stride_vdh)
+    k_scale, v_scale = row_descales(K_DESCALE, V_DESCALE, b, kvh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
+                                    HAS_DESCALE)
     total = tl.minimum(tl.maximum(seqlen0 + seqlen_new, 0), capacity)
     lo = tl.minimum(tl.maximum(seqlen0, 0), total)
     write_new_keys(K_NEW + b * stride_knb + kvh * stride_knh, V_NEW + b * stride_vnb + kvh * stride_vnh, k_base,
@@ -99,15 +100,6 @@ def cache_update_kernel(
             tl.store(out, q.to(Q_OUT.dtype.element_ty), mask=mask_r[:, None] & mask_d[None, :])
 
 
-def _strides(t: torch.Tensor | None, n: int) -> tuple[int, ...]:
-    return (0,) * n if t is None else tuple(t.stride()[:n])
-
-
-def _descale_strides(t: torch.Tensor | None) -> tuple[int, int]:
-    """``[b, kvh]`` strides of a descale: 0, 0 for one element (or none)."""
-    return (0, 0) if t is None or t.numel() == 1 else (t.stride(0), t.stride(1))
-
-
 def append_new_keys(tensors: DecodeTensors, variant: Variant) -> tuple[torch.Tensor, torch.Tensor]:
     """Write ``tensors.k_new``/``v_new`` (``variant.seqlen_new`` tokens a row) into the cache as
     :func:`cache_update_kernel` says; returns ``(q, cache_seqlens)`` for the attention that
@@ -131,11 +123,11 @@ def append_new_keys(tensors: DecodeTensors, variant: Variant) -> tuple[torch.Ten
         t.v_descale if t.v_descale is not None else any_ptr,
         t.rotary_cos if rotary else any_ptr, t.rotary_sin if rotary else any_ptr,
         *q.stride()[:3], *q_out.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
-        *t.k_new.stride()[:3], *t.v_new.stride()[:3], *_strides(t.block_table, 1),
-        *_descale_strides(t.k_descale), *_descale_strides(t.v_descale), t.rotary_cos.stride(0) if rotary else 0,
+        *t.k_new.stride()[:3], *t.v_new.stride()[:3], *strides_or_zeros(t.block_table, 1),
+        *descale_strides(t.k_descale), *descale_strides(t.v_descale), t.rotary_cos.stride(0) if rotary else 0,
         seqlen_q, variant.seqlen_new, num_heads // num_heads_kv, head_dim, cache_capacity(k_cache, t.block_table),
         k_cache.shape[0], t.rotary_cos.shape[0] if rotary else 1, t.rotary_cos.shape[1] if rotary else 0,
-        BLOCK_N=max(16, min(64, triton.next_power_of_2(variant.seqlen_new))), BLOCK_R=Q_ROWS,
+        BLOCK_N=new_key_tile(variant.seqlen_new, NEW_KEYS_MAX_TILE), BLOCK_R=Q_ROWS,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), PAGED=paged, PAGE_SIZE=k_cache.shape[1] if paged else 1,
         HAS_LEFTPAD=variant.has_leftpad, HAS_BATCH_IDX=variant.has_batch_idx, HAS_DESCALE=t.k_descale is not None,
         ROTARY=rotary, INTERLEAVED=variant.rotary_interleaved,

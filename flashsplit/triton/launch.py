@@ -101,6 +101,16 @@ def _active_hooks():
     return None, None
 
 
+def strides_or_zeros(t: torch.Tensor | None, dims: int) -> tuple[int, ...]:
+    """The first ``dims`` strides of ``t``, or zeros where a kernel's tensor is absent."""
+    return tuple(t.stride()[:dims]) if t is not None else (0,) * dims
+
+
+def descale_strides(scale: torch.Tensor | None) -> tuple[int, int]:
+    """(row, KV head) strides of an fp8 descale: 0, 0 for one scale for the whole cache (or none)."""
+    return (0, 0) if scale is None or scale.numel() == 1 else tuple(scale.stride())
+
+
 def launch(fn, grid: tuple[int, int, int], tensors: Sequence, tail: Sequence, options: dict) -> Relaunch | None:
     """``fn[grid](*tensors, *tail, **options)``; returns a :class:`Relaunch` of it, or None where
     replaying is not possible (the interpreter, another triton version)."""

@@ -89,6 +89,19 @@ def row_cache_bases(K, V, BATCH_IDX, b, kvh, num_pages, stride_kb, stride_kh, st
 
 
 @triton.jit
+def row_descales(K_DESCALE, V_DESCALE, b, kvh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
+                 HAS_DESCALE: tl.constexpr):
+    """``(k_scale, v_scale)`` of row ``b`` and KV head ``kvh`` for an fp8 cache (HAS_DESCALE:
+    ``[b * stride_b + kvh * stride_h]``, strides 0 for one scale); 1.0, 1.0 otherwise."""
+    k_scale = 1.0
+    v_scale = 1.0
+    if HAS_DESCALE:
+        k_scale = tl.load(K_DESCALE + b * stride_kdb + kvh * stride_kdh)
+        v_scale = tl.load(V_DESCALE + b * stride_vdb + kvh * stride_vdh)
+    return k_scale, v_scale
+
+
+@triton.jit
 def slot_offsets(offs_n, mask_n, bt_row, num_pages, stride_b, stride_n, PAGED: tl.constexpr,
                  PAGE_SIZE: tl.constexpr):
     """int64 offsets ``[BLOCK_N]`` of keys ``offs_n`` in a cache (dense: from the row's base;

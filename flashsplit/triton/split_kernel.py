@@ -12,7 +12,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
 from .attend import attend_range, chunk_page_ids, q_for_fp16_dots
-from .new_keys import row_cache_bases, write_new_keys
+from .new_keys import row_cache_bases, row_descales, write_new_keys
 from .rotary import load_rotated_rows, load_rows_rotated_at
 from .split_rule import (add_sink, load_leftpad, load_seqlen, padded_row_first_key, row_first_key, row_split_range,
                          row_splits_used)
@@ -284,12 +284,10 @@ def split_kv_kernel(
     bt_row = BLOCK_TABLE  # the row's page table (PAGED)
     if PAGED:
         bt_row = BLOCK_TABLE + b * stride_btb
-    k_scale = 1.0
-    v_scale = 1.0
+    k_scale, v_scale = row_descales(K_DESCALE, V_DESCALE, b, kvh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
+                                    HAS_DESCALE)
     if HAS_DESCALE:  # fp8 cache: K's scale multiplies the scores, V's the output
-        k_scale = tl.load(K_DESCALE + b * stride_kdb + kvh * stride_kdh)
         qk_scale_log2 = qk_scale_log2 * k_scale
-        v_scale = tl.load(V_DESCALE + b * stride_vdb + kvh * stride_vdh)
         q, qk_scale_log2 = q_for_fp16_dots(q, qk_scale_log2)
     if SEQLEN_ADD != 0:
         # This split's new keys go into the cache first; the barrier orders those stores before the
