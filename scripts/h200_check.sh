@@ -27,8 +27,11 @@ timeout "$T" $P tests/test_gpu.py -k "not triton and not bfloat16" > "$OUT/pytes
 timeout "$T" $P -n 2 tests/test_cute_gpu.py > "$OUT/pytest-cute.log" 2>&1 &
 # Property tests on their own, each drawn example printed as it runs (-s, verbose): a failure,
 # or a sticky CUDA error it leaves behind, names its example even if the timeout stops the run.
+# Their default example counts here (--full draws 300 per test, several minutes with cute's
+# compiles: run those alone, PROPERTY_FULL=1).
+PP=${P/ --full/}; [ -n "${PROPERTY_FULL:-}" ] && PP=$P
 for f in kvcache_properties properties; do
-  timeout "$T" $P -s --hypothesis-verbosity=verbose tests/test_$f.py > "$OUT/pytest-$f.log" 2>&1 &
+  timeout "$T" $PP -s --hypothesis-verbosity=verbose tests/test_$f.py > "$OUT/pytest-$f.log" 2>&1 &
 done
 timeout "$T" $P -n ${REST_WORKERS:-6} tests --ignore=tests/test_gpu.py --ignore=tests/test_cute_gpu.py \
   --ignore=tests/test_cute_compile.py --ignore=tests/test_triton_compile.py \

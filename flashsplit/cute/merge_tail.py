@@ -29,11 +29,19 @@ class MergeTail:
         self.row_merge = RowMerge(config.head_dim, 1, 2048 // config.head_dim)
 
     @cute.jit
-    def run(self, mO, mLSE, mOut, mOutLSE, mArrivals, sTicket, work, mSinks=None):
+    def first_sink(self, mSinks, work):
+        """The sink (fp32) of the first row this warp would merge (warp ``w`` merges rows ``w,
+        w + 4, ...``): loaded with q, ahead of the keys, so that the merge does not wait on it."""
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        return mSinks[work.kvh * work.group + (work.row_block * self.block_m + warp) % work.group].to(Float32)
+
+    @cute.jit
+    def run(self, mO, mLSE, mOut, mOutLSE, mArrivals, sTicket, work, mSinks=None, first_sink=None):
         """Count this CTA's split as done on its row tile's arrival counter; the last of the
         tile's ``num_splits`` CTAs merges the partials of the tile's real rows into
         ``mOut``/``mOutLSE`` (warp ``w`` takes rows ``w, w + 4, ...``) and zeroes the counter.
-        ``mSinks`` ``[H_q]``: each q head's sink joins its merged softmax (``softmax.add_sink``).
+        ``mSinks`` ``[H_q]``: each q head's sink joins its merged softmax (``softmax.add_sink``);
+        ``first_sink``: the warp's first row's (:meth:`first_sink`), the others are loaded here.
 
         Ordering (the pattern of a split-K semaphore): every consumer thread's partial stores
         precede the named barrier, and thread 0's gpu-scope acq_rel atomic follows it (release:
@@ -62,9 +70,14 @@ class MergeTail:
                 packed = row_block * M + r
                 m = packed // group
                 hq = kvh * group + packed % group
+                sink = None
+                if cutlass.const_expr(mSinks is not None):
+                    sink = first_sink
+                    if r != warp:  # (issued ahead of the partials' loads)
+                        sink = mSinks[hq].to(Float32)
                 lse = self.row_merge.warp_sum(mO, mLSE, acc, num_splits, batch_idx, m, hq, 0, lane)
                 if cutlass.const_expr(mSinks is not None):
-                    lse, factor = softmax.add_sink(lse, mSinks[hq].to(Float32))
+                    lse, factor = softmax.add_sink(lse, sink)
                     for j in cutlass.range_constexpr(C):
                         acc[j] = acc[j] * factor
                 out.store(acc.load().to(self.dtype))

@@ -78,7 +78,13 @@ class RowConsumer:
         cap_k = None  # softcap: 2 log2(e) / softcap_log2 (softmax.cap_score)
         if cutlass.const_expr(self.softcap):
             cap_k = 2.0 * softmax.LOG2_E / softcap_log2
+        row_sink = None  # each row's sink, loaded ahead of the keys (off the epilogue's critical path)
+        if cutlass.const_expr(mSinks is not None):
+            row_sink = cute.make_rmem_tensor((2,), Float32)
         for r in cutlass.range_constexpr(2):
+            if cutlass.const_expr(mSinks is not None):  # (packed % group: a real head of this KV head)
+                packed = work.row_block * M + warp * 16 + lane // 4 + 8 * r
+                row_sink[r] = mSinks[work.kvh * work.group + packed % work.group].to(Float32)
             row_qk_scale[r] = softmax_scale_log2
             if cutlass.const_expr(self.scaled_q):  # times 1 / the q row's power of two
                 row_qk_scale[r] = softmax_scale_log2 * sRowScale[warp * 16 + lane // 4 + 8 * r]
@@ -145,7 +151,7 @@ class RowConsumer:
 
         if cutlass.const_expr(self.signals_combine):
             cute.arch.griddepcontrol_launch_dependents()  # every tile done: only the stores remain
-        self.epilogue(acc_o, row_max, row_sum, mO, mLSE, work, v_scale, mSinks)
+        self.epilogue(acc_o, row_max, row_sum, mO, mLSE, work, v_scale, row_sink)
 
     @cute.jit
     def softmax_rows(self, acc_s, acc_o, row_max, row_sum, row_qk_scale, key_limit, r, tile_start, lane,
@@ -196,11 +202,11 @@ class RowConsumer:
         )
 
     @cute.jit
-    def epilogue(self, acc_o, row_max, row_sum, mO, mLSE, work, v_scale, mSinks=None):
+    def epilogue(self, acc_o, row_max, row_sum, mO, mLSE, work, v_scale, row_sink=None):
         """Normalize and write O and the natural-log LSE straight from registers (an fp8 cache:
         O times ``v_scale``, the V descale). Partials of an empty split are never read: only
-        their LSE is written. ``mSinks`` (one split: the final result): each q head's sink
-        joins its row's softmax (:func:`softmax.add_sink`)."""
+        their LSE is written. ``row_sink`` (one split: the final result): the thread's two rows'
+        sinks, each joins its row's softmax (:func:`softmax.add_sink`)."""
         D, M = self.head_dim, self.block_m
         tidx, batch_idx, kvh, group = work.tidx, work.batch_idx, work.kvh, work.group
         lane = tidx % 32
@@ -218,8 +224,8 @@ class RowConsumer:
                 out_split = work.split_idx
                 if cutlass.const_expr(not self.write_partials):
                     out_split = 0
-                if cutlass.const_expr(mSinks is not None):
-                    lse, factor = softmax.add_sink(lse, mSinks[hq].to(Float32))
+                if cutlass.const_expr(row_sink is not None):
+                    lse, factor = softmax.add_sink(lse, row_sink[r])
                     inv = inv * factor
                 if lane % 4 == 0:
                     mLSE[out_split, batch_idx, hq, m] = lse

@@ -408,6 +408,10 @@ class SplitKVDecodeKernel:
         work = CtaWork(tidx, split_idx, batch_idx, z_idx, kvh, row_block, seqlen_q, group, num_splits, n_keys, start,
                        end, first_tile, num_tiles, window_left, window_right, cta_first, pad)
 
+        merge_sink = None  # the merge tail's first sink, loaded ahead of the keys
+        if cutlass.const_expr(self.merge and bool(self.config.sinks)):
+            merge_sink = self.merge_tail.first_sink(mSinks, work)
+
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -431,4 +435,4 @@ class SplitKVDecodeKernel:
                                   sV_load, v_scale, sRowScale, softcap_log2, final_sinks)
             if cutlass.const_expr(self.merge):
                 self.merge_tail.run(mO, mLSE, mOut, mOutLSE, mArrivals, storage.ticket.get_tensor(cute.make_layout((4,))),
-                                    work, mSinks)
+                                    work, mSinks, merge_sink)

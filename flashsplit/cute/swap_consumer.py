@@ -81,7 +81,13 @@ class SwapConsumer:
         cap_k = None  # softcap: 2 log2(e) / softcap_log2 (softmax.cap_score)
         if cutlass.const_expr(self.softcap):
             cap_k = 2.0 * softmax.LOG2_E / softcap_log2
+        row_sink = None  # each column's (q row's) sink, loaded ahead of the keys
+        if cutlass.const_expr(mSinks is not None):
+            row_sink = cute.make_rmem_tensor((2,), Float32)
         for c in cutlass.range_constexpr(2):
+            if cutlass.const_expr(mSinks is not None):  # (packed % group: a real head of this KV head)
+                packed = work.row_block * R + (lane % 4) * 2 + c
+                row_sink[c] = mSinks[work.kvh * work.group + packed % work.group].to(Float32)
             row_max[c] = -Float32.inf
             row_sum[c] = 0.0
             self.mask.set_limit(key_limit, c, end, work.n_keys, work.seqlen_q, work.group,
@@ -124,7 +130,7 @@ class SwapConsumer:
 
         if cutlass.const_expr(self.signals_combine):
             cute.arch.griddepcontrol_launch_dependents()  # every tile done: only the stores remain
-        self.epilogue(acc_o, row_max, row_sum, mO, mLSE, sRed, work, mSinks)
+        self.epilogue(acc_o, row_max, row_sum, mO, mLSE, sRed, work, row_sink)
 
     @cute.jit
     def column_sums_across_warps(self, x, sRed, lane, warp, reduce):
@@ -182,11 +188,11 @@ class SwapConsumer:
             acc_o[j] = acc_o[j] * rescale[j % 2]
 
     @cute.jit
-    def epilogue(self, acc_o, row_max, row_sum, mO, mLSE, sRed, work, mSinks=None):
+    def epilogue(self, acc_o, row_max, row_sum, mO, mLSE, sRed, work, row_sink=None):
         """The columns' sums over all threads, then O (= O^T's columns, normalized) and the
         natural-log LSE of each real q row, straight from registers. Partials of an empty split
-        are never read: only their LSE is written. ``mSinks`` (one split: the final result):
-        each q head's sink joins its row's softmax (:func:`softmax.add_sink`)."""
+        are never read: only their LSE is written. ``row_sink`` (one split: the final result):
+        the thread's two columns' sinks, each joins its q row's softmax (:func:`softmax.add_sink`)."""
         R = self.block_m
         tidx, batch_idx, kvh, group = work.tidx, work.batch_idx, work.kvh, work.group
         lane = tidx % 32
@@ -203,8 +209,8 @@ class SwapConsumer:
             if packed < num_rows:
                 m = packed // group
                 hq = kvh * group + packed % group
-                if cutlass.const_expr(mSinks is not None):
-                    lse, factor = softmax.add_sink(lse, mSinks[hq].to(Float32))
+                if cutlass.const_expr(row_sink is not None):
+                    lse, factor = softmax.add_sink(lse, row_sink[c])
                     inv = inv * factor
                 if tidx < 4:
                     mLSE[out_split, batch_idx, hq, m] = lse

@@ -22,18 +22,31 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def store_final(OUT, LSE, SINKS, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
+def store_final(OUT, LSE, sink, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
                 stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE: tl.constexpr,
                 HAS_SINKS: tl.constexpr):
     """Write a finished tile: ``OUT[b, m, hq, :]`` in OUT's dtype and ``LSE[b, hq, m]``; with
-    HAS_SINKS, after adding each q head's sink ``SINKS[hq]`` to the softmax (:func:`add_sink`)."""
+    HAS_SINKS, after adding each row's sink ``sink`` (fp32, its q head's, :func:`load_row_sinks`)
+    to the softmax (:func:`add_sink`)."""
     if HAS_SINKS:
-        lse, factor = add_sink(lse, tl.load(SINKS + offs_hq, mask=mask_r, other=0.0).to(tl.float32))
+        lse, factor = add_sink(lse, sink)
         out = out * factor[:, None]
     out_ptrs = OUT + b * stride_ob + offs_m[:, None] * stride_om + offs_hq[:, None] * stride_oh + offs_d[None, :]
     tl.store(out_ptrs, out.to(OUT.dtype.element_ty), mask=mask_out)
     if WRITE_LSE:
         tl.store(LSE + b * stride_lb + offs_hq * stride_lh + offs_m, lse, mask=mask_r)
+
+
+@triton.jit
+def load_row_sinks(SINKS, kvh, row_block, seqlen_q, group, BLOCK_M: tl.constexpr, ROWS: tl.constexpr,
+                   HAS_SINKS: tl.constexpr):
+    """The sinks ``SINKS[hq]`` (fp32) of a row tile's first ROWS packed rows; zeros without HAS_SINKS.
+    Loaded with q, ahead of the keys: the final store then waits on no load of its own."""
+    offs_r = row_block * BLOCK_M + tl.arange(0, ROWS)
+    sink = tl.zeros([ROWS], tl.float32)
+    if HAS_SINKS:
+        sink = tl.load(SINKS + kvh * group + offs_r % group, mask=offs_r < seqlen_q * group, other=0.0).to(tl.float32)
+    return sink
 
 
 @triton.jit
@@ -50,13 +63,13 @@ def store_partial(OUT_PARTIAL, LSE_PARTIAL, out, lse, split, b, offs_m, offs_hq,
 
 
 @triton.jit
-def merge_splits(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, SINKS, b, kvh, row_block, seqlen_q, group, head_dim,
+def merge_splits(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, sink, b, kvh, row_block, seqlen_q, group, head_dim,
                  num_splits, stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph,
                  stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
                  MERGE_CHUNK: tl.constexpr, WRITE_LSE: tl.constexpr, HAS_SINKS: tl.constexpr):
     """Merge a row tile's ``num_splits`` partials (what the combine kernel computes) and write
-    ``OUT``/``LSE``.
+    ``OUT``/``LSE`` (with HAS_SINKS, ``sink`` ``[MERGE_ROWS]`` joins each row's softmax).
 
     Only the tile's first MERGE_ROWS packed rows (the real ones, a power of two >= L_q x group
     when that is under BLOCK_M) are merged, in chunks of MERGE_CHUNK splits: a chunk's LSEs
@@ -98,12 +111,12 @@ def merge_splits(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, SINKS, b, kvh, row_block, s
     safe_total = tl.where(has_keys, total, 1.0)
     lse = tl.where(has_keys, m + tl.log(safe_total), float("-inf"))
     acc = acc / safe_total[:, None]
-    store_final(OUT, LSE, SINKS, acc, lse, b, offs_m, offs_hq, offs_d, mask_rd, mask_r,
+    store_final(OUT, LSE, sink, acc, lse, b, offs_m, offs_hq, offs_d, mask_rd, mask_r,
                 stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE, HAS_SINKS)
 
 
 @triton.jit
-def store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, SINKS, out, lse, split, b, kvh, row_block,
+def store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, merge_sink, out, lse, split, b, kvh, row_block,
                             offs_m, offs_hq, offs_d, mask_out, mask_r, seqlen_q, group, head_dim, num_splits,
                             stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph,
                             stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
@@ -111,7 +124,8 @@ def store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, SINKS,
                             MERGE_IN_LAST_SPLIT: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
                             MERGE_CHUNK: tl.constexpr, HAS_SINKS: tl.constexpr):
     """:func:`store_partial`; with MERGE_IN_LAST_SPLIT, the row tile's last split to arrive then
-    merges every split's partial (:func:`merge_splits`) into ``OUT``/``LSE``."""
+    merges every split's partial (:func:`merge_splits`, ``merge_sink`` its rows' sinks) into
+    ``OUT``/``LSE``."""
     store_partial(OUT_PARTIAL, LSE_PARTIAL, out, lse, split, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
                   stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph)
     if MERGE_IN_LAST_SPLIT:
@@ -121,7 +135,7 @@ def store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, SINKS,
         arrivals = ARRIVALS + b * tl.num_programs(2) + tl.program_id(2)
         if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
             tl.store(arrivals, 0)  # every program of this row tile has counted: reset for the next launch
-            merge_splits(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, SINKS, b, kvh, row_block, seqlen_q, group, head_dim,
+            merge_splits(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, merge_sink, b, kvh, row_block, seqlen_q, group, head_dim,
                          num_splits, stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph,
                          stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
                          BLOCK_M, BLOCK_D, MERGE_ROWS, MERGE_SPLITS, MERGE_CHUNK, WRITE_LSE, HAS_SINKS)
@@ -261,6 +275,10 @@ def split_kv_kernel(
         q_ptrs = Q + b * stride_qb + offs_m[:, None] * stride_qm + offs_hq[:, None] * stride_qh + offs_d[None, :]
         q = tl.load(q_ptrs, mask=mask_r[:, None] & mask_d[None, :], other=0.0)
 
+    sink = load_row_sinks(SINKS, kvh, row_block, seqlen_q, group, BLOCK_M, BLOCK_M, HAS_SINKS)
+    merge_sink = load_row_sinks(SINKS, kvh, row_block, seqlen_q, group, BLOCK_M, MERGE_ROWS,
+                                HAS_SINKS and MERGE_IN_LAST_SPLIT)
+
     # Bottom-right aligned: query m is token (seqlen - L_q + m) and sees keys up to it (causal)
     # or window_right past it, and from window_left before it.
     last_visible = seqlen - seqlen_q + offs_m + window_right
@@ -333,19 +351,19 @@ def split_kv_kernel(
     # Which store runs is static wherever it can be: OUT/LSE or the partial buffers may be
     # None, and the compiler builds every branch that is not pruned at compile time.
     if not HAS_PARTIALS:  # one split: no partial buffers exist
-        store_final(OUT, LSE, SINKS, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
+        store_final(OUT, LSE, sink, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
                     stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE, HAS_SINKS)
     elif not FINAL_FOR_SINGLE_SPLIT_ROWS:  # partials for every row (forward_partials: no OUT)
-        store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, SINKS, out, lse, split, b, kvh,
+        store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, merge_sink, out, lse, split, b, kvh,
                                 row_block, offs_m, offs_hq, offs_d, mask_out, mask_r, seqlen_q, group, head_dim,
                                 num_splits, stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb,
                                 stride_lph, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, BLOCK_M, BLOCK_D,
                                 WRITE_LSE, MERGE_IN_LAST_SPLIT, MERGE_ROWS, MERGE_SPLITS, MERGE_CHUNK, HAS_SINKS)
     elif write_final:
-        store_final(OUT, LSE, SINKS, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
+        store_final(OUT, LSE, sink, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
                     stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE, HAS_SINKS)
     else:
-        store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, SINKS, out, lse, split, b, kvh,
+        store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, merge_sink, out, lse, split, b, kvh,
                                 row_block, offs_m, offs_hq, offs_d, mask_out, mask_r, seqlen_q, group, head_dim,
                                 num_splits, stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb,
                                 stride_lph, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, BLOCK_M, BLOCK_D,
