@@ -320,10 +320,13 @@ def split_kv_kernel(
                        BLOCK_D, PAGED, PAGE_SIZE, ROTARY, ROTARY_INTERLEAVED, HAS_DESCALE, V_PAIRS, V_E5M2,
                        FP8_EMIN, FP8_MBITS, FP8_MAX)
         tl.debug_barrier()
+    lo = start  # the first tile read
+    if LEFT_BOUND:  # the tiles before the first key query 0 sees hold no key any query sees
+        lo = tl.maximum(start, tl.maximum(seqlen - seqlen_q - window_left, 0) // BLOCK_N * BLOCK_N)
     if PAGED:
         # Chunks of CHUNK_TILES tiles: the chunk's page ids are loaded once, then its tiles run
         # like dense ones (the K/V addresses depend on no load inside the inner loop).
-        c0 = start
+        c0 = lo
         while c0 < end:
             first_page, page_ids = chunk_page_ids(bt_row, c0, seqlen, PAGE_SIZE, CHUNK_PAGES)
             c1 = tl.minimum(c0 + CHUNK_TILES * BLOCK_N, end)
@@ -336,7 +339,7 @@ def split_kv_kernel(
             c0 = c1
     else:
         m_i, l_i, acc, acc_odd = attend_range(q, k_base, v_base, 0, 0, num_pages, stride_kb, stride_kn, stride_vb,
-                                              stride_vn, start, end, end, full_lo, full_limit, last_visible,
+                                              stride_vn, lo, end, end, full_lo, full_limit, last_visible,
                                               first_visible, m_i, l_i, acc, acc_odd, qk_scale_log2, softcap_log2,
                                               head_dim, BLOCK_N, BLOCK_D, RIGHT_BOUND, LEFT_BOUND, SOFTCAP, PAGED,
                                               PAGE_SIZE, CHUNK_PAGES, RUNTIME_BOUND_WHILE, FULL_TILES, EVEN_D,
