@@ -53,6 +53,19 @@ rule                   backend   when (all measured on an H200, 32/8 heads, bf16
                                  heads, B = 64: 1k 240.2 vs 245.8 us, 4k 935.3 vs 960.0, 16k 3777
                                  vs 3852, 64k 14943 vs 15155; at B = 16, 512 units, Triton led by
                                  0.2-1.9%).
+``short-wide-d64``     triton    a dense 16-bit cache at d = 64, >= :data:`WIDE_GROUP_ROWS` packed
+                                 rows, a span of at most :data:`SHORT_SPAN_D64` keys (64/8 heads at
+                                 1k keys: B = 1 6.2 vs 7.0 us, B = 16 13.8 vs 14.7, B = 64 37.7 vs
+                                 38.3; from 4k keys cute leads).
+``mha-d256-mid-batch`` triton    a dense 16-bit cache at d = 256, fewer than :data:`MIN_PACKED_ROWS`
+                                 packed rows (MHA), :data:`MHA_D256_UNITS` work units (16/16 heads,
+                                 B = 16: 1k 67.5 vs 69.8 us, 4k 244.2 vs 247.4, 128k 7679 vs 7746;
+                                 at B = 1 and 64 cute leads by up to 1.20x).
+``d64-d256``           cute      a dense 16-bit cache at d = 64 or 256: cute led in 58 of 71 cells
+                                 (32/8, 32/32, 64/8 heads at d = 64; 16/2, 16/8, 16/16 at d = 256;
+                                 B 1, 16, 64 x 1k-128k), by up to 1.46x (16/2 heads, B = 1 x 16k:
+                                 14.4 vs 21.1 us; 32/8 d = 64 B = 16 x 128k 992 vs 1107), and
+                                 outside the two rules above Triton led by at most 1.2%.
 ``default``            triton    everything else: fp8 caches (Triton reads fp8 V in pairs: cute was
                                  1.6x slower at B = 1 x 128k), other head dims, one q row per KV head
                                  in several waves (32/32 heads B = 16 x 16k: 935.6 vs 957.7 us).
@@ -81,6 +94,11 @@ LONG_SPLIT_KEYS = 512
 SHORT_SPAN_D96 = 32768
 #: ``mha-many-waves``: from this many work units (B = 64 x 32 KV heads).
 MHA_CUTE_UNITS = 2048
+#: ``short-wide-d64``: from this many packed rows (64/8 heads), spans up to this many keys.
+WIDE_GROUP_ROWS = 8
+SHORT_SPAN_D64 = 1024
+#: ``mha-d256-mid-batch``: work units in this range (B = 16 x 16 KV heads: 256).
+MHA_D256_UNITS = range(256, 1024)
 #: ``gqa-fills-machine`` / ``long-splits``: at least this many packed rows (L_q x q heads per KV head);
 #: with fewer, the 64-row tile is mostly padding and Triton's 16-row tile was faster.
 MIN_PACKED_ROWS = 4
@@ -171,6 +189,24 @@ def _mha_many_waves(problem: DecodeProblem) -> bool:
             and problem.work_units(64) >= MHA_CUTE_UNITS)
 
 
+def _dense_16bit(problem: DecodeProblem, head_dims: tuple[int, ...]) -> bool:
+    return problem.head_dim in head_dims and problem.cache_dtype == problem.dtype and not problem.paged
+
+
+def _short_wide_d64(problem: DecodeProblem) -> bool:
+    return (_dense_16bit(problem, (64,)) and problem.packed_rows >= WIDE_GROUP_ROWS
+            and problem.span <= SHORT_SPAN_D64)
+
+
+def _mha_d256_mid_batch(problem: DecodeProblem) -> bool:
+    return (_dense_16bit(problem, (256,)) and problem.packed_rows < MIN_PACKED_ROWS
+            and problem.work_units(64) in MHA_D256_UNITS)
+
+
+def _d64_d256(problem: DecodeProblem) -> bool:
+    return _dense_16bit(problem, (64, 256))
+
+
 def _cache_update(problem: DecodeProblem) -> bool:
     return problem.has_new_kv or problem.has_leftpad or problem.has_batch_idx
 
@@ -196,6 +232,11 @@ RULES: tuple[Rule, ...] = (
          f"<= {SHORT_SPAN_D96} keys", _short_gqa_d96),
     Rule("mha-many-waves", "cute", f"< {MIN_PACKED_ROWS} packed rows and >= {MHA_CUTE_UNITS} work units",
          _mha_many_waves),
+    Rule("short-wide-d64", "triton", f"d = 64, >= {WIDE_GROUP_ROWS} packed rows, <= {SHORT_SPAN_D64} keys",
+         _short_wide_d64),
+    Rule("mha-d256-mid-batch", "triton", f"d = 256, < {MIN_PACKED_ROWS} packed rows, {MHA_D256_UNITS.start}-"
+         f"{MHA_D256_UNITS.stop - 1} work units", _mha_d256_mid_batch),
+    Rule("d64-d256", "cute", "a dense 16-bit cache at d = 64 or 256", _d64_d256),
     Rule("default", "triton", "measured as fast or faster for everything else", lambda problem: True),
 )
 

@@ -83,9 +83,21 @@ GOLDEN = [
     (_problem(batch=64, seqlen_k=65536, num_heads_kv=32), "mha-many-waves"),
     (_problem(batch=32, seqlen_k=4096, num_heads_kv=32), "default"),  # 1024 units
     (_problem(batch=64, seqlen_k=4096, num_heads_kv=32, kv_dtype=FP8), "default"),
-    (_problem(batch=64, seqlen_k=4096, num_heads_kv=32, head_dim=64), "default"),
-    (_problem(batch=64, seqlen_k=4096, head_dim=64), "default"),
-    (_problem(batch=64, seqlen_k=4096, head_dim=256), "default"),
+    (_problem(batch=64, seqlen_k=4096, num_heads_kv=32, head_dim=64), "d64-d256"),
+    (_problem(batch=64, seqlen_k=4096, head_dim=64), "d64-d256"),
+    (_problem(batch=64, seqlen_k=4096, head_dim=256), "d64-d256"),
+    (_problem(batch=1, seqlen_k=300_000, head_dim=64), "d64-d256"),  # Llama-3.2-1B heads, a long cache
+    (_problem(batch=2, seqlen_k=100_000, num_heads=16, num_heads_kv=2, head_dim=256), "d64-d256"),
+    (_problem(batch=1, seqlen_k=1024, num_heads=64, head_dim=64), "short-wide-d64"),  # gpt-oss heads
+    (_problem(batch=64, seqlen_k=1024, num_heads=64, head_dim=64), "short-wide-d64"),
+    (_problem(batch=1, seqlen_k=4096, num_heads=64, head_dim=64), "d64-d256"),
+    (_problem(batch=1, seqlen_k=1024, head_dim=64), "d64-d256"),  # 4 packed rows: cute
+    (_problem(batch=16, seqlen_k=1024, num_heads=16, num_heads_kv=16, head_dim=256), "mha-d256-mid-batch"),
+    (_problem(batch=16, seqlen_k=131072, num_heads=16, num_heads_kv=16, head_dim=256), "mha-d256-mid-batch"),
+    (_problem(batch=1, seqlen_k=4096, num_heads=16, num_heads_kv=16, head_dim=256), "d64-d256"),
+    (_problem(batch=64, seqlen_k=4096, num_heads=16, num_heads_kv=16, head_dim=256), "d64-d256"),
+    (_problem(batch=16, seqlen_k=4096, head_dim=64, page_size=48), "paged-gathered"),
+    (_problem(batch=16, seqlen_k=4096, head_dim=256, kv_dtype=FP8), "default"),
     (_problem(batch=64, seqlen_k=4096, kv_dtype=FP8), "default"),
     (_problem(batch=1, seqlen_k=4096, head_dim=96), "short-gqa-d96"),
     (_problem(batch=4, seqlen_k=16384, head_dim=96), "short-gqa-d96"),
@@ -153,6 +165,16 @@ def test_thresholds_sit_where_documented():
     assert mha(_problem(batch=units // 32, num_heads_kv=32))
     assert not mha(_problem(batch=units // 32 - 1, num_heads_kv=32))
     assert not mha(_problem(batch=units // 8, num_heads_kv=8)), "GQA rows take the packed-row rules"
+    wide = selection._short_wide_d64
+    rows = selection.WIDE_GROUP_ROWS
+    assert wide(_problem(num_heads=8 * rows, head_dim=64, seqlen_k=selection.SHORT_SPAN_D64))
+    assert not wide(_problem(num_heads=8 * rows, head_dim=64, seqlen_k=selection.SHORT_SPAN_D64 + 1))
+    assert not wide(_problem(num_heads=8 * (rows - 1), head_dim=64, seqlen_k=1024))
+    mid = selection._mha_d256_mid_batch
+    lo, hi = selection.MHA_D256_UNITS.start, selection.MHA_D256_UNITS.stop
+    mha256 = dict(num_heads=16, num_heads_kv=16, head_dim=256)
+    assert mid(_problem(batch=lo // 16, **mha256)) and mid(_problem(batch=(hi - 1) // 16, **mha256))
+    assert not mid(_problem(batch=lo // 16 - 1, **mha256)) and not mid(_problem(batch=hi // 16, **mha256))
     long = selection._long_splits
     # B = 1, L_q 4 (16 packed rows), 8 units: 32 splits of capacity / 32 keys.
     assert long(_problem(seqlen_q=4, seqlen_k=32 * selection.LONG_SPLIT_KEYS))
