@@ -8,6 +8,7 @@ for comparison. Where the two differ, the rest is launch gaps between the kernel
     python scripts/kernel_breakdown.py --cells 1x4k 1x128k --backends triton cute
     python scripts/kernel_breakdown.py --backends triton triton-combine   # last-split merge vs combine kernel
     python scripts/kernel_breakdown.py --backends cute-combine cute-merge  # cute: combine kernel vs last-CTA merge
+    python scripts/kernel_breakdown.py --cells 1x16k --sinks --batch-invariant  # a variant's kernels
 """
 
 from __future__ import annotations
@@ -64,14 +65,20 @@ def main() -> None:
     parser.add_argument("--cells", nargs="+", default=DEFAULT_CELLS)
     parser.add_argument("--backends", nargs="+", default=["triton", "cute"])
     parser.add_argument("--heads", default="32/8")
+    parser.add_argument("--sinks", action="store_true", help="one fp32 sink logit per q head, N(3, 1)")
+    parser.add_argument("--batch-invariant", action="store_true", help="decode with batch_invariant=True")
     args = parser.parse_args()
     heads, heads_kv = (int(x) for x in args.heads.split("/"))
     for cell in args.cells:
         b, keys = cell.split("x")
         batch, seqlen_k = int(b), parse_seqlen(keys)
         sets, lens = make_sets(batch, seqlen_k, heads, heads_kv, 128)
-        plan = flashsplit.plan(batch, seqlen_k, heads, heads_kv, 128, dtype=torch.bfloat16, device="cuda")
-        print(f"== B={batch} L_k={seqlen_k} {heads}/{heads_kv} d=128 bf16: {plan.num_splits} splits ({plan.backend})")
+        sinks = torch.randn(heads, device="cuda") + 3.0 if args.sinks else None
+        plan = flashsplit.plan(batch, seqlen_k, heads, heads_kv, 128, dtype=torch.bfloat16, device="cuda",
+                               has_sinks=args.sinks, batch_invariant=args.batch_invariant)
+        variant = " sinks" * args.sinks + " batch-invariant" * args.batch_invariant
+        print(f"== B={batch} L_k={seqlen_k} {heads}/{heads_kv} d=128 bf16{variant}: {plan.num_splits} splits "
+              f"({plan.backend})")
         for backend in args.backends:
             # "triton-combine": Triton with a separate combine kernel instead of the last split's merge.
             TritonBackend.merge_max_splits = 0 if backend == "triton-combine" else MERGE_MAX_SPLITS
@@ -80,9 +87,10 @@ def main() -> None:
             CuteBackend.merge_max_splits = {"cute-merge": MAX_SPLITS, "cute-combine": 0}.get(backend, CUTE_MERGE_MAX_SPLITS)
             flashsplit.registry.invalidate()
 
-            def run(i, backend=backend.split("-")[0], sets=sets, lens=lens):
+            def run(i, backend=backend.split("-")[0], sets=sets, lens=lens, sinks=sinks):
                 q, k, v = sets[i]
-                return flashsplit.decode(q, k, v, cache_seqlens=lens, backend=backend)
+                return flashsplit.decode(q, k, v, cache_seqlens=lens, backend=backend, sinks=sinks,
+                                         batch_invariant=args.batch_invariant)
             try:
                 kernels = profile(run, len(sets))
                 graph_us = time_graph(run, len(sets), TimingConfig(), 20)
