@@ -14,6 +14,7 @@ run builds a subset that covers every load mode, head dim, cache type, output ki
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import inspect
 import os
@@ -544,6 +545,28 @@ def test_one_cta_per_sm_rule():
 
 
 
+def test_batch_invariant_runs_of_splits():
+    """A batch-invariant launch gives each CTA a run of consecutive fixed splits, as many CTAs per
+    row tile as fit one wave (at least one): one split per CTA for a lone row, 2 CTAs of 16 splits
+    each at B = 16 x 16k (32/8 heads), one CTA per row tile at B = 64; other launches one per split."""
+    from flashsplit.cute import choice
+
+    def problem(batch, seqlen_k, **kw):
+        args = dict(batch=batch, seqlen_q=1, seqlen_k=seqlen_k, num_heads=32, num_heads_kv=8, head_dim=128,
+                    dtype=torch.bfloat16, causal=False, has_cache_seqlens=True, device_type="cuda",
+                    batch_invariant=True) | kw
+        return DecodeProblem(**args)
+
+    for batch, ctas in [(1, 32), (2, 16), (4, 8), (16, 2), (64, 1)]:
+        tile = choice.choose(problem(batch, 16384), 32, 132)
+        assert (tile.split_ctas, tile.merge, tile.one_per_sm, tile.swap) == (ctas, False, False, False), batch
+        assert -(-32 // ctas) * (ctas - 1) < 32  # every CTA runs at least one split
+    # 5 splits: 52 row tiles x 5 = 260 CTAs fit one wave of 264; 53 take runs of 2 (3 CTAs a tile)
+    assert choice.invariant_split_ctas(52, 5, 2, 132) == 5 and choice.invariant_split_ctas(53, 5, 2, 132) == 3
+    assert choice.invariant_split_ctas(300, 5, 2, 132) == 1
+    assert choice.choose(problem(16, 16384, batch_invariant=False), 2, 132).split_ctas == 0
+
+
 def test_swap_rule():
     """The swapped-operand kernel takes 1-8 packed rows of a 16-bit cache (dense, whole-tile or
     sub-tile pages) in one wave of the tile's CTAs per SM; not 9+ rows, fp8, gathered pages or two
@@ -766,7 +789,7 @@ def test_launch_arguments(paged, fp8, page_size, monkeypatch):
     names = [n for n in inspect.signature(SplitKVDecodeKernel.__call__).parameters if n != "self"]
     assert len(names) == len(args)
     got = dict(zip(names, args))
-    want = dict(batch=batch, num_heads=heads, num_heads_kv=heads_kv, num_splits=3, k_stride_b=k.stride(0),
+    want = dict(batch=batch, num_heads=heads, num_heads_kv=heads_kv, num_splits=3, split_ctas=3, k_stride_b=k.stride(0),
                 k_stride_l=k.stride(1))
     if paged:
         want.update(seqlen_k=4 * page_size, cache_rows=11, cache_len=page_size, max_pages=4, block_table_stride_b=6)
@@ -892,7 +915,8 @@ def test_batch_invariant_launches_take_the_two_cta_tile_and_the_combine():
     plain = choice.LaunchChoice(one_per_sm=False, one_wave=False, merge=False, swap=False)
     for batch, splits in ((16, 1), (8, 4), (1, 32), (1, 2)):
         p = _problem(batch=batch, device_type="cuda", batch_invariant=True)
-        assert choice.choose(p, splits, 132) == plain
+        tile = choice.choose(p, splits, 132)
+        assert dataclasses.replace(tile, split_ctas=0) == plain and tile.split_ctas >= 1  # (runs: any result)
         assert not choice.one_cta_per_sm(p, 132) and choice.units_per_sm(p, 132) == 2
     assert choice.choose(_problem(batch=16, device_type="cuda"), 1, 132).one_per_sm  # (the plain rule)
     # auto's rules for those kernels do not fire either: B = 16 x 4k and B = 1 x 4k are plain

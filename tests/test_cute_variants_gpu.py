@@ -369,3 +369,56 @@ def test_batch_invariance(page_size, seqlen_q, dim, generator):
             check_against_reference(alone[0], alone[1], q_row, k_row, v_row,
                                     torch.tensor([length], dtype=torch.int32, device="cuda"), True, what=str(kwargs),
                                     **kwargs)
+
+
+@pytest.mark.parametrize("page_size", [0, pytest.param(16, marks=FULL)])
+def test_batch_invariance_with_runs_of_splits(page_size, generator):
+    """In a batch of 16 rows of 8 KV heads each CTA runs a run of consecutive fixed splits
+    (``choice.invariant_split_ctas``: 16 splits of 512 keys on 2 CTAs a row, a window's 6 on 2);
+    the same row decoded alone runs one split per CTA: bitwise equal outputs and LSEs, at two
+    positions of the batch, and the reference's. Slots past a row's length hold NaN."""
+    import flashsplit
+    from flashsplit.cute import choice
+
+    heads, dim, capacity, length = (32, 8), 128, 8192, 5000
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert choice.invariant_split_ctas(16 * 8, 16, 2, sms) < 16 == choice.invariant_split_ctas(8, 16, 2, sms)
+    sinks = torch.randn(heads[0], generator=generator).to("cuda")
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=generator).to("cuda", torch.bfloat16)
+
+    lengths = [int(n) for n in torch.randint(0, capacity, (16,), generator=generator)]
+    batch_q, batch_k, batch_v = rand(16, 1, heads[0], dim), rand(16, capacity, heads[1], dim), rand(16, capacity,
+                                                                                                  heads[1], dim)
+
+    def decode(q, k, v, lens, **kwargs):
+        lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        extra = {}
+        if page_size:
+            # (no shared first page: every row is checked against its own dense keys)
+            k, v, extra["block_table"], _, _ = to_paged(k, v, lens.tolist(), page_size, generator,
+                                                        share_first_page=False)
+        return flashsplit.decode(q, k, v, cache_seqlens=lens, return_lse=True, batch_invariant=True, backend="cute",
+                                 **extra, **kwargs)
+
+    q_row, k_row, v_row = rand(1, 1, heads[0], dim), rand(1, length, heads[1], dim), rand(1, length, heads[1], dim)
+    for kwargs in (dict(), dict(window_size=(3000, -1)), dict(softcap=20.0, sinks=sinks)):
+        alone = decode(q_row, k_row, v_row, [length], **kwargs)
+        for position in (5, 15):
+            q, k, v, lens = batch_q.clone(), batch_k.clone(), batch_v.clone(), list(lengths)
+            q[position], k[position, :length], v[position, :length], lens[position] = (q_row[0], k_row[0], v_row[0],
+                                                                                       length)
+            for i, n in enumerate(lens):  # past each row's length: NaN, never read
+                k[i, n:], v[i, n:] = POISON, POISON
+            batched = decode(q, k, v, lens, **kwargs)
+            what = f"{sorted(kwargs)} at {position}"
+            assert torch.equal(alone[0][0], batched[0][position]), what
+            assert torch.equal(alone[1][0], batched[1][position]), what
+            others = [i for i in range(16) if i != position]
+            check_against_reference(batched[0][others], batched[1][others], q[others], k[others], v[others],
+                                    torch.tensor(lens, dtype=torch.int32, device="cuda")[others], False, what=what,
+                                    **kwargs)
+        check_against_reference(alone[0], alone[1], q_row, k_row, v_row,
+                                torch.tensor([length], dtype=torch.int32, device="cuda"), False, what=str(kwargs),
+                                **kwargs)

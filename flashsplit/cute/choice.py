@@ -42,12 +42,29 @@ ONE_PER_SM_MIN_SPLIT_KEYS = 16384
 class LaunchChoice:
     """The kernel variant of one launch: the one-CTA-per-SM tile (``configs.ONE_PER_SM_TILE``)
     or the two-CTA one, ``configs.ONE_WAVE_STAGES`` (merging launches only), the last-CTA merge
-    instead of a combine kernel, swapped operands (``SplitConfig.swap_rows``)."""
+    instead of a combine kernel, swapped operands (``SplitConfig.swap_rows``); ``split_ctas``: CTAs
+    per row tile, each running a run of consecutive splits (batch-invariant decode,
+    :func:`invariant_split_ctas`; 0: one CTA per split)."""
 
     one_per_sm: bool
     one_wave: bool
     merge: bool
     swap: bool
+    split_ctas: int = 0
+
+
+def invariant_split_ctas(units: int, num_splits: int, units_per_sm: int, num_sms: int) -> int:
+    """CTAs per row tile of a batch-invariant launch of ``num_splits`` fixed-length splits over
+    ``units`` row tiles: the most that fit one wave (at least 1), each CTA running
+    ``ceil(num_splits / ctas)`` consecutive splits. A CTA computes each of its splits exactly
+    as a CTA of one split would, so this follows the batch without changing any result: at B =
+    16 x 16k keys (32/8 heads) the 32 splits of 512 keys of a row run on 2 CTAs, not 32.
+
+    >>> invariant_split_ctas(8, 32, 2, 132), invariant_split_ctas(32, 32, 2, 132), invariant_split_ctas(512, 32, 2, 132)
+    (32, 8, 1)
+    """
+    per_cta = -(-num_splits // max(1, units_per_sm * num_sms // units))
+    return -(-num_splits // per_cta)
 
 
 def kv_dtype_name(problem: DecodeProblem) -> str:
@@ -136,9 +153,11 @@ def choose(problem: DecodeProblem, num_splits: int, num_sms: int, max_splits: in
     the split count (:func:`merges`); one-wave stages apply to merging launches only; swapped
     operands are judged on the tile's CTAs per SM. A batch-invariant decode always takes the
     two-CTA tile with the combine kernel, unswapped: each of these rules follows the launch's
-    size, which follows the batch."""
+    size, which follows the batch (its CTAs' runs of splits follow it too, but change no result)."""
     if problem.batch_invariant:
-        return LaunchChoice(one_per_sm=False, one_wave=False, merge=False, swap=False)
+        ctas = invariant_split_ctas(problem.work_units(BLOCK_M), num_splits, configs.split_tile(problem.head_dim)[2],
+                                    num_sms) if problem.head_dim in configs.HEAD_DIMS else 0
+        return LaunchChoice(one_per_sm=False, one_wave=False, merge=False, swap=False, split_ctas=ctas)
     merge = merges(num_splits, max_splits)
     if one_per_sm is None:
         one_per_sm = one_cta_per_sm(problem, num_sms)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cutlass import Int32
+
+from . import split_rule
 
 
 @dataclass(frozen=True)
@@ -16,7 +18,9 @@ class CtaWork:
     configuration also carries its runtime bounds (``window_left``, ``window_right``; None where
     off) and, with a left bound or left padding, ``cta_first``: the first key any query of the
     CTA sees (the CTA's tiles start at the tile holding it; V rows before it are zeroed); with
-    left padding, ``leftpad``: the row's first key."""
+    left padding, ``leftpad``: the row's first key. A batch-invariant CTA runs ``split_count``
+    consecutive splits from ``split_idx`` on (its keys ``[start, end)`` and tiles are theirs
+    together; :func:`split_work` gives each one's), from the row's first key ``first``."""
 
     tidx: Int32
     split_idx: Int32
@@ -36,3 +40,14 @@ class CtaWork:
     window_right: Int32 | None = None
     cta_first: Int32 | None = None
     leftpad: Int32 | None = None
+    first: Int32 | None = None
+    split_count: Int32 | None = None
+
+
+def split_work(work: CtaWork, split: Int32, tile_n: int) -> CtaWork:
+    """``work`` narrowed to one of its splits, ``split``: that split's keys and tiles alone, as a
+    CTA of that one split would own them (:func:`flashsplit.cute.split_rule.split_tiles`)."""
+    start, end, first_tile, num_tiles = split_rule.split_tiles(work.n_keys, work.first, split, work.num_splits,
+                                                               work.cta_first, tile_n, True)
+    return replace(work, split_idx=split, start=start, end=end, first_tile=first_tile, num_tiles=num_tiles,
+                   split_count=Int32(1))

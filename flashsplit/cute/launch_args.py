@@ -50,8 +50,8 @@ def _scalars(kind: str, *names: str) -> tuple[Arg, ...]:
 SPLIT_ARGS: tuple[Arg, ...] = (
     _ptr("q_ptr", "q"), _ptr("k_ptr", "kv"), _ptr("v_ptr", "kv"), _ptr("o_ptr", "o"),
     _ptr("lse_ptr", "float32", 4), _ptr("seqlens_ptr", "int32", 4), _ptr("block_table_ptr", "int32", 4),
-    *_scalars("i32", "batch", "seqlen_q", "seqlen_k", "num_heads", "num_heads_kv", "num_splits", "cache_rows",
-              "cache_len", "max_pages"),
+    *_scalars("i32", "batch", "seqlen_q", "seqlen_k", "num_heads", "num_heads_kv", "num_splits", "split_ctas",
+              "cache_rows", "cache_len", "max_pages"),
     *_scalars("i64", "block_table_stride_b", "q_stride_b", "q_stride_l", "q_stride_h", "k_stride_b", "k_stride_l",
               "k_stride_h", "v_stride_b", "v_stride_l", "v_stride_h", "o_stride_s", "o_stride_b", "o_stride_l",
               "o_stride_h"),

@@ -57,11 +57,14 @@ class CuteLauncher:
 
     def split_launch(self, q, k, v, cache_seqlens, block_table, num_splits, scale, causal, o, lse,
                      write_partials, k_descale=None, v_descale=None, out=None, one_per_sm=False,
-                     one_wave=False, swap=False, variant: Variant = Variant(), sinks=None) -> SplitLaunch:
+                     one_wave=False, swap=False, variant: Variant = Variant(), sinks=None,
+                     split_ctas: int = 0) -> SplitLaunch:
         """The compiled split kernel for this call's static facts and its static raw arguments;
         with ``out`` (partials only), the kernel's last CTA per row tile merges into it; with
         ``one_per_sm``, the one-CTA-per-SM tile; with ``one_wave``, ``configs.ONE_WAVE_STAGES``;
-        with ``swap``, swapped operands. ``variant``: the window, softcap and split rule; with
+        with ``swap``, swapped operands; ``split_ctas``: CTAs per row tile, each running a run of
+        consecutive splits (batch-invariant configs; 0: one per split). ``variant``: the window,
+        softcap and split rule; with
         ``variant.has_sinks``, ``sinks`` (its dtype) join the final results this launch writes
         (one split, or the merge): a partials launch that a combine follows leaves them to it."""
         from .compile import compile_split
@@ -87,7 +90,8 @@ class CuteLauncher:
         o_strides = o.stride()[:4] if write_partials else (0, *o.stride()[:3])
         static = dict(
             batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_heads=num_heads, num_heads_kv=num_heads_kv,
-            num_splits=num_splits, cache_rows=cache_rows, cache_len=cache_len, max_pages=max_pages,
+            num_splits=num_splits, split_ctas=split_ctas if config.invariant and split_ctas else num_splits,
+            cache_rows=cache_rows, cache_len=cache_len, max_pages=max_pages,
             block_table_stride_b=block_table.stride(0) if paged else 0,
             softmax_scale_log2=scale * math.log2(math.e),
             window_left=max(variant.window_left, 0), window_right=max(variant.window_right, 0),
@@ -227,7 +231,7 @@ class PreparedCuteDecode:
                                                 self.softmax_scale, self.causal, out_partial, lse_partial, True,
                                                 k_descale, v_descale, out if tile.merge else None,
                                                 one_per_sm=tile.one_per_sm, one_wave=tile.one_wave, swap=tile.swap,
-                                                variant=variant, sinks=sinks)
+                                                variant=variant, sinks=sinks, split_ctas=tile.split_ctas)
         if not tile.merge:
             self.combine = self.launcher.combine_launch(out_partial, lse_partial, out, sinks)
 

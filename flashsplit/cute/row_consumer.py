@@ -19,6 +19,7 @@ from cutlass.cute.nvgpu import warpgroup
 
 from . import softmax
 from .configs import SplitConfig
+from .cta_work import split_work
 from .kv_operands import KVOperands
 from .mask import KeyMask
 from .q_tile import QTile, tile_rows
@@ -43,6 +44,7 @@ class RowConsumer:
         self.mask = KeyMask(config.causal, config.left_bound, config.right_bound)
         self.first_bound = config.first_bound  # a left window bound or left padding
         self.softcap = config.softcap
+        self.invariant = config.invariant  # a run of splits per CTA (CtaWork.split_count)
 
     @cute.jit
     def run(self, qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, work, softmax_scale_log2, sK8, sV8,
@@ -51,9 +53,11 @@ class RowConsumer:
         with staging the one operand buffer ``sK8``/``sV8`` are converted into), then O and the
         LSE. fp8: ``softmax_scale_log2`` already holds k_descale, ``v_scale`` is v_descale.
         ``softcap_log2`` (softcap configs) caps the scores, ``mSinks`` (sinks configs, one split)
-        joins the final softmax."""
-        D, N, M = self.head_dim, self.tile_n, self.block_m
-        tidx, end = work.tidx, work.end
+        joins the final softmax. A batch-invariant CTA runs its ``work.split_count`` consecutive
+        splits one after another, each exactly as a CTA of its own would (state reset, its own
+        partial written), while the producer streams their tiles without a break."""
+        M = self.block_m
+        tidx = work.tidx
         self.q_tile.load(mQ, sQ, sRowScale, tidx, work.batch_idx, work.kvh, work.row_block, work.seqlen_q,
                          work.group)
 
@@ -62,9 +66,7 @@ class RowConsumer:
         tSrQ = qk_mma.make_fragment_A(qk_thr.partition_A(sQ))
         tSrK = qk_mma.make_fragment_B(qk_thr.partition_B(sK))
         tOrV = pv_mma.make_fragment_B(pv_thr.partition_B(sV))
-        acc_s_shape = qk_thr.partition_shape_C((M, N))
-        acc_o = pv_thr.make_fragment_C(pv_thr.partition_shape_C((M, D)))
-        acc_o.fill(0.0)
+        acc_o = pv_thr.make_fragment_C(pv_thr.partition_shape_C((M, self.head_dim)))
 
         lane = tidx % 32
         warp = tidx // 32
@@ -88,18 +90,46 @@ class RowConsumer:
             row_qk_scale[r] = softmax_scale_log2
             if cutlass.const_expr(self.scaled_q):  # times 1 / the q row's power of two
                 row_qk_scale[r] = softmax_scale_log2 * sRowScale[warp * 16 + lane // 4 + 8 * r]
-            row_max[r] = -Float32.inf
-            row_sum[r] = 0.0
-            self.mask.set_limit(key_limit, r, end, work.n_keys, work.seqlen_q, work.group,
-                                lambda: work.row_block * M + warp * 16 + lane // 4 + 8 * r, work.window_right)
             if cutlass.const_expr(self.first_bound):
                 self.mask.set_first(key_first, r, work.n_keys, work.seqlen_q, work.group,
                                     lambda: work.row_block * M + warp * 16 + lane // 4 + 8 * r, work.window_left,
                                     work.leftpad)
 
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        if cutlass.const_expr(self.invariant):
+            for j in cutlass.range(work.split_count, unroll=1):
+                state = self.attend_split(split_work(work, work.split_idx + j, self.tile_n), state, qk_mma, pv_mma,
+                                          mO, mLSE, sK, sV, kv_pipeline, sK8, sV8, v_scale, tSrQ, tSrK, tOrV, acc_o,
+                                          row_max, row_sum, key_limit, key_first, row_qk_scale, softcap_log2, cap_k,
+                                          row_sink)
+            if cutlass.const_expr(self.signals_combine):
+                cute.arch.griddepcontrol_launch_dependents()  # every split written
+        else:
+            state = self.attend_split(work, state, qk_mma, pv_mma, mO, mLSE, sK, sV, kv_pipeline, sK8, sV8, v_scale,
+                                      tSrQ, tSrK, tOrV, acc_o, row_max, row_sum, key_limit, key_first, row_qk_scale,
+                                      softcap_log2, cap_k, row_sink)
+
+    @cute.jit
+    def attend_split(self, work, state, qk_mma, pv_mma, mO, mLSE, sK, sV, kv_pipeline, sK8, sV8, v_scale, tSrQ,
+                     tSrK, tOrV, acc_o, row_max, row_sum, key_limit, key_first, row_qk_scale, softcap_log2, cap_k,
+                     row_sink):
+        """One split's ``work.num_tiles`` tiles from the pipeline at ``state``, from a fresh
+        softmax state, then its epilogue; returns the advanced pipeline state."""
+        N, M = self.tile_n, self.block_m
+        tidx, end = work.tidx, work.end
+        lane = tidx % 32
+        warp = tidx // 32
+        qk_thr = qk_mma.get_slice(tidx)
+        acc_s_shape = qk_thr.partition_shape_C((M, N))
+        acc_o.fill(0.0)
+        for r in cutlass.range_constexpr(2):
+            row_max[r] = -Float32.inf
+            row_sum[r] = 0.0
+            self.mask.set_limit(key_limit, r, end, work.n_keys, work.seqlen_q, work.group,
+                                lambda: work.row_block * M + warp * 16 + lane // 4 + 8 * r, work.window_right)
+
         warp_uniform = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         rows_here = tile_rows(work.seqlen_q, work.group, work.row_block, M)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         for i in cutlass.range(work.num_tiles, unroll=1):
             tile_start = (work.first_tile + i) * N
             kv_pipeline.consumer_wait(state)
@@ -149,9 +179,10 @@ class RowConsumer:
                 kv_pipeline.consumer_release(state)
             state.advance()
 
-        if cutlass.const_expr(self.signals_combine):
+        if cutlass.const_expr(self.signals_combine and not self.invariant):
             cute.arch.griddepcontrol_launch_dependents()  # every tile done: only the stores remain
         self.epilogue(acc_o, row_max, row_sum, mO, mLSE, work, v_scale, row_sink)
+        return state
 
     @cute.jit
     def softmax_rows(self, acc_s, acc_o, row_max, row_sum, row_qk_scale, key_limit, r, tile_start, lane,

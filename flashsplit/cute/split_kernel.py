@@ -95,6 +95,7 @@ class SplitKVDecodeKernel:
         num_heads: Int32,
         num_heads_kv: Int32,
         num_splits: Int32,
+        split_ctas: Int32,
         cache_rows: Int32,
         cache_len: Int32,
         max_pages: Int32,
@@ -134,7 +135,9 @@ class SplitKVDecodeKernel:
     ):
         """Launch on raw pointers; sizes and strides are runtime values.
 
-        ``seqlen_k`` is the capacity of a row in keys (lengths are clamped to it). The caches are
+        ``seqlen_k`` is the capacity of a row in keys (lengths are clamped to it). The grid has
+        ``split_ctas`` CTAs per row tile: ``num_splits``, or for a batch-invariant config fewer,
+        each then running a run of consecutive splits (the results are the same for any count). The caches are
         ``[cache_rows, cache_len, num_heads_kv, D]``: dense ``cache_rows = batch`` and
         ``cache_len = seqlen_k``; paged ``cache_rows = num_pages``, ``cache_len = page_size`` and
         the int32 ``block_table`` is ``[batch, max_pages]`` with row stride
@@ -249,7 +252,7 @@ class SplitKVDecodeKernel:
             softmax_scale_log2, mKDescale, mVDescale, k_load_layout, v_load_layout, mOut, mOutLSE, mArrivals,
             left, right, cap, mSinks, mLeftpad,
         ).launch(
-            grid=[num_splits, batch, num_heads_kv * row_blocks],
+            grid=[split_ctas, batch, num_heads_kv * row_blocks],
             block=[NUM_THREADS, 1, 1],
             stream=stream,
             min_blocks_per_mp=self.units_per_sm,
@@ -378,18 +381,15 @@ class SplitKVDecodeKernel:
 
         # This CTA's keys, with exactly the rule of flashsplit.plan.
         n_keys = split_rule.load_seqlen(mSeqlens, batch_idx, seqlen_k)
-        cta_first = None
         pad = None  # the row's first key (left padding)
         if cutlass.const_expr(self.config.leftpad):
             pad = split_rule.load_leftpad(mLeftpad, batch_idx, n_keys)
+        first = None  # the row's first key, where it is not 0 or batch-invariant splits count from it
         if cutlass.const_expr(self.config.first_bound or self.config.invariant):
             first = Int32(0)
             if cutlass.const_expr(self.config.first_bound):
                 first = split_rule.row_first_key(n_keys, seqlen_q, window_left, pad)
-            start, end = split_rule.row_split_range_from(n_keys, first, split_idx, num_splits, self.config.invariant)
-        else:
-            start, end = split_rule.row_split_range(n_keys, split_idx, num_splits)
-        lo = start  # the CTA's first tile starts here
+        cta_first = None
         if cutlass.const_expr(self.config.first_bound):
             # The tiles before the one holding the first key this CTA's first query sees (its
             # row block's first packed row; at the row's padding at the earliest) hold no key any
@@ -400,13 +400,25 @@ class SplitKVDecodeKernel:
                     cta_first = cutlass.max(cta_first, pad)
             else:
                 cta_first = pad
-            lo = cutlass.max(start, cutlass.max(cta_first, Int32(0)) // self.tile_n * self.tile_n)
-        num_tiles = Int32(0)
-        if lo < end:
-            num_tiles = (end - lo + self.tile_n - 1) // self.tile_n
-        first_tile = lo // self.tile_n
-        work = CtaWork(tidx, split_idx, batch_idx, z_idx, kvh, row_block, seqlen_q, group, num_splits, n_keys, start,
-                       end, first_tile, num_tiles, window_left, window_right, cta_first, pad)
+        first_split, split_count = split_idx, None
+        if cutlass.const_expr(self.config.invariant):
+            # A run of consecutive splits per CTA, as many as the grid leaves each: their tiles
+            # are contiguous, so the producer streams them as one range.
+            per_cta = (num_splits + cute.arch.grid_dim()[0] - 1) // cute.arch.grid_dim()[0]
+            first_split = split_idx * per_cta
+            split_count = cutlass.min(per_cta, num_splits - first_split)
+            start, _, first_tile, _ = split_rule.split_tiles(n_keys, first, first_split, num_splits, cta_first,
+                                                             self.tile_n, True)
+            _, end, _, _ = split_rule.split_tiles(n_keys, first, first_split + split_count - 1, num_splits, None,
+                                                  self.tile_n, True)
+            num_tiles = Int32(0)
+            if first_tile * self.tile_n < end:
+                num_tiles = (end - first_tile * self.tile_n + self.tile_n - 1) // self.tile_n
+        else:
+            start, end, first_tile, num_tiles = split_rule.split_tiles(n_keys, first, split_idx, num_splits, cta_first,
+                                                                       self.tile_n)
+        work = CtaWork(tidx, first_split, batch_idx, z_idx, kvh, row_block, seqlen_q, group, num_splits, n_keys, start,
+                       end, first_tile, num_tiles, window_left, window_right, cta_first, pad, first, split_count)
 
         merge_sink = None  # the merge tail's first sink, loaded ahead of the keys
         if cutlass.const_expr(self.merge and bool(self.config.sinks)):

@@ -78,3 +78,24 @@ def row_split_range_from(seqlen: Int32, first: Int32, split: Int32, num_splits: 
     start = first + split * tps
     end = cutlass.min(start + tps, seqlen)
     return start, end
+
+
+@cute.jit
+def split_tiles(n_keys: Int32, first: Int32 | None, split: Int32, num_splits: Int32, cta_first: Int32 | None,
+                tile_n: cutlass.Constexpr[int], invariant: cutlass.Constexpr[bool] = False):
+    """``(start, end, first_tile, num_tiles)`` of one split of a row of ``n_keys`` keys: its keys
+    (:func:`row_split_range_from` from the row's first key ``first``, or :func:`row_split_range`
+    from 0 where ``first`` is None), and its ``tile_n``-key tiles from the one holding
+    ``cta_first`` (the first key any query of the CTA sees; None: from ``start``) to ``end``."""
+    if cutlass.const_expr(first is None):
+        start, end = row_split_range(n_keys, split, num_splits)
+    else:
+        start, end = row_split_range_from(n_keys, first, split, num_splits, invariant)
+    lo = start
+    if cutlass.const_expr(cta_first is not None):
+        # The tiles before the one holding cta_first hold no key any of the CTA's rows sees.
+        lo = cutlass.max(start, cutlass.max(cta_first, Int32(0)) // tile_n * tile_n)
+    num_tiles = Int32(0)
+    if lo < end:
+        num_tiles = (end - lo + tile_n - 1) // tile_n
+    return start, end, lo // tile_n, num_tiles
