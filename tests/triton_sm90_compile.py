@@ -161,6 +161,8 @@ def main(every: int = 1) -> int:
             flags["PAIRS_PTX"] = flags["V_PAIRS"] and flags.pop("PAIRS_PTX", True)
             if flags["MERGE_IN_LAST_SPLIT"]:  # 4 packed rows, 32 splits: two chunks of 16 (merge_tiles)
                 flags.update(MERGE_ROWS=4, MERGE_SPLITS=32, MERGE_CHUNK=16)
+            else:  # the launcher passes the merge tile to every launch (the kernel's defaults here)
+                flags.update(MERGE_ROWS=16, MERGE_SPLITS=16, MERGE_CHUNK=16)
             # decode without merging: the combine follows (PDL)
             flags["LAUNCH_DEPENDENTS"] = flags["HAS_PARTIALS"] and has_out and not flags["MERGE_IN_LAST_SPLIT"]
             pointers = {"Q": f"*{dtype}", "K": f"*{kv}", "V": "*i16" if flags["V_PAIRS"] else f"*{kv}",
