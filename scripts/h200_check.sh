@@ -17,7 +17,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
 python -c "import torch, triton, cutlass; print('torch', torch.__version__, 'triton', triton.__version__, 'cutlass-dsl', cutlass.__version__)"
 start=$(date +%s)
-P="python -m pytest -v --full -p no:cacheprovider -rfE --tb=short --durations=5"
+P="python -m pytest -v --full -p no:cacheprovider -n 0 -rfE --tb=short --durations=5"  # (-n: the lines that want workers)
 T=${PYTEST_TIMEOUT:-420}
 # The GPU matrix is the long part: each backend's half again split by dtype.
 timeout "$T" $P tests/test_gpu.py -k "triton and bfloat16" > "$OUT/pytest-gpu-triton-bf16.log" 2>&1 &
