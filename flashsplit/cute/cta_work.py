@@ -49,5 +49,4 @@ def split_work(work: CtaWork, split: Int32, tile_n: int) -> CtaWork:
     CTA of that one split would own them (:func:`flashsplit.cute.split_rule.split_tiles`)."""
     start, end, first_tile, num_tiles = split_rule.split_tiles(work.n_keys, work.first, split, work.num_splits,
                                                                work.cta_first, tile_n, True)
-    return replace(work, split_idx=split, start=start, end=end, first_tile=first_tile, num_tiles=num_tiles,
-                   split_count=Int32(1))
+    return replace(work, split_idx=split, start=start, end=end, first_tile=first_tile, num_tiles=num_tiles)

@@ -64,9 +64,9 @@ class CuteLauncher:
         ``one_per_sm``, the one-CTA-per-SM tile; with ``one_wave``, ``configs.ONE_WAVE_STAGES``;
         with ``swap``, swapped operands; ``split_ctas``: CTAs per row tile, each running a run of
         consecutive splits (batch-invariant configs; 0: one per split). ``variant``: the window,
-        softcap and split rule; with
-        ``variant.has_sinks``, ``sinks`` (its dtype) join the final results this launch writes
-        (one split, or the merge): a partials launch that a combine follows leaves them to it."""
+        softcap and split rule; with ``variant.has_sinks``, ``sinks`` (its dtype) join the final
+        results this launch writes (one split, or the merge): a partials launch that a combine
+        follows leaves them to it."""
         from .compile import compile_split
 
         batch, seqlen_q, num_heads, head_dim = q.shape

@@ -137,8 +137,8 @@ class SplitKVDecodeKernel:
 
         ``seqlen_k`` is the capacity of a row in keys (lengths are clamped to it). The grid has
         ``split_ctas`` CTAs per row tile: ``num_splits``, or for a batch-invariant config fewer,
-        each then running a run of consecutive splits (the results are the same for any count). The caches are
-        ``[cache_rows, cache_len, num_heads_kv, D]``: dense ``cache_rows = batch`` and
+        each then running a run of consecutive splits (the results are the same for any count).
+        The caches are ``[cache_rows, cache_len, num_heads_kv, D]``: dense ``cache_rows = batch`` and
         ``cache_len = seqlen_k``; paged ``cache_rows = num_pages``, ``cache_len = page_size`` and
         the int32 ``block_table`` is ``[batch, max_pages]`` with row stride
         ``block_table_stride_b`` (a dense launch passes any pointer: it is never read).
