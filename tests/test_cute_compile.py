@@ -7,9 +7,9 @@ the two instructions the design rests on: ``wgmma.mma_async`` (warpgroup MMA) an
 ``cp.async.bulk.tensor`` (TMA loads); a paged kernel must also feed a page id it loaded from
 global memory (the block table) into its TMA coordinates, and a dense one must not. An fp8-cache
 kernel must still run 16-bit wgmma (q's dtype) and convert fp8 pairs in registers
-(``cvt.rn.f16x2.e4m3x2`` / ``e5m2x2``). Compile times are printed (``pytest -s``). The default
+(``cvt.rn.f16x2.e4m3x2`` / ``e5m2x2``). Compile times are printed (``pytest -s -n 0``). The default
 run builds a subset that covers every load mode, head dim, cache type, output kind and tile
-(:func:`default_compile_configs`, ~25 configurations); ``pytest --full`` builds all of them.
+(:func:`default_compile_configs`, 16 configurations); ``pytest --full`` builds all of them.
 """
 
 from __future__ import annotations
