@@ -114,14 +114,17 @@ class Rule:
     applies: Callable[[DecodeProblem], bool]
 
 
+def _dense_16bit(problem: DecodeProblem, head_dims: tuple[int, ...]) -> bool:
+    return problem.head_dim in head_dims and problem.cache_dtype == problem.dtype and not problem.paged
+
+
 def _dense_16bit_d128(problem: DecodeProblem) -> bool:
-    return problem.head_dim == 128 and problem.cache_dtype == problem.dtype and not problem.paged
+    return _dense_16bit(problem, (128,))
 
 
 def _short_gqa_d96(problem: DecodeProblem) -> bool:
-    return (problem.head_dim == 96 and problem.cache_dtype == problem.dtype and not problem.paged
-            and problem.packed_rows >= MIN_PACKED_ROWS and problem.work_units(64) < FILL_UNITS
-            and problem.span <= SHORT_SPAN_D96)
+    return (_dense_16bit(problem, (96,)) and problem.packed_rows >= MIN_PACKED_ROWS
+            and problem.work_units(64) < FILL_UNITS and problem.span <= SHORT_SPAN_D96)
 
 
 def _cute_units(problem: DecodeProblem) -> tuple[int, int, int]:
@@ -187,10 +190,6 @@ def _long_splits(problem: DecodeProblem) -> bool:
 def _mha_many_waves(problem: DecodeProblem) -> bool:
     return (_dense_16bit_d128(problem) and problem.packed_rows < MIN_PACKED_ROWS
             and problem.work_units(64) >= MHA_CUTE_UNITS)
-
-
-def _dense_16bit(problem: DecodeProblem, head_dims: tuple[int, ...]) -> bool:
-    return problem.head_dim in head_dims and problem.cache_dtype == problem.dtype and not problem.paged
 
 
 def _short_wide_d64(problem: DecodeProblem) -> bool:
