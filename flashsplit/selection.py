@@ -57,10 +57,11 @@ rule                   backend   when (all measured on an H200, 32/8 heads, bf16
                                  rows, a span of at most :data:`SHORT_SPAN_D64` keys (64/8 heads at
                                  1k keys: B = 1 6.2 vs 7.0 us, B = 16 13.8 vs 14.7, B = 64 37.7 vs
                                  38.3; from 4k keys cute leads).
-``mha-d256-mid-batch`` triton    a dense 16-bit cache at d = 256, fewer than :data:`MIN_PACKED_ROWS`
-                                 packed rows (MHA), :data:`MHA_D256_UNITS` work units (16/16 heads,
-                                 B = 16: 1k 67.5 vs 69.8 us, 4k 244.2 vs 247.4, 128k 7679 vs 7746;
-                                 at B = 1 and 64 cute leads by up to 1.20x).
+``mha-d256-mid-batch`` triton    a dense 16-bit cache at d = 256, one packed row (MHA at L_q = 1),
+                                 :data:`MHA_D256_UNITS` work units (16/16 heads, B = 16: 1k 67.5 vs
+                                 69.8 us, 4k 244.2 vs 247.4, 128k 7679 vs 7746; at B = 1 and 64
+                                 cute leads by up to 1.20x, and with two packed rows, 16/8 heads
+                                 at B = 64 (512 units), by 1.08-1.16x).
 ``d64-d256``           cute      a dense 16-bit cache at d = 64 or 256: cute led in 58 of 71 cells
                                  (32/8, 32/32, 64/8 heads at d = 64; 16/2, 16/8, 16/16 at d = 256;
                                  B 1, 16, 64 x 1k-128k), by up to 1.46x (16/2 heads, B = 1 x 16k:
@@ -198,7 +199,7 @@ def _short_wide_d64(problem: DecodeProblem) -> bool:
 
 
 def _mha_d256_mid_batch(problem: DecodeProblem) -> bool:
-    return (_dense_16bit(problem, (256,)) and problem.packed_rows < MIN_PACKED_ROWS
+    return (_dense_16bit(problem, (256,)) and problem.packed_rows == 1
             and problem.work_units(64) in MHA_D256_UNITS)
 
 
@@ -233,7 +234,7 @@ RULES: tuple[Rule, ...] = (
          _mha_many_waves),
     Rule("short-wide-d64", "triton", f"d = 64, >= {WIDE_GROUP_ROWS} packed rows, <= {SHORT_SPAN_D64} keys",
          _short_wide_d64),
-    Rule("mha-d256-mid-batch", "triton", f"d = 256, < {MIN_PACKED_ROWS} packed rows, {MHA_D256_UNITS.start}-"
+    Rule("mha-d256-mid-batch", "triton", f"d = 256, one packed row (MHA), {MHA_D256_UNITS.start}-"
          f"{MHA_D256_UNITS.stop - 1} work units", _mha_d256_mid_batch),
     Rule("d64-d256", "cute", "a dense 16-bit cache at d = 64 or 256", _d64_d256),
     Rule("default", "triton", "measured as fast or faster for everything else", lambda problem: True),

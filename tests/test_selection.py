@@ -95,6 +95,7 @@ GOLDEN = [
     (_problem(batch=16, seqlen_k=1024, num_heads=16, num_heads_kv=16, head_dim=256), "mha-d256-mid-batch"),
     (_problem(batch=16, seqlen_k=131072, num_heads=16, num_heads_kv=16, head_dim=256), "mha-d256-mid-batch"),
     (_problem(batch=1, seqlen_k=4096, num_heads=16, num_heads_kv=16, head_dim=256), "d64-d256"),
+    (_problem(batch=64, seqlen_k=4096, num_heads=16, num_heads_kv=8, head_dim=256), "d64-d256"),  # 2 packed rows
     (_problem(batch=64, seqlen_k=4096, num_heads=16, num_heads_kv=16, head_dim=256), "d64-d256"),
     (_problem(batch=16, seqlen_k=4096, head_dim=64, page_size=48), "paged-gathered"),
     (_problem(batch=16, seqlen_k=4096, head_dim=256, kv_dtype=FP8), "default"),
@@ -175,6 +176,7 @@ def test_thresholds_sit_where_documented():
     mha256 = dict(num_heads=16, num_heads_kv=16, head_dim=256)
     assert mid(_problem(batch=lo // 16, **mha256)) and mid(_problem(batch=(hi - 1) // 16, **mha256))
     assert not mid(_problem(batch=lo // 16 - 1, **mha256)) and not mid(_problem(batch=hi // 16, **mha256))
+    assert not mid(_problem(batch=lo // 8, num_heads=16, num_heads_kv=8, head_dim=256)), "two packed rows: cute"
     long = selection._long_splits
     # B = 1, L_q 4 (16 packed rows), 8 units: 32 splits of capacity / 32 keys.
     assert long(_problem(seqlen_q=4, seqlen_k=32 * selection.LONG_SPLIT_KEYS))

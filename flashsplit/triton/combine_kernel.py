@@ -75,13 +75,15 @@ def combine_kernel(
     # The partials are loaded without waiting for the LSEs (a live-split mask would make the
     # second load wait for the first): one memory round trip when the splits fit one chunk.
     # Slices of empty splits hold garbage (never written) and are dropped by a select below.
-    lse_s = tl.load(lse_base + offs_s.to(tl.int64) * stride_lps, mask=offs_s < num_splits, other=float("-inf"))
+    # The outputs come first in program order: loaded after the LSEs, ptxas (sm_90a)
+    # issued them only after the LSE max and sum, a second round trip behind the first.
     if BLOCK_S == CHUNK_S:
         o_first = tl.load(
             o_base + offs_s[:, None].to(tl.int64) * stride_ops + offs_d[None, :],
             mask=(offs_s < num_splits)[:, None] & mask_d[None, :],
             other=0.0,
         )
+    lse_s = tl.load(lse_base + offs_s.to(tl.int64) * stride_lps, mask=offs_s < num_splits, other=float("-inf"))
     lse_max = tl.max(lse_s, axis=0)
     shift = tl.where(lse_max == float("-inf"), 0.0, lse_max)
     total = tl.sum(tl.exp(lse_s - shift), axis=0)
