@@ -50,7 +50,7 @@ BATCH_INVARIANT_MIN_SPLIT = 512
 #: SM count used when planning for a device that has none (the CPU interpreter, dry runs): an H200's.
 DEFAULT_NUM_SMS = 132
 #: FA3's rule: with this fraction of the machine already busy without splitting, do not split.
-_BUSY_FRACTION = 0.8
+BUSY_FRACTION = 0.8
 #: Take the smallest split count whose wave efficiency is within this of the best. FA3 uses 0.85;
 #: on the H200 the fuller last wave paid: B = 1, 32/8 heads, 32 splits (0.97 of a wave) vs 29
 #: (0.88), same run, us: 64k / 128k keys Triton 67.5 / 127.5 vs 67.7 / 128.3, cute 68.6 / 128.1
@@ -192,7 +192,7 @@ def choose_num_splits(
     slots = num_sms * units_per_sm
     if work_units == 0:
         return 1, "no work units (an empty batch): no work to spread"
-    if work_units >= _BUSY_FRACTION * slots:
+    if work_units >= BUSY_FRACTION * slots:
         return 1, f"{work_units} work units already fill {work_units / slots:.0%} of {slots} CTA slots"
     if n_granules <= 2:
         return 1, f"only {n_granules} granule(s) of {granule} keys: splitting cannot pay"

@@ -47,7 +47,9 @@ rule                   backend   when (all measured on an H200, 32/8 heads, bf16
                                  rows, fewer than :data:`FILL_UNITS` work units, a span of at most
                                  :data:`SHORT_SPAN_D96` keys (B = 1 x 4k 10.0 vs 10.7 us, 16k 19.5
                                  vs 20.8, B = 4 x 16k 55.2 vs 57.2; at 128k, or B >= 16, Triton
-                                 was 1-18% faster; 32/32 heads: Triton).
+                                 was 1-18% faster; 32/32 heads: Triton); or, from
+                                 :data:`FILL_UNITS`, work that cute runs unsplit
+                                 (``cute.choice.fills_unsplit``; B = 16 x 1k 17.0 vs 20.0).
 ``mha-many-waves``     cute      a dense 16-bit cache at d = 128, fewer than :data:`MIN_PACKED_ROWS`
                                  packed rows (MHA), >= :data:`MHA_CUTE_UNITS` work units (32/32
                                  heads, B = 64: 1k 240.2 vs 245.8 us, 4k 935.3 vs 960.0, 16k 3777
@@ -55,8 +57,10 @@ rule                   backend   when (all measured on an H200, 32/8 heads, bf16
                                  0.2-1.9%).
 ``short-wide-d64``     triton    a dense 16-bit cache at d = 64, >= :data:`WIDE_GROUP_ROWS` packed
                                  rows, a span of at most :data:`SHORT_SPAN_D64` keys (64/8 heads at
-                                 1k keys: B = 1 6.2 vs 7.0 us, B = 16 13.8 vs 14.7, B = 64 37.7 vs
-                                 38.3; from 4k keys cute leads).
+                                 1k keys: B = 1 6.2 vs 7.0 us, B = 64 37.7 vs 38.3; from 4k keys
+                                 cute leads), but for work that fills one CTA per SM and not two,
+                                 which cute runs unsplit (``cute.choice.fills_unsplit``; B = 16 x
+                                 1k: 11.3 vs Triton's 13.8).
 ``mha-d256-mid-batch`` triton    a dense 16-bit cache at d = 256, one packed row (MHA at L_q = 1),
                                  :data:`MHA_D256_UNITS` work units (16/16 heads, B = 16: 1k 67.5 vs
                                  69.8 us, 4k 244.2 vs 247.4, 128k 7679 vs 7746; at B = 1 and 64
@@ -124,8 +128,12 @@ def _dense_16bit_d128(problem: DecodeProblem) -> bool:
 
 
 def _short_gqa_d96(problem: DecodeProblem) -> bool:
-    return (_dense_16bit(problem, (96,)) and problem.packed_rows >= MIN_PACKED_ROWS
-            and problem.work_units(64) < FILL_UNITS and problem.span <= SHORT_SPAN_D96)
+    from .cute import choice
+
+    if not (_dense_16bit(problem, (96,)) and problem.packed_rows >= MIN_PACKED_ROWS):
+        return False
+    return ((problem.work_units(64) < FILL_UNITS and problem.span <= SHORT_SPAN_D96)
+            or choice.fills_unsplit(problem, problem.num_sms))
 
 
 def _cute_units(problem: DecodeProblem) -> tuple[int, int, int]:
@@ -194,8 +202,10 @@ def _mha_many_waves(problem: DecodeProblem) -> bool:
 
 
 def _short_wide_d64(problem: DecodeProblem) -> bool:
+    from .cute import choice
+
     return (_dense_16bit(problem, (64,)) and problem.packed_rows >= WIDE_GROUP_ROWS
-            and problem.span <= SHORT_SPAN_D64)
+            and problem.span <= SHORT_SPAN_D64 and not choice.fills_unsplit(problem, problem.num_sms))
 
 
 def _mha_d256_mid_batch(problem: DecodeProblem) -> bool:
@@ -229,10 +239,11 @@ RULES: tuple[Rule, ...] = (
     Rule("long-splits", "cute", f">= {MIN_PACKED_ROWS} packed rows and splits of >= {LONG_SPLIT_KEYS} keys",
          _long_splits),
     Rule("short-gqa-d96", "cute", f"d = 96, >= {MIN_PACKED_ROWS} packed rows, < {FILL_UNITS} work units, "
-         f"<= {SHORT_SPAN_D96} keys", _short_gqa_d96),
+         f"<= {SHORT_SPAN_D96} keys, or work cute runs unsplit", _short_gqa_d96),
     Rule("mha-many-waves", "cute", f"< {MIN_PACKED_ROWS} packed rows and >= {MHA_CUTE_UNITS} work units",
          _mha_many_waves),
-    Rule("short-wide-d64", "triton", f"d = 64, >= {WIDE_GROUP_ROWS} packed rows, <= {SHORT_SPAN_D64} keys",
+    Rule("short-wide-d64", "triton", f"d = 64, >= {WIDE_GROUP_ROWS} packed rows, <= {SHORT_SPAN_D64} keys, "
+         "but work that fills one CTA per SM and not two (cute runs it unsplit)",
          _short_wide_d64),
     Rule("mha-d256-mid-batch", "triton", f"d = 256, one packed row (MHA), {MHA_D256_UNITS.start}-"
          f"{MHA_D256_UNITS.stop - 1} work units", _mha_d256_mid_batch),

@@ -2,6 +2,7 @@
 thresholds sit where it says, and plan() reports the rule, also for a named GPU from a CPU machine."""
 
 import importlib.util
+import math
 
 import pytest
 import torch
@@ -90,6 +91,9 @@ GOLDEN = [
     (_problem(batch=2, seqlen_k=100_000, num_heads=16, num_heads_kv=2, head_dim=256), "d64-d256"),
     (_problem(batch=1, seqlen_k=1024, num_heads=64, head_dim=64), "short-wide-d64"),  # gpt-oss heads
     (_problem(batch=64, seqlen_k=1024, num_heads=64, head_dim=64), "short-wide-d64"),
+    (_problem(batch=16, seqlen_k=1024, num_heads=64, head_dim=64), "d64-d256"),  # cute runs it unsplit
+    (_problem(batch=16, seqlen_k=1024, head_dim=96), "short-gqa-d96"),  # 128 units, unsplit on cute
+    (_problem(batch=16, seqlen_k=4096, head_dim=96), "default"),
     (_problem(batch=1, seqlen_k=4096, num_heads=64, head_dim=64), "d64-d256"),
     (_problem(batch=1, seqlen_k=1024, head_dim=64), "d64-d256"),  # 4 packed rows: cute
     (_problem(batch=16, seqlen_k=1024, num_heads=16, num_heads_kv=16, head_dim=256), "mha-d256-mid-batch"),
@@ -200,6 +204,30 @@ def test_fallback_when_the_rules_backend_cannot_run():
 def test_named_backend_is_requested():
     backend, rule, why = select(_problem(head_dim=96), "triton")
     assert (backend.name, rule, why) == ("triton", "requested", "requested")
+
+
+@needs_cutlass
+def test_cute_runs_short_spans_that_fill_one_cta_per_sm_unsplit():
+    """128 work units over <= 1k keys fill the H200's 132 SMs once: cute runs them in one split on
+    its two-CTA tile (no merge); Triton keeps two splits, and fewer units or longer spans split."""
+    from flashsplit.cute import choice
+
+    fills = choice.fills_unsplit
+    low, high = math.ceil(0.8 * 132), math.ceil(0.8 * 264)  # work units: one CTA per SM, two
+    assert fills(_problem(batch=16, seqlen_k=1024), 132) and fills(_problem(batch=16, seqlen_k=300), 132)
+    first = -(-low // 8)  # 14 rows of 8 KV heads: 112 units
+    assert fills(_problem(batch=first, seqlen_k=1024), 132) and not fills(_problem(batch=first - 1, seqlen_k=1024), 132)
+    assert not fills(_problem(batch=-(-high // 8), seqlen_k=1024), 132), "two CTAs per SM: the plan splits nothing"
+    assert not fills(_problem(batch=16, seqlen_k=choice.UNSPLIT_MAX_SPAN + 128), 132)
+    assert not fills(_problem(batch=16, seqlen_k=1024, kv_dtype=torch.float8_e4m3fn), 132)
+    assert not fills(_problem(batch=16, seqlen_k=1024, page_size=16), 132)
+    assert fills(_problem(batch=16, seqlen_k=4096, window_left=800), 132), "a window's span (928 keys) counts"
+    for batch, heads_kv in ((16, 8), (4, 32)):
+        cute = flashsplit.plan(batch, 1024, 32, heads_kv, 128, gpu="h200", backend="cute")
+        triton = flashsplit.plan(batch, 1024, 32, heads_kv, 128, gpu="h200", backend="triton")
+        assert (cute.num_splits, cute.units_per_sm, triton.num_splits) == (1, 1, 2), (cute, triton)
+    assert flashsplit.plan(8, 1024, 32, 8, 128, gpu="h200", backend="cute").num_splits == 4  # 64 units
+    assert flashsplit.plan(16, 1152, 32, 8, 128, gpu="h200", backend="cute").num_splits == 2  # a longer span
 
 
 @needs_cutlass

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plan import choose_num_splits, tokens_per_split
+from ..plan import BUSY_FRACTION, choose_num_splits, tokens_per_split
 from ..problem import FP8_DTYPES, DecodeProblem
 from . import configs
 
@@ -36,6 +36,15 @@ MERGE_MAX_SPLITS = 16
 ONE_PER_SM_MIN_KEYS = 2048
 ONE_PER_SM_MAX_KEYS = 32768
 ONE_PER_SM_MIN_SPLIT_KEYS = 16384
+
+#: Spans up to this many keys whose work units fill one CTA per SM (FA3's busy fraction of the
+#: SMs) run unsplit on the two-CTA tile: the plan counts one CTA per SM for them (two would split
+#: them in two and add the merge). H200, one run, 1 vs 2 splits, us: 32/8 heads, d = 128, B = 16 x
+#: 512 / 1k keys 11.3 / 19.0 vs 13.2 / 21.3, B = 14 x 1k 17.2 vs 20.0; 32/32 heads B = 4 x 1k 18.8
+#: vs 20.8; d = 64, 64/8 heads B = 16 x 1k 11.3 vs 14.6; d = 96, 32/8 B = 16 x 1k 17.0 vs 18.8;
+#: d = 256, 16/8 B = 16 x 1k 34.0 vs 42.8. (Triton's split kernel gains from the second split at
+#: 1k keys there: 20.4 vs 22.1 at B = 14.)
+UNSPLIT_MAX_SPAN = 1024
 
 
 @dataclass(frozen=True)
@@ -139,10 +148,25 @@ def one_wave_merge(problem: DecodeProblem, num_splits: int, num_sms: int, max_sp
     return fits_one_wave(ctas, configs.split_tile(128)[2], num_sms)
 
 
+def fills_unsplit(problem: DecodeProblem, num_sms: int) -> bool:
+    """Whether ``problem`` (a dense 16-bit cache, where it was measured) spans at most
+    ``UNSPLIT_MAX_SPAN`` keys and its work units on cute's 64-row tile fill one CTA per SM but
+    not the two-CTA tile's slots (where the plan would split them): then it runs unsplit
+    (:func:`units_per_sm`)."""
+    if problem.cache_dtype != problem.dtype or problem.paged or problem.span > UNSPLIT_MAX_SPAN:
+        return False
+    per_sm = configs.split_tile(problem.head_dim)[2] if problem.head_dim in configs.HEAD_DIMS else 1
+    return BUSY_FRACTION * num_sms <= problem.work_units(BLOCK_M) < BUSY_FRACTION * num_sms * per_sm
+
+
 def units_per_sm(problem: DecodeProblem, num_sms: int) -> int:
-    """CTAs per SM of the tile ``problem`` runs on: what the plan divides the machine by."""
+    """CTAs per SM the plan divides the machine by: the tile's (``problem`` runs on the
+    one-CTA-per-SM tile, or on the two-CTA one), but one for a short span that fills one CTA per
+    SM (:func:`fills_unsplit`: unsplit, on the two-CTA tile)."""
     if one_cta_per_sm(problem, num_sms):
         return configs.ONE_PER_SM_TILE[2]
+    if fills_unsplit(problem, num_sms):
+        return 1
     return configs.split_tile(problem.head_dim)[2] if problem.head_dim in configs.HEAD_DIMS else 1
 
 
