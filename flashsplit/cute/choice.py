@@ -42,8 +42,8 @@ ONE_PER_SM_MIN_SPLIT_KEYS = 16384
 #: them in two and add the merge). H200, one run, 1 vs 2 splits, us: 32/8 heads, d = 128, B = 16 x
 #: 512 / 1k keys 11.3 / 19.0 vs 13.2 / 21.3, B = 14 x 1k 17.2 vs 20.0; 32/32 heads B = 4 x 1k 18.8
 #: vs 20.8; d = 64, 64/8 heads B = 16 x 1k 11.3 vs 14.6; d = 96, 32/8 B = 16 x 1k 17.0 vs 18.8;
-#: d = 256, 16/8 B = 16 x 1k 34.0 vs 42.8. (Triton's split kernel gains from the second split at
-#: 1k keys there: 20.4 vs 22.1 at B = 14.)
+#: d = 256 (whose tile holds one CTA per SM anyway), 16/8 B = 16 x 1k 34.0 vs 42.8. (Triton's
+#: split kernel gains from the second split at 1k keys there: 20.4 vs 22.1 at B = 14.)
 UNSPLIT_MAX_SPAN = 1024
 
 
@@ -155,8 +155,12 @@ def fills_unsplit(problem: DecodeProblem, num_sms: int) -> bool:
     (:func:`units_per_sm`)."""
     if problem.cache_dtype != problem.dtype or problem.paged or problem.span > UNSPLIT_MAX_SPAN:
         return False
-    per_sm = configs.split_tile(problem.head_dim)[2] if problem.head_dim in configs.HEAD_DIMS else 1
-    return BUSY_FRACTION * num_sms <= problem.work_units(BLOCK_M) < BUSY_FRACTION * num_sms * per_sm
+    return BUSY_FRACTION * num_sms <= problem.work_units(BLOCK_M) < BUSY_FRACTION * num_sms * _tile_units(problem)
+
+
+def _tile_units(problem: DecodeProblem) -> int:
+    """CTAs per SM of the two-CTA tile at ``problem``'s head dim (1 where cute has no tile)."""
+    return configs.split_tile(problem.head_dim)[2] if problem.head_dim in configs.HEAD_DIMS else 1
 
 
 def units_per_sm(problem: DecodeProblem, num_sms: int) -> int:
@@ -167,7 +171,7 @@ def units_per_sm(problem: DecodeProblem, num_sms: int) -> int:
         return configs.ONE_PER_SM_TILE[2]
     if fills_unsplit(problem, num_sms):
         return 1
-    return configs.split_tile(problem.head_dim)[2] if problem.head_dim in configs.HEAD_DIMS else 1
+    return _tile_units(problem)
 
 
 def choose(problem: DecodeProblem, num_splits: int, num_sms: int, max_splits: int = MERGE_MAX_SPLITS, *,
