@@ -137,11 +137,12 @@ def _short_gqa_d96(problem: DecodeProblem) -> bool:
 
 
 def _cute_units(problem: DecodeProblem) -> tuple[int, int, int]:
-    """(work units, CTAs per SM, keys per split) as the plan splits ``problem`` on cute's two-CTA tile."""
-    from .cute import configs
+    """(work units, CTAs per SM, split count) as the plan splits ``problem`` on cute (its
+    ``units_per_sm``: the two-CTA tile's, or one where cute runs the problem unsplit)."""
+    from .cute import choice
 
-    units = problem.work_units(64)
-    per_sm = configs.split_tile(128)[2]
+    units = problem.work_units(choice.BLOCK_M)
+    per_sm = choice.units_per_sm(problem, problem.num_sms)
     splits = choose_num_splits(units, problem.span, problem.num_sms, per_sm)[0]
     return units, per_sm, splits
 
