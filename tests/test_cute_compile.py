@@ -493,31 +493,65 @@ def test_one_wave_configs():
 
 def test_one_wave_merge_rule():
     """3 stages where a dense 16-bit d = 128 launch on the two-CTA tile merges 2-16 splits in
-    one wave (Llama-3-8B heads: B = 4 x 4k/16k, 8 splits; B = 16 x 128k, 2; B = 8 x 4k, 4), not
-    for 32 combined splits (B = 1), one split (B = 64), one CTA per SM (B = 16 x 4k), d = 64,
-    fp8 or paged caches."""
+    one wave (Llama-3-8B heads, planned at one CTA per SM: B = 1 x 4k/128k, 16 splits; B = 4 x
+    4k/16k, 4; B = 8 x 4k, 2), not for combined splits (16/2 heads at B = 1: 32 and 64), one split
+    (B = 64), the one-CTA-per-SM tile (B = 16 x 4k/128k), d = 64, fp8 or paged caches."""
     from flashsplit.cute import choice
 
-    def takes(batch, seqlen_k, head_dim=128, kv_dtype=None, page_size=0):
-        p = DecodeProblem(batch, 1, seqlen_k, 32, 8, head_dim, torch.bfloat16, False, True, "cuda",
+    def takes(batch, seqlen_k, head_dim=128, kv_dtype=None, page_size=0, heads=(32, 8)):
+        p = DecodeProblem(batch, 1, seqlen_k, *heads, head_dim, torch.bfloat16, False, True, "cuda",
                           kv_dtype=kv_dtype, page_size=page_size)
         splits = choice.planned_split(p, p.work_units(64), choice.units_per_sm(p, 132), 132)[0]
         return choice.one_wave_merge(p, splits, 132), splits
 
-    assert takes(4, 4096) == (True, 8) and takes(4, 16384) == (True, 8)
-    assert takes(16, 131072) == (True, 2) and takes(8, 4096) == (True, 4)
-    assert takes(1, 4096) == (False, 32) and takes(1, 131072) == (False, 32)
-    assert takes(64, 4096) == (False, 1) and takes(16, 4096)[0] is False  # one CTA per SM
+    assert takes(1, 4096) == (True, 16) and takes(1, 131072) == (True, 16)
+    assert takes(4, 4096) == (True, 4) and takes(4, 16384) == (True, 4) and takes(8, 4096) == (True, 2)
+    assert takes(1, 4096, heads=(16, 2)) == (False, 32) and takes(1, 131072, heads=(16, 2)) == (False, 64)
+    assert takes(64, 4096) == (False, 1)
+    assert takes(16, 4096) == (False, 1) and takes(16, 131072) == (False, 1)  # one CTA per SM
     assert not takes(4, 4096, head_dim=64)[0] and not takes(4, 4096, kv_dtype=torch.float8_e4m3fn)[0]
     assert not takes(4, 4096, page_size=128)[0]
 
 
+def test_swapped_kernel_plans_one_cta_per_sm():
+    """The swapped-operand two-CTA tile (dense 16-bit d = 128, 1-8 packed rows) is planned at one
+    CTA per SM where the plan's CTAs fit one CTA per SM there: B = 1 / 2 / 4 / 8 of 32/8 heads
+    (16 / 8 / 4 / 2 splits), 32/32 heads at B = 1 (4), 28/4 at B = 1 (32 combined splits of 7
+    rows); not where that plan fills two waves of one per SM (B = 3: 11 splits, 264 CTAs, one wave
+    of two), where 5-8 packed rows would merge in the kernel (40/8, 64/8 heads at B = 1: 16
+    splits), with 16 packed rows (L_q = 4), paged, fp8, batch-invariant, or d = 64."""
+    from flashsplit.cute import choice
+
+    def problem(batch, seqlen_k=4096, **kw):
+        args = dict(batch=batch, seqlen_q=1, seqlen_k=seqlen_k, num_heads=32, num_heads_kv=8, head_dim=128,
+                    dtype=torch.bfloat16, causal=False, has_cache_seqlens=True, device_type="cuda") | kw
+        return DecodeProblem(**args)
+
+    def planned(p):
+        return choice.units_per_sm(p, 132), choice.planned_split(p, p.work_units(64), choice.units_per_sm(p, 132),
+                                                                 132)[0]
+
+    for batch, splits in ((1, 16), (2, 8), (4, 4), (8, 2)):
+        assert choice.swaps_one_per_sm(problem(batch), 132) and planned(problem(batch)) == (1, splits)
+    assert planned(problem(1, num_heads_kv=32)) == (1, 4)
+    assert planned(problem(1, 16384, num_heads=28, num_heads_kv=4)) == (1, 32)
+    for heads in (40, 64):
+        assert not choice.swaps_one_per_sm(problem(1, num_heads=heads), 132)
+        assert planned(problem(1, num_heads=heads)) == (2, 32)
+    assert not choice.swaps_one_per_sm(problem(3), 132) and planned(problem(3)) == (2, 11)
+    for p in (problem(1, seqlen_q=4, causal=True), problem(1, page_size=128), problem(1, kv_dtype=torch.float8_e4m3fn),
+              problem(1, batch_invariant=True), problem(1, head_dim=64)):
+        assert not choice.swaps_one_per_sm(p, 132), p
+    tile = choice.choose(problem(1), 16, 132)
+    assert (tile.one_per_sm, tile.one_wave, tile.merge, tile.swap) == (False, True, True, True)
+
+
 def test_one_cta_per_sm_rule():
     """The cute backend plans one CTA per SM (and takes that tile) for 16-bit d = 128 problems,
-    dense or in TMA pages, whose units fit one wave of 132 SMs in one split of 2k-32k keys per CTA
-    or several of 16k-32k: B = 16 x 4k/16k and B = 4 x 128k (4 splits) for Llama-3-8B heads, B = 4
-    x 4k for Llama-2-7B heads; not B = 1 x 16k/128k, B = 4 x 16k, B = 16 x 128k, B = 64, d = 64,
-    fp8, gathered pages."""
+    dense or in TMA pages, whose units fit one wave of 132 SMs in one split of >= 2k keys per CTA
+    or several of >= 16k: B = 16 x 4k/16k/128k and B = 4 x 128k (4 splits) for Llama-3-8B heads,
+    B = 4 x 4k for Llama-2-7B heads; not B = 1 x 16k/128k, B = 4 x 16k, B = 64, d = 64, fp8,
+    gathered pages (the swapped-operand kernel of the first two plans one CTA per SM too)."""
     from flashsplit.cute import choice
     from flashsplit.dispatch import make_plan as _make_plan
 
@@ -530,13 +564,14 @@ def test_one_cta_per_sm_rule():
 
     for p, deep in [(problem(16, 4096), True), (problem(16, 16384), True), (problem(1, 131072), False),
                     (problem(4, 16384), False), (problem(1, 16384), False), (problem(4, 4096), False),
-                    (problem(64, 4096), False), (problem(16, 131072), False), (problem(4, 131072), True),
+                    (problem(64, 4096), False), (problem(16, 131072), True), (problem(4, 131072), True),
                     (problem(16, 4096, head_dim=64), False), (problem(16, 4096, kv_dtype=torch.float8_e4m3fn), False),
                     # TMA pages (whole-tile and sub-tile); gathered pages never
                     (problem(16, 4096, page_size=128), True), (problem(16, 4096, page_size=16), True),
                     (problem(16, 4096, page_size=48), False), (problem(4, 4096, num_heads_kv=32), True)]:
         assert choice.one_cta_per_sm(p, 132) == deep, p
-        assert backend.units_per_sm(p) == choice.units_per_sm(p, 132) == (1 if deep else configs_tile(p.head_dim)[2])
+        per_sm = 1 if deep or choice.swaps_one_per_sm(p, 132) else configs_tile(p.head_dim)[2]
+        assert backend.units_per_sm(p) == choice.units_per_sm(p, 132) == per_sm, p
         if deep:  # auto runs cute there (paged: the paged-tma rule comes first)
             assert selection.rule_for(p).name == ("paged-tma" if p.paged else "one-cta-per-sm"), p
     plan = _make_plan(problem(4, 131072), backend, "", "", 0)
@@ -958,7 +993,8 @@ def test_backend_static_facts():
     b = CuteBackend()
     assert b.name == "cute" and b.priority == 10
     assert b.block_m(_problem()) == 64
-    assert b.units_per_sm(_problem(head_dim=128)) == 2
+    assert b.units_per_sm(_problem(head_dim=128)) == 1  # the swapped-operand kernel at one CTA per SM
+    assert b.units_per_sm(_problem(head_dim=128, seqlen_q=4, causal=True)) == 2
     assert b.units_per_sm(_problem(head_dim=96)) == 2
     assert b.units_per_sm(_problem(head_dim=256)) == 1
 

@@ -68,7 +68,7 @@ GOLDEN = [
     (_problem(batch=1, seqlen_k=2048), "swapped-operands"),
     (_problem(batch=2, seqlen_k=4096), "swapped-operands"),
     (_problem(batch=4, seqlen_k=4096, num_heads_kv=32), "one-cta-per-sm"),
-    (_problem(batch=16, seqlen_k=131072, dtype=torch.float16), "swapped-operands"),
+    (_problem(batch=16, seqlen_k=131072, dtype=torch.float16), "one-cta-per-sm"),  # one split of 128k keys
     (_problem(batch=32, seqlen_k=4096, num_heads=64), "swapped-operands"),  # 8 packed rows, 256 CTAs
     (_problem(batch=64, seqlen_k=4096, num_heads=64), "gqa-fills-machine"),  # two waves
     (_problem(batch=8, seqlen_k=4096), "swapped-operands"),
@@ -76,7 +76,10 @@ GOLDEN = [
     (_problem(batch=64, seqlen_k=1024), "many-short-rows"),
     (_problem(batch=64, seqlen_k=1152), "gqa-fills-machine"),
     (_problem(batch=64, seqlen_k=131072), "gqa-fills-machine"),
-    (_problem(batch=16, seqlen_k=131072), "swapped-operands"),  # 128 units x 2 splits: one wave
+    (_problem(batch=16, seqlen_k=131072), "one-cta-per-sm"),  # 128 units: one split of 128k keys a CTA
+    (_problem(batch=16, seqlen_k=65536, num_heads=40), "one-cta-per-sm"),
+    (_problem(batch=4, seqlen_k=65536, num_heads_kv=32), "one-cta-per-sm"),  # Llama-2-7B heads
+    (_problem(batch=3, seqlen_k=307200, num_heads_kv=32), "one-cta-per-sm"),  # 96 units, 4 splits of 75k
     (_problem(batch=8, seqlen_k=4096, seqlen_q=4), "gqa-fills-machine"),  # 16 packed rows: no swap
     (_problem(batch=1, seqlen_k=131072, seqlen_q=4), "long-splits"),
     (_problem(batch=16, seqlen_k=16384, num_heads_kv=32), "default"),  # one packed row, two waves
@@ -226,8 +229,11 @@ def test_cute_runs_short_spans_that_fill_one_cta_per_sm_unsplit():
         cute = flashsplit.plan(batch, 1024, 32, heads_kv, 128, gpu="h200", backend="cute")
         triton = flashsplit.plan(batch, 1024, 32, heads_kv, 128, gpu="h200", backend="triton")
         assert (cute.num_splits, cute.units_per_sm, triton.num_splits) == (1, 1, 2), (cute, triton)
-    assert flashsplit.plan(8, 1024, 32, 8, 128, gpu="h200", backend="cute").num_splits == 4  # 64 units
-    assert flashsplit.plan(16, 1152, 32, 8, 128, gpu="h200", backend="cute").num_splits == 2  # a longer span
+    assert flashsplit.plan(8, 1024, 32, 8, 128, gpu="h200", backend="cute").num_splits == 2  # 64 units, one per SM
+    # With 16 packed rows (4 queries: the 64-row tile, which plans two CTAs per SM) a longer span
+    # splits: 128 units over 1024 keys run unsplit, over 1152 in two splits.
+    longer = [flashsplit.plan(16, n, 32, 8, 128, seqlen_q=4, causal=True, gpu="h200", backend="cute") for n in (1024, 1152)]
+    assert [(p.num_splits, p.units_per_sm) for p in longer] == [(1, 1), (2, 2)]
 
 
 @needs_cutlass

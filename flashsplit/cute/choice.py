@@ -26,15 +26,17 @@ BLOCK_M = 64
 #: 32 splits in two register chunks, where the combine's 32 CTAs take one round trip each.
 MERGE_MAX_SPLITS = 16
 
-#: Keys per CTA (as the plan splits at one CTA per SM) that :func:`one_cta_per_sm` takes: one
-#: split of 2k-32k keys, or several of 16k-32k. H200, same runs, us:
+#: Keys per CTA (as the plan splits at one CTA per SM) from which :func:`one_cta_per_sm` takes
+#: the one-CTA-per-SM tile: one split of >= 2k keys, or several of >= 16k. H200, same runs, us:
 #: won at one split (B = 16 x 4k 64.4-64.6 vs 66.3-67.4 for Triton, B = 16 x 16k 238.9-240.8 vs
 #: 241.8-246.0; 32/32 heads, B = 4 x 4k/16k 63.9/238.0 vs 64.8/239.7) and at 4 splits of 32k
-#: (B = 4 x 128k 469.9-476.7 vs 475.1-485.1); lost at one split of 131k keys (B = 16 x 128k
-#: 1950.0-1974.3 vs two CTAs per SM 1920.4-1923.2) and was mixed at 4-16 splits of 4k-8k keys
-#: (B = 1 x 128k 126.1-126.7 vs 124.9-127.3, B = 4 x 16k 67.7-67.8 vs 66.7-68.0).
+#: (B = 4 x 128k 469.9-476.7 vs 475.1-485.1); mixed at 4-16 splits of 4k-8k keys (B = 1 x 128k
+#: 126.1-126.7 vs 124.9-127.3, B = 4 x 16k 67.7-67.8 vs 66.7-68.0). Longer CTAs, interleaved
+#: in one process against the two-CTA tile's plan: one split B = 16 x 64k / 128k / 256k 941.0 /
+#: 1880.3 / 3759.5 vs 954.8 / 1902.6 / 3796.2 (two splits each); 40/8 and 64/8 heads B = 16 x 64k
+#: 940.1 / 940.9 vs 956.1 / 956.5; 32/32 heads B = 4 x 64k / 128k 943.7 / 1884.3 vs 955.6 /
+#: 1889.2; two splits of 64k (B = 8 x 128k) 943.8 vs 958.1 (four on the two-CTA tile).
 ONE_PER_SM_MIN_KEYS = 2048
-ONE_PER_SM_MAX_KEYS = 32768
 ONE_PER_SM_MIN_SPLIT_KEYS = 16384
 
 #: Spans up to this many keys whose work units fill one CTA per SM (FA3's busy fraction of the
@@ -45,6 +47,10 @@ ONE_PER_SM_MIN_SPLIT_KEYS = 16384
 #: d = 256 (whose tile holds one CTA per SM anyway), 16/8 B = 16 x 1k 34.0 vs 42.8. (Triton's
 #: split kernel gains from the second split at 1k keys there: 20.4 vs 22.1 at B = 14.)
 UNSPLIT_MAX_SPAN = 1024
+
+#: Packed q rows per KV head up to which the swapped-operand kernel planned at one CTA per SM
+#: may merge its splits in the kernel (:func:`swaps_one_per_sm`: with 5-8 rows it lost).
+MERGE_ROWS_ONE_PER_SM = 4
 
 
 @dataclass(frozen=True)
@@ -122,10 +128,10 @@ def swaps(packed_rows: int, kv_dtype: str, page_size: int | None, head_dim: int,
 def one_cta_per_sm(problem: DecodeProblem, num_sms: int) -> bool:
     """Whether the one-CTA-per-SM tile (``configs.ONE_PER_SM_TILE``) serves ``problem``: a
     16-bit cache at d = 128, dense or in TMA pages, whose (batch row, KV head, row block) units
-    fit one wave of one CTA per SM, split as the plan splits them there into one split of
-    ``ONE_PER_SM_MIN_KEYS``..``ONE_PER_SM_MAX_KEYS`` keys per CTA, or several of
-    ``ONE_PER_SM_MIN_SPLIT_KEYS``..``ONE_PER_SM_MAX_KEYS`` (where it was measured faster); never
-    for a batch-invariant decode (the rule follows the batch)."""
+    fit one wave of one CTA per SM, split as the plan splits them there into one split of at
+    least ``ONE_PER_SM_MIN_KEYS`` keys per CTA, or several of at least
+    ``ONE_PER_SM_MIN_SPLIT_KEYS`` (where it was measured faster); never for a batch-invariant
+    decode (the rule follows the batch)."""
     if problem.head_dim != 128 or problem.cache_dtype != problem.dtype or problem.batch_invariant:
         return False
     if problem.paged and not configs.tma_pages(problem.page_size, 128):
@@ -134,8 +140,7 @@ def one_cta_per_sm(problem: DecodeProblem, num_sms: int) -> bool:
     if not fits_one_wave(units, configs.ONE_PER_SM_TILE[2], num_sms):
         return False
     splits, keys = planned_split(problem, units, configs.ONE_PER_SM_TILE[2], num_sms)
-    least = ONE_PER_SM_MIN_KEYS if splits == 1 else ONE_PER_SM_MIN_SPLIT_KEYS
-    return least <= keys <= ONE_PER_SM_MAX_KEYS
+    return keys >= (ONE_PER_SM_MIN_KEYS if splits == 1 else ONE_PER_SM_MIN_SPLIT_KEYS)
 
 
 def one_wave_merge(problem: DecodeProblem, num_splits: int, num_sms: int, max_splits: int = MERGE_MAX_SPLITS) -> bool:
@@ -158,6 +163,35 @@ def fills_unsplit(problem: DecodeProblem, num_sms: int) -> bool:
     return BUSY_FRACTION * num_sms <= problem.work_units(BLOCK_M) < BUSY_FRACTION * num_sms * _tile_units(problem)
 
 
+def swaps_one_per_sm(problem: DecodeProblem, num_sms: int) -> bool:
+    """Whether ``problem`` runs on the swapped-operand two-CTA tile planned at one CTA per SM
+    (:func:`units_per_sm` 1: half the splits of two per SM): a dense 16-bit cache at d = 128 with
+    1-8 packed rows per KV head (``configs.swap_ab_applies``), not batch-invariant, whose CTAs,
+    split as the plan splits them at one CTA per SM, fit one CTA per SM (the plan may fill two
+    waves of one there, which the two-CTA tile runs as one wave of two: then it plans two per SM,
+    as before); with more than ``MERGE_ROWS_ONE_PER_SM`` packed rows only where those splits still
+    go to the combine kernel (more than ``MERGE_MAX_SPLITS``).
+
+    H200, bf16, interleaved graph replays in one process, us, one vs two CTAs per SM: 32/8 heads
+    B = 1 x 4k 9.59 vs 9.80 (16 vs 32 splits), 16k 21.10 vs 21.49, 64k 65.05 vs 66.44, 128k
+    123.85 vs 124.76; B = 4 x 4k 20.91 vs 21.25 (4 vs 8), 16k 64.00 vs 64.78; B = 8 x 1k / 4k /
+    16k 13.38 / 35.30 / 121.72 vs 13.44 / 35.84 / 122.24 (2 vs 4); 32/32 heads B = 1 x 4k 20.56 vs
+    20.78 (4 vs 8), B = 2 x 4k 34.80 vs 35.16 (2 vs 4); combined splits, 28/4 heads B = 1 x 16k /
+    128k 13.24 / 64.34 vs 13.85 / 65.76 (32 vs 64), 16/2 B = 1 x 128k 36.30 vs 37.69 (64 vs 128),
+    8/1 B = 1 x 300k 42.95 vs 44.95. With 5-8 rows, 16 splits merged in the kernel lost to 32
+    combined: 40/8 / 48/8 / 64/8 heads B = 1 x 4k 10.57 / 10.53 / 10.64 vs 9.85 / 9.89 / 9.95,
+    16k (40/8, 64/8) 22.27 / 22.34 vs 21.58 / 21.77."""
+    if not dense_16bit_d128(problem) or problem.batch_invariant:
+        return False
+    if not configs.swap_ab_applies(problem.packed_rows, "same", None, 128):
+        return False
+    units = problem.work_units(BLOCK_M)
+    splits = planned_split(problem, units, 1, num_sms)[0]
+    if problem.packed_rows > MERGE_ROWS_ONE_PER_SM and merges(splits):
+        return False
+    return units * splits <= num_sms
+
+
 def _tile_units(problem: DecodeProblem) -> int:
     """CTAs per SM of the two-CTA tile at ``problem``'s head dim (1 where cute has no tile)."""
     return configs.split_tile(problem.head_dim)[2] if problem.head_dim in configs.HEAD_DIMS else 1
@@ -166,10 +200,11 @@ def _tile_units(problem: DecodeProblem) -> int:
 def units_per_sm(problem: DecodeProblem, num_sms: int) -> int:
     """CTAs per SM the plan divides the machine by: the tile's (``problem`` runs on the
     one-CTA-per-SM tile, or on the two-CTA one), but one for a short span that fills one CTA per
-    SM (:func:`fills_unsplit`: unsplit, on the two-CTA tile)."""
+    SM (:func:`fills_unsplit`: unsplit, on the two-CTA tile) and for the swapped-operand kernel
+    in one wave of one CTA per SM (:func:`swaps_one_per_sm`)."""
     if one_cta_per_sm(problem, num_sms):
         return configs.ONE_PER_SM_TILE[2]
-    if fills_unsplit(problem, num_sms):
+    if fills_unsplit(problem, num_sms) or swaps_one_per_sm(problem, num_sms):
         return 1
     return _tile_units(problem)
 
