@@ -26,9 +26,10 @@ rule                   backend   when (all measured on an H200, 32/8 heads, bf16
                                  5.8 vs 7.4, over 16k, B = 16 7.2 vs 8.3); at 1k keys cute is
                                  ahead (B = 1 7.0 vs 7.9).
 ``one-cta-per-sm``     cute      a dense (or TMA-paged) 16-bit cache at d = 128 whose CTAs fit one
-                                 wave of one CTA per SM with 2k-32k keys each (the cute deep-pipeline
-                                 tile: B = 16 x 4k 64.4-64.6 vs Triton 66.3-67.4 us); not
-                                 batch-invariant (that tile follows the batch).
+                                 wave of one CTA per SM with >= 2k keys each (the cute deep-pipeline
+                                 tile: B = 16 x 4k 64.4-64.6 vs Triton 66.3-67.4 us; 32/32 heads B =
+                                 3 x 300k 3299 vs 3314); not batch-invariant (that tile follows the
+                                 batch).
 ``swapped-operands``   cute      a dense 16-bit cache at d = 128 with 1-8 packed q rows per KV head
                                  in one wave (cute's swapped-operand kernel: B = 1 x 4k 9.69 vs
                                  10.29 us, 16k 21.30 vs 22.82, B = 4 x 4k 21.31 vs 22.18); not
