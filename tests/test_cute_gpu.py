@@ -138,10 +138,12 @@ def test_one_per_sm_cuda_graph_capture():
     check_against_reference(out, None, q, k, v, seqlens, False, 0.1)
 
 
-@pytest.mark.parametrize("batch,seqlen_k,heads_kv", [(16, 4096, 8), (4, 131072, 8), (4, 4096, 32)])
+@pytest.mark.parametrize("batch,seqlen_k,heads_kv", [(16, 4096, 8), (4, 131072, 8), (4, 4096, 32), (16, 40960, 8),
+                                                     (1, 4096, 8), (2, 16384, 32)])
 def test_one_per_sm_through_auto(batch, seqlen_k, heads_kv):
-    """Where the rule applies, auto plans cute on one CTA per SM (one split, no merge; 4 splits
-    merged in the kernel's tail) and matches the reference."""
+    """Where the rules apply, auto plans cute on one CTA per SM and matches the reference: the
+    deep tile (one split of 4k or 40k keys, no merge; 4 splits merged in the kernel's tail) and
+    the swapped-operand kernel (B = 1: 16 splits merged in the kernel; 32/32 heads B = 2: 2)."""
     import flashsplit
 
     plan = flashsplit.plan(batch, seqlen_k, 32, heads_kv, 128)
@@ -767,8 +769,9 @@ def test_one_wave_decode_matches_reference(case):
 
 
 def test_one_wave_through_prepare_and_graph_replay():
-    """B = 4, 8 KV heads, 4k keys: the plan's 8 splits (256 CTAs) take the 3-stage kernel; a
-    captured decode follows new cache_seqlens (NaN past each row's longest length)."""
+    """B = 4, 8 KV heads, 4k keys: the plan's 4 splits (128 CTAs, the swapped-operand kernel at
+    one CTA per SM) take the 3-stage kernel and merge in its tail; a captured decode follows new
+    cache_seqlens (NaN past each row's longest length)."""
     import flashsplit
     from flashsplit.cute import choice
     from flashsplit.cute.backend import CuteBackend
@@ -779,7 +782,7 @@ def test_one_wave_through_prepare_and_graph_replay():
     backend = CuteBackend()
     num_sms = device_num_sms("cuda")
     splits = choice.planned_split(problem, problem.work_units(64), backend.units_per_sm(problem), num_sms)[0]
-    assert splits == 8 and choice.one_wave_merge(problem, splits, num_sms)
+    assert splits == 4 and choice.one_wave_merge(problem, splits, num_sms)
     q, k, v, seqlens = make_inputs(case, "cuda", torch.Generator().manual_seed(3))
     prepared = backend.prepare(problem, splits, 0.1)
     assert prepared.tile.one_wave and prepared.tile.merge
