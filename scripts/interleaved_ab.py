@@ -33,6 +33,7 @@ from flashsplit.bench.check import check_output
 from flashsplit.bench.contenders import SdpaContender
 from flashsplit.bench.inputs import make_inputs
 from flashsplit.bench.options import parse_seqlen
+from flashsplit.bench.timing import capture_graph
 from flashsplit.call import DecodeOptions, DecodeTensors
 from flashsplit.cute import choice
 from flashsplit.cute.backend import CuteBackend
@@ -96,23 +97,6 @@ def make_run(name: str, fields: dict, inputs, outs, cute: CuteBackend):
     return run, f"{plan.backend}, {plan.num_splits} splits, rule {plan.rule}"
 
 
-def capture(run, num_sets: int, calls: int) -> torch.cuda.CUDAGraph:
-    side = torch.cuda.Stream()  # lazy initialization happens outside the capture
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(min(calls, max(3, num_sets))):
-            run(i % num_sets)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            run(i % num_sets)
-    for _ in range(3):
-        graph.replay()
-    return graph
-
-
 def time_interleaved(graphs: dict, calls: int, rounds: int) -> dict[str, float]:
     """Median us per call of each graph, replayed in turn, order reversed every other round."""
     samples = {name: [] for name in graphs}
@@ -159,7 +143,11 @@ def main(argv: list[str] | None = None) -> None:
         errors[key] = checked.detail.split(" (")[0] + ("" if checked.ok else " FAILED")
     per_call_us = max(1.0, kv_bytes(case) / 4.0e6)  # sized so a replay stays near 25 ms
     calls = max(num_sets, min(20, math.ceil(25e3 / per_call_us)))
-    graphs = {key: capture(run, num_sets, calls) for key, run in runs.items()}
+    graphs = {key: capture_graph(run, num_sets, calls) for key, run in runs.items()}
+    for graph in graphs.values():
+        for _ in range(3):  # warm-up replays
+            graph.replay()
+    torch.cuda.synchronize()
     times = time_interleaved(graphs, calls, args.rounds)
     first = next(iter(times))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: {args.heads} heads, d = {args.head_dim}, "

@@ -81,14 +81,11 @@ def _event_times_ms(launch: Callable[[], None], reps: int) -> list[float]:
     return [start.elapsed_time(end) for start, end in events]
 
 
-def time_graph(run: Callable[[int], object], num_sets: int, config: TimingConfig, calls: int) -> float:
-    """Median device microseconds per call, from replays of a graph of ``calls`` captured calls.
+def capture_graph(run: Callable[[int], object], num_sets: int, calls: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``calls`` captured calls cycling the ``num_sets`` input sets.
 
-    A graph removes launch overhead, so this is the kernels' own time even for 5 us calls.
-    Raises whatever capture raises (the caller falls back to :func:`time_events`).
-    """
-    # Warm up on a side stream before capture: lazy init (cuBLAS handles, autotuning, JIT) must
-    # not happen inside the capture.
+    Warms up on a side stream first: lazy init (cuBLAS handles, autotuning, JIT) must not happen
+    inside the capture. Raises whatever capture raises."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -97,10 +94,20 @@ def time_graph(run: Callable[[int], object], num_sets: int, config: TimingConfig
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            run(i % num_sets)
+    return graph
+
+
+def time_graph(run: Callable[[int], object], num_sets: int, config: TimingConfig, calls: int) -> float:
+    """Median device microseconds per call, from replays of a graph of ``calls`` captured calls.
+
+    A graph removes launch overhead, so this is the kernels' own time even for 5 us calls.
+    Raises whatever capture raises (the caller falls back to :func:`time_events`).
+    """
+    graph = capture_graph(run, num_sets, calls)
     try:
-        with torch.cuda.graph(graph):
-            for i in range(calls):
-                run(i % num_sets)
         for _ in range(config.warmup):
             graph.replay()
         torch.cuda.synchronize()
