@@ -43,7 +43,8 @@ MAX_SPLITS = 256
 #: A batch-invariant decode (``decode(..., batch_invariant=True)``) cuts each row into this many
 #: splits of at least ``BATCH_INVARIANT_MIN_SPLIT`` keys, from the row's own length alone, so its
 #: result is the same bit for bit in any batch. 32 splits are what the heuristic picks for B = 1 with
-#: 8 KV heads on 132 SMs at two CTAs per SM (16k keys: 32 of 512; 128k: 32 of 4096), so a lone row loses nothing.
+#: 8 KV heads on 132 SMs at two CTAs per SM (16k keys: 32 of 512; 128k: 32 of 4096), so a lone
+#: row loses nothing.
 #: With a fixed 512-key split, B = 1 x 128k took 174.8 us vs 127.6 (H200, 32/8 heads, bf16).
 BATCH_INVARIANT_SPLITS = 32
 BATCH_INVARIANT_MIN_SPLIT = 512

@@ -22,7 +22,6 @@ caches at one query only).
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 
 import torch
@@ -33,7 +32,7 @@ from flashsplit.bench.check import check_output
 from flashsplit.bench.contenders import SdpaContender
 from flashsplit.bench.inputs import make_inputs
 from flashsplit.bench.options import parse_seqlen
-from flashsplit.bench.timing import capture_graph
+from flashsplit.bench.timing import TimingConfig, calls_per_graph, capture_graph
 from flashsplit.call import DecodeOptions, DecodeTensors
 from flashsplit.cute import choice
 from flashsplit.cute.backend import CuteBackend
@@ -61,10 +60,6 @@ def parse_variant(text: str) -> tuple[str, dict]:
     if any(k in fields for k in FORCED_FLAGS) and "splits" not in fields:
         raise argparse.ArgumentTypeError(f"{text!r}: a forced cute launch needs splits=N")
     return name, fields
-
-
-def kv_bytes(case: Case) -> int:
-    return 2 * case.batch * case.seqlen_k * case.num_heads_kv * case.head_dim * 2
 
 
 def make_run(name: str, fields: dict, inputs, outs, cute: CuteBackend):
@@ -126,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     heads, heads_kv = map(int, args.heads.split("/"))
     case = Case(args.batch, args.seqlen, num_heads=heads, num_heads_kv=heads_kv, head_dim=args.head_dim,
                 seqlen_q=args.seqlen_q, page_size=args.page_size)
-    num_sets = rotation_count(kv_bytes(case), mem_cap_bytes=60e9)
+    num_sets = rotation_count(case.kv_bytes, mem_cap_bytes=60e9)
     inputs = make_inputs(case, num_sets)
     outs = [torch.full_like(q, float("nan")) for q in inputs.q]
     cute = CuteBackend()
@@ -141,8 +136,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.synchronize()
         checked = check_output(outs[0] if result is None else result.transpose(1, 2), inputs)
         errors[key] = checked.detail.split(" (")[0] + ("" if checked.ok else " FAILED")
-    per_call_us = max(1.0, kv_bytes(case) / 4.0e6)  # sized so a replay stays near 25 ms
-    calls = max(num_sets, min(20, math.ceil(25e3 / per_call_us)))
+    # A replay stays within the bench's budget, the call's time estimated from a 4 TB/s read.
+    calls = calls_per_graph(TimingConfig(), num_sets, per_call_us=max(1.0, case.kv_bytes / 4.0e6))
     graphs = {key: capture_graph(run, num_sets, calls) for key, run in runs.items()}
     for graph in graphs.values():
         for _ in range(3):  # warm-up replays
@@ -152,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     first = next(iter(times))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: {args.heads} heads, d = {args.head_dim}, "
           f"B = {args.batch} x {args.seqlen} keys, L_q = {args.seqlen_q}, page size {args.page_size}; "
-          f"{kv_bytes(case) / 1e6:.1f} MB of KV, {num_sets} input sets, {calls} calls per graph, "
+          f"{case.kv_bytes / 1e6:.1f} MB of KV, {num_sets} input sets, {calls} calls per graph, "
           f"{args.rounds} rounds")
     for key, us in times.items():
         print(f"  {key:40s} {us:10.2f} us  {us / times[first]:6.3f}x  {errors[key]:24s} {labels[key]}")
