@@ -22,7 +22,6 @@ caches at one query only).
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
@@ -32,7 +31,7 @@ from flashsplit.bench.check import check_output
 from flashsplit.bench.contenders import SdpaContender
 from flashsplit.bench.inputs import make_inputs
 from flashsplit.bench.options import parse_seqlen
-from flashsplit.bench.timing import TimingConfig, calls_per_graph, capture_graph
+from flashsplit.bench.timing import TimingConfig, calls_per_graph, capture_graph, time_interleaved
 from flashsplit.call import DecodeOptions, DecodeTensors
 from flashsplit.cute import choice
 from flashsplit.cute.backend import CuteBackend
@@ -90,21 +89,6 @@ def make_run(name: str, fields: dict, inputs, outs, cute: CuteBackend):
                            seqlen_q=case.seqlen_q, causal=case.causal, page_size=case.page_size, backend=name,
                            num_splits=splits)
     return run, f"{plan.backend}, {plan.num_splits} splits, rule {plan.rule}"
-
-
-def time_interleaved(graphs: dict, calls: int, rounds: int) -> dict[str, float]:
-    """Median us per call of each graph, replayed in turn, order reversed every other round."""
-    samples = {name: [] for name in graphs}
-    names = list(graphs)
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graphs[name].replay()
-            end.record()
-            end.synchronize()
-            samples[name].append(start.elapsed_time(end) * 1e3 / calls)
-    return {name: statistics.median(s) for name, s in samples.items()}
 
 
 def main(argv: list[str] | None = None) -> None:

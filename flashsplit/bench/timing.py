@@ -117,6 +117,23 @@ def time_graph(run: Callable[[int], object], num_sets: int, config: TimingConfig
     return statistics.median(times_ms) * 1e3 / calls
 
 
+def time_interleaved(graphs: dict[str, torch.cuda.CUDAGraph], calls: int, rounds: int) -> dict[str, float]:
+    """Median us per call of each graph of ``calls`` captured calls, the graphs replayed in turn
+    (order reversed every other round), ``rounds`` times: side by side, so a drift of the card
+    moves every graph's figure alike."""
+    samples: dict[str, list[float]] = {name: [] for name in graphs}
+    names = list(graphs)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graphs[name].replay()
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end) * 1e3 / calls)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
 def time_events(run: Callable[[int], object], num_sets: int, config: TimingConfig, calls: int) -> float:
     """Median microseconds per call of back-to-back eager launches, from CUDA events.
 
