@@ -80,8 +80,15 @@ GOLDEN = [
     (_problem(batch=16, seqlen_k=65536, num_heads=40), "one-cta-per-sm"),
     (_problem(batch=4, seqlen_k=65536, num_heads_kv=32), "one-cta-per-sm"),  # Llama-2-7B heads
     (_problem(batch=3, seqlen_k=307200, num_heads_kv=32), "one-cta-per-sm"),  # 96 units, 4 splits of 75k
-    (_problem(batch=8, seqlen_k=4096, seqlen_q=4), "gqa-fills-machine"),  # 16 packed rows: no swap
-    (_problem(batch=1, seqlen_k=131072, seqlen_q=4), "long-splits"),
+    (_problem(batch=8, seqlen_k=4096, seqlen_q=4), "wide-rows"),  # 16 packed rows: no swap
+    (_problem(batch=1, seqlen_k=131072, seqlen_q=4), "wide-rows"),
+    (_problem(batch=4, seqlen_k=4096, seqlen_q=4), "wide-rows"),
+    (_problem(batch=64, seqlen_k=4096, seqlen_q=4), "wide-rows"),
+    (_problem(batch=16, seqlen_k=1024, seqlen_q=4), "gqa-fills-machine"),  # cute runs it unsplit in one wave
+    (_problem(batch=16, seqlen_k=16384, seqlen_q=4), "one-cta-per-sm"),
+    (_problem(batch=1, seqlen_k=307200, seqlen_q=4), "one-cta-per-sm"),
+    (_problem(batch=1, seqlen_k=4096, seqlen_q=2), "swapped-operands"),  # 8 packed rows
+    (_problem(batch=1, seqlen_k=131072, batch_invariant=True), "long-splits"),  # no swapped operands
     (_problem(batch=16, seqlen_k=16384, num_heads_kv=32), "default"),  # one packed row, two waves
     (_problem(batch=64, seqlen_k=1024, num_heads_kv=32), "mha-many-waves"),  # Llama-2-7B heads, 2048 units
     (_problem(batch=64, seqlen_k=65536, num_heads_kv=32), "mha-many-waves"),
@@ -184,6 +191,13 @@ def test_thresholds_sit_where_documented():
     assert mid(_problem(batch=lo // 16, **mha256)) and mid(_problem(batch=(hi - 1) // 16, **mha256))
     assert not mid(_problem(batch=lo // 16 - 1, **mha256)) and not mid(_problem(batch=hi // 16, **mha256))
     assert not mid(_problem(batch=lo // 8, num_heads=16, num_heads_kv=8, head_dim=256)), "two packed rows: cute"
+    wide = selection._wide_rows
+    from flashsplit.cute import configs
+    assert configs.SWAP_AB_ROWS == 8
+    assert wide(_problem(seqlen_q=3)) and not wide(_problem(seqlen_q=2)), "12 packed rows, 8"
+    assert not wide(_problem(seqlen_q=4, head_dim=64)), "d = 128 only"
+    assert not wide(_problem(batch=16, seqlen_q=4, seqlen_k=1024)), "unsplit in one wave on cute"
+    assert wide(_problem(batch=16, seqlen_q=4, seqlen_k=1152)), "a span past UNSPLIT_MAX_SPAN"
     long = selection._long_splits
     # B = 1, L_q 4 (16 packed rows), 8 units: 32 splits of capacity / 32 keys.
     assert long(_problem(seqlen_q=4, seqlen_k=32 * selection.LONG_SPLIT_KEYS))
