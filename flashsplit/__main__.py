@@ -1,10 +1,11 @@
-"""Command line: ``python -m flashsplit demo`` and ``python -m flashsplit bench`` (also installed
-as the ``flashsplit`` script).
+"""Command line: ``python -m flashsplit demo``, ``python -m flashsplit bench`` and ``python -m
+flashsplit tune`` (also installed as the ``flashsplit`` script).
 
 Exit codes: 0 on success; 1 when a check failed (``demo``: the output disagrees with the float64
-reference; ``bench``: a contender was wrong, or an output file could not be written); 2 when
-nothing could run as asked (argparse's errors for unusable options, a backend this machine cannot
-run, ``bench`` without a CUDA GPU or ``--plot`` without matplotlib).
+reference; ``bench``: a contender was wrong, or an output file could not be written; ``tune``: a backend
+was wrong in a cell); 2 when nothing could run as asked (argparse's errors for unusable options,
+a backend this machine cannot run, ``bench`` or ``tune`` without a CUDA GPU, ``--plot`` without
+matplotlib).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ examples:
   flashsplit demo --backend triton        # the same step on one backend
   flashsplit bench --dry-run              # the grid, contenders and planned splits, without a GPU
   flashsplit bench --batch 1 16 --seqlen 4k 128k --json out.json
+  flashsplit tune --out h200.json         # time both backends over a grid: auto's table for this GPU
   flashsplit demo --help, flashsplit bench --help   # each command's options
 """
 
@@ -47,6 +49,7 @@ examples:
 def build_parser() -> argparse.ArgumentParser:
     """The ``flashsplit`` parser with its ``demo`` and ``bench`` sub-commands."""
     from .bench.cli import add_bench_parser
+    from .bench.tune import add_tune_parser
 
     parser = argparse.ArgumentParser(prog="flashsplit", description=_DESCRIPTION, epilog=_EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "or one backend: " + ", ".join(choices[1:]) + " (default auto)")
     demo.set_defaults(func=_demo, parser=demo)
     add_bench_parser(sub)
+    add_tune_parser(sub)
     return parser
 
 

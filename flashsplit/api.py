@@ -60,7 +60,9 @@ def plan(
     >>> p = plan(1, 32768, 32, 8, 128, gpu="h200", backend="triton")
     >>> p.num_splits, p.grid
     (32, (32, 1, 8))
-    >>> plan(1, 4096, 32, 8, 128, gpu="h200").rule   # cute's swapped-operand kernel, where cutlass is installed
+    >>> plan(1, 4096, 32, 8, 128, gpu="h200").rule   # the vote of the H200's measured table
+    'measured'
+    >>> plan(1, 4096, 32, 8, 128, gpu="h100").rule   # no table: the hand rules (cute's swapped operands)
     'swapped-operands'
     """
     device = check_plan_args(batch, seqlen_k, num_heads, num_heads_kv, head_dim, seqlen_q, dtype, causal,

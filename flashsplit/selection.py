@@ -5,6 +5,12 @@ faster for such problems. If that backend cannot run the problem here (``support
 it: no Hopper GPU, cutlass missing, a head dim it lacks), the other able backend runs it.
 :func:`flashsplit.plan` reports the rule that fired (``SplitPlan.rule``) and why.
 
+On a GPU model with a measured table (:mod:`flashsplit.measured_table`: both backends timed over
+a grid of head dims, head counts, batches, lengths, query rows, pages and fp8; the H200's ships
+with flashsplit, ``flashsplit tune`` writes one for any GPU), the measured rule decides every
+problem of a class it timed, after the four rules about features the table does not time. The
+hand rules after it decide the rest: batch-invariant decodes, fp8 pages, GPUs without a table.
+
 =====================  ========  ===================================================================
 rule                   backend   when (all measured on an H200, 32/8 heads, bf16, CUDA-graph replay)
 =====================  ========  ===================================================================
@@ -25,6 +31,13 @@ rule                   backend   when (all measured on an H200, 32/8 heads, bf16
                                  7.1 us, B = 16 7.6 vs 8.8; a 128-key window over 4k keys, B = 1
                                  5.8 vs 7.4, over 16k, B = 16 7.2 vs 8.3); at 1k keys cute is
                                  ahead (B = 1 7.0 vs 7.9).
+``measured``           either    a GPU with a measured table, a problem of a class it timed (head dim,
+                                 16-bit or fp8, dense or paged), not batch-invariant: the faster
+                                 backend of the nearest measured cells
+                                 (:func:`flashsplit.measured_table.vote`). On the H200 table the
+                                 hand rules below picked the slower backend by more than 2% in 76
+                                 of 585 cells (up to 1.32x); the vote, leaving each cell out in
+                                 turn, in 25.
 ``one-cta-per-sm``     cute      a dense (or TMA-paged) 16-bit cache at d = 128 whose CTAs fit one
                                  wave of one CTA per SM with >= 2k keys each (the cute deep-pipeline
                                  tile: B = 16 x 4k 64.4-64.6 vs Triton 66.3-67.4 us; 32/32 heads B =
@@ -90,6 +103,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from . import measured_table
 from .plan import choose_num_splits, tokens_per_split
 from .problem import DecodeProblem
 
@@ -125,6 +139,26 @@ class Rule:
     backend: str
     why: str
     applies: Callable[[DecodeProblem], bool]
+
+    def pick(self, problem: DecodeProblem) -> tuple[str, str] | None:
+        """``(backend, why)`` if this rule decides ``problem``, else None."""
+        return (self.backend, self.why) if self.applies(problem) else None
+
+
+@dataclass(frozen=True)
+class MeasuredRule:
+    """The ``measured`` rule: the vote of the nearest cells of this GPU's measured table."""
+
+    name: str = "measured"
+    backend: str = "either"
+    why: str = "the faster backend of the nearest cells measured on this GPU"
+
+    def pick(self, problem: DecodeProblem) -> tuple[str, str] | None:
+        # The table times the default kernels; batch-invariant decodes run fixed configurations.
+        if problem.batch_invariant:
+            return None
+        vote = measured_table.vote(problem)
+        return None if vote is None else (vote.backend, vote.describe())
 
 
 def _dense_16bit(problem: DecodeProblem, head_dims: tuple[int, ...]) -> bool:
@@ -237,7 +271,7 @@ def _cache_update(problem: DecodeProblem) -> bool:
     return problem.has_new_kv or problem.has_leftpad or problem.has_batch_idx
 
 
-RULES: tuple[Rule, ...] = (
+RULES: tuple[Rule | MeasuredRule, ...] = (
     Rule("cache-update", "triton", "new keys appended inside the split kernel (cute writes them in a kernel of "
          "their own)", _cache_update),
     Rule("paged-gathered", "triton", "pages cute cannot load by TMA (it would copy them row by row)",
@@ -245,6 +279,7 @@ RULES: tuple[Rule, ...] = (
     Rule("paged-tma", "cute", "a paged 16-bit cache in TMA pages (read at dense speed)", _paged_tma),
     Rule("short-span", "triton", f"splits covering <= {SHORT_SPAN_KEYS} keys (cute's fixed start outweighs them)",
          _short_span),
+    MeasuredRule(),
     Rule("one-cta-per-sm", "cute", "one wave of one deep-pipeline CTA per SM", _one_cta_per_sm),
     Rule("swapped-operands", "cute", "1-8 packed q rows per KV head in one wave (swapped wgmma operands)",
          _swapped_operands),
@@ -270,18 +305,27 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def rule_for(problem: DecodeProblem) -> Rule:
-    """The first rule of :data:`RULES` that applies to ``problem``."""
-    return next(rule for rule in RULES if rule.applies(problem))
+def decide(problem: DecodeProblem) -> tuple[Rule | MeasuredRule, str, str]:
+    """``(rule, backend, why)``: the first rule of :data:`RULES` that decides ``problem``."""
+    for rule in RULES:
+        picked = rule.pick(problem)
+        if picked is not None:
+            return rule, *picked
+    raise AssertionError("the default rule decides every problem")
+
+
+def rule_for(problem: DecodeProblem) -> Rule | MeasuredRule:
+    """The first rule of :data:`RULES` that decides ``problem``."""
+    return decide(problem)[0]
 
 
 def choose(problem: DecodeProblem, able: Sequence) -> tuple[object, str, str]:
     """``(backend, rule name, reason)`` for ``problem`` among the backends in ``able`` (each with
     a ``name``; those whose ``supports()`` accepted the problem, best priority first)."""
-    rule = rule_for(problem)
+    rule, backend, why = decide(problem)
     by_name = {b.name: b for b in able}
-    if rule.backend in by_name:
-        return by_name[rule.backend], rule.name, f"auto: {rule.name}: {rule.why}"
+    if backend in by_name:
+        return by_name[backend], rule.name, f"auto: {rule.name}: {why}"
     fallback = able[0]
-    return fallback, rule.name, (f"auto: {rule.name} would take {rule.backend}, which cannot run it here; "
+    return fallback, rule.name, (f"auto: {rule.name} would take {backend}, which cannot run it here; "
                                  f"{fallback.name} can")

@@ -572,8 +572,8 @@ def test_one_cta_per_sm_rule():
         assert choice.one_cta_per_sm(p, 132) == deep, p
         per_sm = 1 if deep or choice.swaps_one_per_sm(p, 132) else configs_tile(p.head_dim)[2]
         assert backend.units_per_sm(p) == choice.units_per_sm(p, 132) == per_sm, p
-        if deep:  # auto runs cute there (paged: the paged-tma rule comes first)
-            assert selection.rule_for(p).name == ("paged-tma" if p.paged else "one-cta-per-sm"), p
+        if deep:  # the hand rules run cute there (paged: the paged-tma rule comes first)
+            assert selection.rule_for(_without_table(p)).name == ("paged-tma" if p.paged else "one-cta-per-sm"), p
     plan = _make_plan(problem(4, 131072), backend, "", "", 0)
     assert (plan.units_per_sm, plan.num_splits) == (1, 4)
     assert _make_plan(problem(16, 4096), backend, "", "", 0).num_splits == 1
@@ -727,6 +727,13 @@ def _problem(**overrides) -> DecodeProblem:
                   dtype=torch.bfloat16, causal=False, has_cache_seqlens=True, device_type="cpu", aligned_16b=True)
     fields.update(overrides)
     return DecodeProblem(**fields)
+
+
+def _without_table(problem: DecodeProblem) -> DecodeProblem:
+    """``problem`` on a GPU of the H200's SM count without a measured table: the hand rules decide."""
+    from flashsplit.target import KNOWN_GPUS
+
+    return dataclasses.replace(problem, device_type="cuda", gpu=KNOWN_GPUS["h100"])
 
 
 @pytest.mark.parametrize("overrides,needle", [
@@ -956,11 +963,11 @@ def test_batch_invariant_launches_take_the_two_cta_tile_and_the_combine():
     assert choice.choose(_problem(batch=16, device_type="cuda"), 1, 132).one_per_sm  # (the plain rule)
     # auto's rules for those kernels do not fire either: B = 16 x 4k and B = 1 x 4k are plain
     # one-CTA-per-SM and swapped-operand problems.
-    assert selection.rule_for(_problem(batch=16, device_type="cuda")).name == "one-cta-per-sm"
-    assert selection.rule_for(_problem(device_type="cuda")).name == "swapped-operands"
+    assert selection.rule_for(_without_table(_problem(batch=16, device_type="cuda"))).name == "one-cta-per-sm"
+    assert selection.rule_for(_without_table(_problem(device_type="cuda"))).name == "swapped-operands"
     for batch in (16, 1):
         assert selection.rule_for(_problem(batch=batch, device_type="cuda", batch_invariant=True)).name not in (
-            "one-cta-per-sm", "swapped-operands")
+            "one-cta-per-sm", "swapped-operands", "measured")
 
 
 @pytest.mark.parametrize("overrides", [

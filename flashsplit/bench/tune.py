@@ -1,0 +1,327 @@
+"""The ``tune`` sub-command: time both backends over a grid and write the GPU's selection table.
+
+For each shape (q/KV heads, head dim, queries per row, cache format) and each cell (batch x keys,
+KV capped by ``--max-kv-gb``), the Triton and cute launches of ``decode_into(backend=...)`` are
+checked against the float64 reference (outputs poisoned with NaN first), captured as CUDA graphs
+over input sets rotated so the KV never sits in L2, and replayed interleaved
+(:func:`flashsplit.bench.timing.time_interleaved`). Each cell prints both times and the backend
+``auto`` picks (its rule, :func:`flashsplit.plan`) with auto / best; cells over ``--tolerance`` are
+listed at the end. ``--jsonl`` appends one record per cell and skips cells already recorded there
+for this GPU (a long grid can run in pieces); ``--out`` writes the table
+(:mod:`flashsplit.measured_table`) from every record of this GPU; ``--from-jsonl`` builds one
+from saved records without a GPU. Point ``FLASHSPLIT_SELECTION_TABLE`` at the file, or place it
+in ``flashsplit/tables/``, and ``auto`` takes its vote on that GPU model.
+
+Exit codes: 0 on success; 1 when a backend was wrong in a cell; 2 when nothing could run (no CUDA
+GPU without ``--from-jsonl``, a record file that is not one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+
+import torch
+
+from ..measured_table import Cell, Table
+from .cases import KV_DTYPES, Case, rotation_count
+from .options import format_seqlen, parse_seqlen
+
+BACKENDS = ("triton", "cute")
+
+#: The default grid: head dims x head counts x queries per row, dense bf16, plus pages and fp8.
+DEFAULT_HEADS = ("32/8", "32/32", "40/8", "64/8", "28/4", "16/2")
+DEFAULT_SHAPES = tuple(f"{heads}:{d}{':lq=4' if lq > 1 else ''}" for d in (64, 96, 128, 256)
+                       for heads in DEFAULT_HEADS for lq in (1, 4)) + (
+    "32/8:128:page=16", "32/8:128:page=128", "32/8:128:kv=fp8e4m3")
+DEFAULT_BATCHES = (1, 4, 16, 64)
+DEFAULT_SEQLENS = (1024, 4096, 16384, 131072, 307200)
+
+_EPILOG = """\
+examples:
+  flashsplit tune --out h200.json                    # the default grid (about 900 cells, 15 min on an H200)
+  flashsplit tune --shape 32/8:128 --shape 32/8:128:lq=4 --batch 1 16 --seqlen 4k 128k
+                                                     # check auto on a few cells
+  flashsplit tune --shape 40/8:128 --jsonl part.jsonl   # a grid in pieces: recorded cells are skipped
+  flashsplit tune --from-jsonl part1.jsonl part2.jsonl --out h200.json   # no GPU needed
+  FLASHSPLIT_SELECTION_TABLE=h200.json python serve.py   # auto votes from that table
+"""
+
+
+def parse_shape(text: str) -> dict:
+    """``"32/8:128:lq=4:page=16"`` -> ``{"num_heads": 32, "num_heads_kv": 8, "head_dim": 128,
+    "seqlen_q": 4, "page_size": 16, "kv_dtype": "same"}``."""
+    heads, _, rest = text.partition(":")
+    parts = rest.split(":")
+    try:
+        q, kv = map(int, heads.split("/"))
+        shape = dict(num_heads=q, num_heads_kv=kv, head_dim=int(parts[0]), seqlen_q=1, page_size=0, kv_dtype="same")
+        for item in parts[1:]:
+            key, _, value = item.partition("=")
+            if key == "lq" and int(value) >= 1:
+                shape["seqlen_q"] = int(value)
+            elif key == "page" and int(value) >= 1:
+                shape["page_size"] = int(value)
+            elif key == "kv" and value in KV_DTYPES:
+                shape["kv_dtype"] = value
+            else:
+                raise ValueError(item)
+        if q < 1 or kv < 1 or q % kv:
+            raise ValueError(heads)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected Q/KV:D[:lq=N][:page=P][:kv=fp8e4m3|fp8e5m2] with Q a multiple "
+                                         f"of KV, got {text!r}") from None
+    return shape
+
+
+def shape_label(shape: dict) -> str:
+    label = f"{shape['num_heads']}/{shape['num_heads_kv']} d{shape['head_dim']}"
+    if shape["seqlen_q"] > 1:
+        label += f" Lq{shape['seqlen_q']}"
+    if shape["page_size"]:
+        label += f" p{shape['page_size']}"
+    if shape["kv_dtype"] != "same":
+        label += f" {shape['kv_dtype']}"
+    return label
+
+
+def cell_key(record: dict) -> tuple:
+    """What identifies a cell of one GPU's grid in a record."""
+    return tuple(record[k] for k in ("gpu", "num_heads", "num_heads_kv", "head_dim", "seqlen_q", "page_size",
+                                     "kv_dtype", "batch", "seqlen_k"))
+
+
+def record_cell(record: dict) -> Cell | None:
+    """The table cell of a record; None if a backend has no time in it."""
+    times = [record.get(f"{name}_us") for name in BACKENDS]
+    if not all(isinstance(t, (int, float)) for t in times):
+        return None
+    cache_dtype = KV_DTYPES[record["kv_dtype"]] or torch.bfloat16  # the grid's queries are bf16
+    return Cell(record["num_heads"], record["num_heads_kv"], record["head_dim"], record["seqlen_q"],
+                record["page_size"], str(cache_dtype).removeprefix("torch."), record["batch"], record["seqlen_k"],
+                *times)
+
+
+def build_table(records: list[dict]) -> Table:
+    """The table of the GPU of the last record, from every record of that GPU (the latest time
+    of a cell recorded twice); its ``command``: each distinct command that measured them."""
+    if not records:
+        raise ValueError("records: expected at least one tune record, got none")
+    last = records[-1]
+    cells, commands = {}, {}
+    for record in records:
+        if record["gpu"] == last["gpu"]:
+            cell = record_cell(record)
+            if cell is not None:
+                cells[cell_key(record)] = cell
+                commands[record.get("command", "")] = None
+    return Table(last["gpu"], last["num_sms"], last["date"], last["versions"], "; ".join(c for c in commands if c),
+                 tuple(cells.values()))
+
+
+def read_records(paths: list[str]) -> list[dict]:
+    records = []
+    for path in paths:
+        with open(path) as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        records.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise ValueError(f"{path}:{n}: expected one JSON record per line, got {e}") from None
+    for record in records:
+        missing = [k for k in ("gpu", "num_sms", "date", "versions", "batch", "seqlen_k") if k not in record]
+        if missing:
+            raise ValueError(f"records: expected tune records, one lacks {missing}: {str(record)[:120]}")
+    return records
+
+
+def versions() -> dict:
+    import triton
+
+    found = {"torch": torch.__version__, "triton": triton.__version__}
+    try:
+        from importlib.metadata import version
+
+        found["nvidia-cutlass-dsl"] = version("nvidia-cutlass-dsl")
+    except Exception:  # not installed: cute cannot run, the grid stops at its first cell
+        pass
+    return found
+
+
+def time_cell(case: Case, rounds: int) -> dict:
+    """Both backends' errors, splits and device times (us) in one cell, and auto's pick."""
+    import flashsplit
+
+    from .check import check_output
+    from .inputs import make_inputs
+    from .timing import TimingConfig, calls_per_graph, capture_graph, time_interleaved
+
+    def plan(backend: str):
+        return flashsplit.plan(case.batch, case.seqlen_k, case.num_heads, case.num_heads_kv, case.head_dim,
+                               seqlen_q=case.seqlen_q, causal=case.causal, page_size=case.page_size,
+                               kv_dtype=KV_DTYPES[case.kv_dtype], backend=backend)
+
+    auto = plan("auto")
+    record = dict(auto=auto.backend, rule=auto.rule)
+    num_sets = rotation_count(case.kv_bytes, mem_cap_bytes=40e9)
+    inputs = make_inputs(case, num_sets)
+    outs = [torch.full_like(q, float("nan")) for q in inputs.q]
+    runs = {}
+    for name in BACKENDS:
+        def run(i, name=name):
+            flashsplit.api.decode_into(inputs.q[i], inputs.k[i], inputs.v[i], outs[i], None,
+                                       cache_seqlens=inputs.cache_seqlens, backend=name,
+                                       **inputs.cache_kwargs(i), **inputs.variant_kwargs())
+        for out in outs:
+            out.fill_(float("nan"))
+        try:
+            run(0)
+        except ValueError as e:  # the backend cannot run this shape (its supports() refused it)
+            record[f"{name}_refused"] = str(e)
+            continue
+        torch.cuda.synchronize()
+        checked = check_output(outs[0], inputs)
+        record[f"{name}_err"] = checked.rel_err
+        record[f"{name}_splits"] = plan(name).num_splits
+        if checked.ok:
+            runs[name] = run
+        else:
+            record[f"{name}_wrong"] = checked.detail
+    calls = calls_per_graph(TimingConfig(), num_sets, per_call_us=max(1.0, case.kv_bytes / 4.0e6))
+    graphs = {name: capture_graph(run, num_sets, calls) for name, run in runs.items()}
+    for graph in graphs.values():
+        for _ in range(3):
+            graph.replay()
+    torch.cuda.synchronize()
+    for name, us in time_interleaved(graphs, calls, rounds).items():
+        record[f"{name}_us"] = round(us, 2)
+    del graphs, inputs, outs
+    torch.cuda.empty_cache()
+    return record
+
+
+def summary_line(label: str, record: dict) -> tuple[str, float | None]:
+    """The printed line of a cell and auto / best (None when a backend has no time)."""
+    head = f"{label:24s} B={record['batch']:3d} L={format_seqlen(record['seqlen_k']):5s}"
+    times = {n: record.get(f"{n}_us") for n in BACKENDS}
+    if None in times.values():
+        why = [f"{n}: {record.get(n + '_wrong') or record.get(n + '_refused')}" for n in BACKENDS if times[n] is None]
+        return f"{head} not timed: " + "; ".join(why), None
+    ratio = times[record["auto"]] / min(times.values())
+    cells = "  ".join(f"{n} {times[n]:>9.2f} ({record[n + '_splits']})" for n in BACKENDS)
+    return f"{head} {cells}  auto {record['auto']} ({record['rule']}) {ratio:.3f}", ratio
+
+
+def run_grid(args: argparse.Namespace) -> int:
+    from .device import device_info
+
+    info = device_info()
+    start = time.monotonic()
+    base = dict(gpu=info.name, num_sms=info.num_sms, date=datetime.date.today().isoformat(), versions=versions(),
+                command="flashsplit tune " + " ".join(sys.argv[2:]))
+    print(f"{info.name}, {base['versions']}", flush=True)
+    records = read_records([args.jsonl]) if args.jsonl and _exists(args.jsonl) else []
+    done = {cell_key(r) for r in records}
+    misses, skipped, wrong = [], [], False
+    for text in args.shape:
+        shape = parse_shape(text)
+        label = shape_label(shape)
+        for batch in args.batch:
+            for seqlen in args.seqlen:
+                case = Case(batch, seqlen, **shape)
+                record = dict(base, **shape, batch=batch, seqlen_k=seqlen)
+                if case.kv_bytes > args.max_kv_gb * 1e9 or cell_key(record) in done:
+                    continue
+                if args.deadline_s and time.monotonic() - start > args.deadline_s:
+                    skipped.append(f"{label} B={batch} L={format_seqlen(seqlen)}")
+                    continue
+                t0 = time.monotonic()
+                record.update(time_cell(case, args.rounds), seconds=round(time.monotonic() - t0, 1))
+                line, ratio = summary_line(label, record)
+                print(line, f"[{record['seconds']} s]", flush=True)
+                wrong |= any(f"{n}_wrong" in record for n in BACKENDS)
+                if ratio is None or ratio > args.tolerance:
+                    misses.append(line)
+                records.append(record)
+                if args.jsonl:
+                    with open(args.jsonl, "a") as f:
+                        f.write(json.dumps(record) + "\n")
+    print(f"\n{len(misses)} cells over {args.tolerance} or not timed:")
+    print("\n".join(misses))
+    if skipped:
+        print(f"\nnot reached by the deadline ({len(skipped)}): " + ", ".join(skipped))
+    if args.out:
+        _write_table([r for r in records if r["gpu"] == info.name], args.out)
+    return 1 if wrong else 0
+
+
+def _exists(path: str) -> bool:
+    import os
+
+    return os.path.exists(path)
+
+
+def _write_table(records: list[dict], path: str) -> None:
+    table = build_table(records)
+    data = table.to_json()
+    cells = data.pop("cells")
+    with open(path, "w") as f:  # one cell per line: a table reads (and diffs) as rows
+        f.write(json.dumps(data, indent=1)[:-2] + ',\n "cells": [\n')
+        f.write(",\n".join("  " + json.dumps(cell) for cell in cells) + "\n ]\n}\n")
+    print(f"wrote {path}: {len(table.cells)} cells measured on {table.gpu}")
+
+
+def run_tune_command(args: argparse.Namespace) -> int:
+    if args.from_jsonl:
+        try:
+            records = read_records(args.from_jsonl)
+            _write_table(records, args.out)
+        except (OSError, ValueError) as e:
+            print(f"flashsplit tune: error: {e}", file=sys.stderr)
+            return 2
+        return 0
+    if not torch.cuda.is_available():
+        print("flashsplit tune: error: timing needs a CUDA GPU and none was found; --from-jsonl builds a table "
+              "from saved records without one", file=sys.stderr)
+        return 2
+    return run_grid(args)
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--shape", action="append", type=lambda t: parse_shape(t) and t, metavar="Q/KV:D[:...]",
+                        help="q/KV heads and head dim, with :lq=N (causal queries per row), :page=P (paged), "
+                             ":kv=fp8e4m3|fp8e5m2; repeatable (default: head dims 64, 96, 128, 256 x heads "
+                             f"{', '.join(DEFAULT_HEADS)} x L_q 1, 4, and 32/8:128 in pages of 16, 128 and fp8)")
+    parser.add_argument("--batch", type=int, nargs="+", default=list(DEFAULT_BATCHES), metavar="B")
+    parser.add_argument("--seqlen", type=parse_seqlen, nargs="+", default=list(DEFAULT_SEQLENS), metavar="L",
+                        help="keys per row (1k = 1024; default 1k 4k 16k 128k 300k)")
+    parser.add_argument("--max-kv-gb", type=float, default=20.0, help="skip cells with more KV (default 20)")
+    parser.add_argument("--rounds", type=int, default=12, help="interleaved timing rounds per cell (default 12)")
+    parser.add_argument("--tolerance", type=float, default=1.02, help="auto / best above this is listed (default 1.02)")
+    parser.add_argument("--deadline-s", type=float, default=0.0, help="start no cell after this many seconds")
+    parser.add_argument("--jsonl", metavar="FILE", help="append a record per cell; skip cells recorded there")
+    parser.add_argument("--out", metavar="FILE", help="write the selection table (JSON)")
+    parser.add_argument("--from-jsonl", nargs="+", metavar="FILE", help="build --out from saved records (no GPU)")
+    return parser
+
+
+def add_tune_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``tune`` sub-command to an argparse ``subparsers`` object; sets ``func``."""
+    parser = subparsers.add_parser(
+        "tune", help="time both backends over a grid on this GPU and write its selection table",
+        description=__doc__.split("\n\n")[0] + ". Timing needs a CUDA GPU with both backends; --from-jsonl "
+                    "does not.", epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    configure_parser(parser)
+    parser.set_defaults(func=_checked_run, parser=parser)
+    return parser
+
+
+def _checked_run(args: argparse.Namespace) -> int:
+    if args.from_jsonl and not args.out:
+        args.parser.error("--from-jsonl needs --out")
+    args.shape = args.shape or list(DEFAULT_SHAPES)
+    return run_tune_command(args)

@@ -1,0 +1,77 @@
+"""``flashsplit tune`` without a GPU: shapes parse, records become a table (the GPU's cells,
+the latest of a cell recorded twice), --from-jsonl writes a table flashsplit loads, and unusable
+input stops with exit code 2 and a message."""
+
+import json
+
+import pytest
+
+from flashsplit import measured_table
+from flashsplit.__main__ import main
+from flashsplit.bench import tune
+
+
+def _record(batch=1, seqlen_k=4096, triton_us=10.0, cute_us=9.0, gpu="NVIDIA H200", **shape):
+    fields = dict(num_heads=32, num_heads_kv=8, head_dim=128, seqlen_q=1, page_size=0, kv_dtype="same")
+    fields.update(shape)
+    return dict(gpu=gpu, num_sms=132, date="2026-12-03", versions={"torch": "2.11"}, command="flashsplit tune",
+                batch=batch, seqlen_k=seqlen_k, triton_us=triton_us, cute_us=cute_us, **fields)
+
+
+def test_parse_shape():
+    assert tune.parse_shape("32/8:128:lq=4:page=16:kv=fp8e4m3") == dict(
+        num_heads=32, num_heads_kv=8, head_dim=128, seqlen_q=4, page_size=16, kv_dtype="fp8e4m3")
+    assert tune.shape_label(tune.parse_shape("16/2:256:lq=4")) == "16/2 d256 Lq4"
+    for bad in ("32:128", "32/8", "32/7:128", "32/8:128:lq=0", "32/8:128:kv=int8", "32/8:128:x=1"):
+        with pytest.raises(Exception, match="expected Q/KV:D"):
+            tune.parse_shape(bad)
+
+
+def test_default_grid_spans_the_target():
+    shapes = [tune.parse_shape(s) for s in tune.DEFAULT_SHAPES]
+    assert {s["head_dim"] for s in shapes} == {64, 96, 128, 256} and {s["seqlen_q"] for s in shapes} == {1, 4}
+    assert {s["page_size"] for s in shapes} == {0, 16, 128} and {s["kv_dtype"] for s in shapes} == {"same", "fp8e4m3"}
+    assert len(shapes) == 4 * 6 * 2 + 3
+
+
+def test_build_table_keeps_the_latest_cell_of_the_last_gpu():
+    records = [_record(triton_us=10.0), _record(gpu="NVIDIA H100 80GB HBM3"), _record(triton_us=8.0),
+               _record(batch=4, kv_dtype="fp8e4m3", cute_us=30.0), dict(_record(batch=16), cute_us=None)]
+    table = tune.build_table(records)
+    assert table.gpu == "NVIDIA H200" and table.command == "flashsplit tune"
+    assert [(c.batch, c.triton_us, c.kv_dtype) for c in table.cells] == [(1, 8.0, "bfloat16"), (4, 10.0, "float8_e4m3fn")]
+    with pytest.raises(ValueError, match="at least one"):
+        tune.build_table([])
+
+
+def test_from_jsonl_writes_a_table_flashsplit_loads(tmp_path, capsys):
+    records = tmp_path / "part.jsonl"
+    records.write_text("".join(json.dumps(_record(batch=b, cute_us=5.0 * b)) + "\n" for b in (1, 4, 16)))
+    out = tmp_path / "h200.json"
+    assert main(["tune", "--from-jsonl", str(records), "--out", str(out)]) == 0
+    assert "3 cells measured on NVIDIA H200" in capsys.readouterr().out
+    table = measured_table.load_table(out)
+    assert [c.cute_us for c in table.cells] == [5.0, 20.0, 80.0] and table.versions == {"torch": "2.11"}
+    assert sum(line.startswith('  {"num_heads"') for line in out.read_text().splitlines()) == 3, "a line per cell"
+
+
+def test_unusable_input_exits_2(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"gpu": "x"}\n')
+    assert main(["tune", "--from-jsonl", str(bad), "--out", str(tmp_path / "t.json")]) == 2
+    assert "lacks ['num_sms'" in capsys.readouterr().err
+    bad.write_text("not json\n")
+    assert main(["tune", "--from-jsonl", str(bad), "--out", str(tmp_path / "t.json")]) == 2
+    assert "bad.jsonl:1: expected one JSON record per line" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["tune", "--from-jsonl", str(bad)])
+    assert e.value.code == 2 and "--from-jsonl needs --out" in capsys.readouterr().err
+
+
+def test_timing_without_a_gpu_exits_2(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU: tune would time the grid")
+    assert main(["tune", "--shape", "32/8:128", "--batch", "1", "--seqlen", "1k"]) == 2
+    assert "timing needs a CUDA GPU" in capsys.readouterr().err
