@@ -35,8 +35,8 @@ rule                   backend   when (all measured on an H200, 32/8 heads, bf16
                                  16-bit or fp8, dense or paged), not batch-invariant: the faster
                                  backend of the nearest measured cells
                                  (:func:`flashsplit.measured_table.vote`). On the H200 table the
-                                 hand rules below picked the slower backend by more than 2% in 76
-                                 of 585 cells (up to 1.32x); the vote, leaving each cell out in
+                                 hand rules below picked the slower backend by more than 2% in 80
+                                 of 585 cells (up to 1.39x); the vote, leaving each cell out in
                                  turn, in 25.
 ``one-cta-per-sm``     cute      a dense (or TMA-paged) 16-bit cache at d = 128 whose CTAs fit one
                                  wave of one CTA per SM with >= 2k keys each (the cute deep-pipeline
@@ -48,12 +48,11 @@ rule                   backend   when (all measured on an H200, 32/8 heads, bf16
                                  10.29 us, 16k 21.30 vs 22.82, B = 4 x 4k 21.31 vs 22.18); not
                                  batch-invariant, which cute runs on its 64-row kernel.
 ``wide-rows``          triton    a dense 16-bit cache at d = 128 with more than ``SWAP_AB_ROWS`` (8)
-                                 packed rows, past the swapped-operand kernel, whose CTAs cute
-                                 would not run unsplit in one wave (``cute.choice.fills_unsplit``):
-                                 Triton's 16-row tile beat cute's 64-row one (32/8 heads, 4 causal
-                                 queries: B = 1 x 16k 23.2 vs 25.7 us, B = 4 x 4k 23.0 vs 28.1, 16k
-                                 67.3 vs 72.9, B = 64 x 4k 239.5 vs 246.1; unsplit in one wave, B =
-                                 16 x 1k, cute 24.4 vs 25.6).
+                                 packed rows, past the swapped-operand kernel, under
+                                 :data:`FILL_UNITS` batch rows x KV heads: Triton's 16-row tile beat
+                                 cute's 64-row one (32/8 heads, 4 causal queries: B = 1 x 16k 23.2
+                                 vs 25.7 us, B = 4 x 4k 23.0 vs 28.1; 64/4 heads B = 4 x 4k 1.40x);
+                                 from 64 units cute led (64/4 heads B = 16 x 1k-16k by 1.03-1.25x).
 ``many-short-rows``    triton    a dense 16-bit cache at d = 128, >= :data:`MIN_PACKED_ROWS` packed
                                  rows, >= :data:`SHORT_ROWS_UNITS` work units, a span of at most
                                  :data:`SHORT_ROWS_SPAN` keys (B = 64 x 1k 62.8 vs 64.5 us; from 4k
@@ -223,10 +222,10 @@ def _swapped_operands(problem: DecodeProblem) -> bool:
 
 
 def _wide_rows(problem: DecodeProblem) -> bool:
-    from .cute import choice, configs
+    from .cute import configs
 
     return (_dense_16bit_d128(problem) and problem.packed_rows > configs.SWAP_AB_ROWS
-            and not choice.fills_unsplit(problem, problem.num_sms))
+            and problem.batch * problem.num_heads_kv < FILL_UNITS)
 
 
 def _many_short_rows(problem: DecodeProblem) -> bool:
@@ -283,8 +282,8 @@ RULES: tuple[Rule | MeasuredRule, ...] = (
     Rule("one-cta-per-sm", "cute", "one wave of one deep-pipeline CTA per SM", _one_cta_per_sm),
     Rule("swapped-operands", "cute", "1-8 packed q rows per KV head in one wave (swapped wgmma operands)",
          _swapped_operands),
-    Rule("wide-rows", "triton", "more packed rows than the swapped-operand kernel takes, outside work cute runs "
-         "unsplit in one wave (Triton's 16-row tile)", _wide_rows),
+    Rule("wide-rows", "triton", f"more packed rows than the swapped-operand kernel takes, < {FILL_UNITS} batch rows "
+         "x KV heads (Triton's 16-row tile)", _wide_rows),
     Rule("many-short-rows", "triton", f">= {SHORT_ROWS_UNITS} work units over <= {SHORT_ROWS_SPAN} keys",
          _many_short_rows),
     Rule("gqa-fills-machine", "cute", f">= {MIN_PACKED_ROWS} packed rows and >= {FILL_UNITS} work units",

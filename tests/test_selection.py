@@ -85,10 +85,10 @@ GOLDEN = [
     (_problem(batch=16, seqlen_k=65536, num_heads=40), "one-cta-per-sm"),
     (_problem(batch=4, seqlen_k=65536, num_heads_kv=32), "one-cta-per-sm"),  # Llama-2-7B heads
     (_problem(batch=3, seqlen_k=307200, num_heads_kv=32), "one-cta-per-sm"),  # 96 units, 4 splits of 75k
-    (_problem(batch=8, seqlen_k=4096, seqlen_q=4), "wide-rows"),  # 16 packed rows: no swap
+    (_problem(batch=8, seqlen_k=4096, seqlen_q=4), "gqa-fills-machine"),  # 16 packed rows, 64 units
     (_problem(batch=1, seqlen_k=131072, seqlen_q=4), "wide-rows"),
     (_problem(batch=4, seqlen_k=4096, seqlen_q=4), "wide-rows"),
-    (_problem(batch=64, seqlen_k=4096, seqlen_q=4), "wide-rows"),
+    (_problem(batch=64, seqlen_k=4096, seqlen_q=4), "gqa-fills-machine"),  # 512 units
     (_problem(batch=16, seqlen_k=1024, seqlen_q=4), "gqa-fills-machine"),  # cute runs it unsplit in one wave
     (_problem(batch=16, seqlen_k=16384, seqlen_q=4), "one-cta-per-sm"),
     (_problem(batch=1, seqlen_k=307200, seqlen_q=4), "one-cta-per-sm"),
@@ -202,8 +202,8 @@ def test_thresholds_sit_where_documented():
     assert configs.SWAP_AB_ROWS == 8
     assert wide(_problem(seqlen_q=3)) and not wide(_problem(seqlen_q=2)), "12 packed rows, 8"
     assert not wide(_problem(seqlen_q=4, head_dim=64)), "d = 128 only"
-    assert not wide(_problem(batch=16, seqlen_q=4, seqlen_k=1024)), "unsplit in one wave on cute"
-    assert wide(_problem(batch=16, seqlen_q=4, seqlen_k=1152)), "a span past UNSPLIT_MAX_SPAN"
+    assert wide(_problem(batch=7, seqlen_q=4)) and not wide(_problem(batch=8, seqlen_q=4)), "56, 64 units"
+    assert wide(_problem(batch=4, num_heads=64, num_heads_kv=4)), "64/4 heads: 16 packed rows, 16 units"
     long = selection._long_splits
     # B = 1, L_q 4 (16 packed rows), 8 units: 32 splits of capacity / 32 keys.
     assert long(_problem(seqlen_q=4, seqlen_k=32 * selection.LONG_SPLIT_KEYS))

@@ -42,7 +42,7 @@ DEFAULT_SEQLENS = (1024, 4096, 16384, 131072, 307200)
 
 _EPILOG = """\
 examples:
-  flashsplit tune --out h200.json                    # the default grid (about 900 cells, 15 min on an H200)
+  flashsplit tune --out h200.json                    # the default grid (907 cells, 12 min on an H200)
   flashsplit tune --shape 32/8:128 --shape 32/8:128:lq=4 --batch 1 16 --seqlen 4k 128k
                                                      # check auto on a few cells
   flashsplit tune --shape 40/8:128 --jsonl part.jsonl   # a grid in pieces: recorded cells are skipped
