@@ -34,7 +34,7 @@ def test_shipped_table_covers_the_grid(table):
     assert (128, True, False) in classes and (128, False, True) in classes  # fp8, paged
     heads = {(c.num_heads, c.num_heads_kv) for c in table.cells}
     assert {(32, 8), (32, 32), (40, 8), (64, 8), (28, 4), (16, 2)} <= heads
-    assert {c.seqlen_q for c in table.cells} >= {1, 4} and {c.batch for c in table.cells} == {1, 4, 16, 64}
+    assert {c.seqlen_q for c in table.cells} >= {1, 4} and {c.batch for c in table.cells} >= {1, 4, 16, 64}
 
 
 def test_a_measured_cell_takes_its_faster_backend(table):
@@ -62,7 +62,7 @@ def test_a_measured_cell_takes_its_faster_backend(table):
 
 def test_vote_between_cells_stays_near_the_faster_backend(table):
     """Leave each cell out and vote from the rest: the pick is within 2% of the faster backend's
-    time in at least 95% of the cells (the module docstring's 560 of 585) and within 1.3x in all."""
+    time in at least 95% of the cells (the module docstring's 705 of 740) and within 1.3x in all."""
     within, worst = 0, 1.0
     for i, cell in enumerate(table.cells):
         rest = dataclasses.replace(table, cells=table.cells[:i] + table.cells[i + 1:])
