@@ -140,20 +140,20 @@ def test_one_per_sm_cuda_graph_capture():
 
 @pytest.mark.parametrize("batch,seqlen_k,heads_kv", [(16, 4096, 8), (4, 131072, 8), (4, 4096, 32), (16, 40960, 8),
                                                      (1, 4096, 8), (2, 16384, 32)])
-def test_one_per_sm_through_auto(batch, seqlen_k, heads_kv):
-    """Where the rules apply, auto plans cute on one CTA per SM and matches the reference: the
-    deep tile (one split of 4k or 40k keys, no merge; 4 splits merged in the kernel's tail) and
-    the swapped-operand kernel (B = 1: 16 splits merged in the kernel; 32/32 heads B = 2: 2)."""
+def test_one_per_sm_through_decode(batch, seqlen_k, heads_kv):
+    """Through decode(), cute plans these problems on one CTA per SM and matches the reference:
+    the deep tile (one split of 4k or 40k keys, no merge; 4 splits merged in the kernel's tail)
+    and the swapped-operand kernel (B = 1: 16 splits merged in the kernel; 32/32 heads B = 2: 2)."""
     import flashsplit
 
-    plan = flashsplit.plan(batch, seqlen_k, 32, heads_kv, 128)
+    plan = flashsplit.plan(batch, seqlen_k, 32, heads_kv, 128, backend="cute")
     assert (plan.backend, plan.units_per_sm) == ("cute", 1), plan
     gen = torch.Generator().manual_seed(batch)
     q = torch.randn(batch, 1, 32, 128, generator=gen).to("cuda", torch.bfloat16)
     k = torch.randn(batch, seqlen_k, heads_kv, 128, generator=gen).to("cuda", torch.bfloat16)
     v = torch.randn(batch, seqlen_k, heads_kv, 128, generator=gen).to("cuda", torch.bfloat16)
     lens = torch.randint(seqlen_k // 2, seqlen_k + 1, (batch,), generator=gen, dtype=torch.int32).to("cuda")
-    out, lse = flashsplit.decode(q, k, v, cache_seqlens=lens, return_lse=True)
+    out, lse = flashsplit.decode(q, k, v, cache_seqlens=lens, return_lse=True, backend="cute")
     torch.cuda.synchronize()
     check_against_reference(out, lse, q, k, v, lens, False, 1.0 / math.sqrt(128))
 
