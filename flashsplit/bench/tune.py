@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 import time
 
@@ -224,7 +225,7 @@ def run_grid(args: argparse.Namespace) -> int:
     base = dict(gpu=info.name, num_sms=info.num_sms, date=datetime.date.today().isoformat(), versions=versions(),
                 command="flashsplit tune " + " ".join(sys.argv[2:]))
     print(f"{info.name}, {base['versions']}", flush=True)
-    records = read_records([args.jsonl]) if args.jsonl and _exists(args.jsonl) else []
+    records = read_records([args.jsonl]) if args.jsonl and os.path.exists(args.jsonl) else []
     done = {cell_key(r) for r in records}
     misses, skipped, wrong = [], [], False
     for text in args.shape:
@@ -257,12 +258,6 @@ def run_grid(args: argparse.Namespace) -> int:
     if args.out:
         _write_table([r for r in records if r["gpu"] == info.name], args.out)
     return 1 if wrong else 0
-
-
-def _exists(path: str) -> bool:
-    import os
-
-    return os.path.exists(path)
 
 
 def _write_table(records: list[dict], path: str) -> None:
