@@ -22,7 +22,8 @@ def test_parse_shape():
     assert tune.parse_shape("32/8:128:lq=4:page=16:kv=fp8e4m3") == dict(
         num_heads=32, num_heads_kv=8, head_dim=128, seqlen_q=4, page_size=16, kv_dtype="fp8e4m3")
     assert tune.shape_label(tune.parse_shape("16/2:256:lq=4")) == "16/2 d256 Lq4"
-    for bad in ("32:128", "32/8", "32/7:128", "32/8:128:lq=0", "32/8:128:kv=int8", "32/8:128:x=1"):
+    for bad in ("32:128", "32/8", "32/7:128", "32/8:100", "32/8:128:lq=0", "32/8:128:lq=x", "32/8:128:kv=int8",
+                "32/8:128:x=1"):
         with pytest.raises(Exception, match="expected Q/KV:D"):
             tune.parse_shape(bad)
 

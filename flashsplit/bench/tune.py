@@ -29,7 +29,7 @@ import torch
 
 from ..measured_table import Cell, Table
 from .cases import KV_DTYPES, Case, rotation_count
-from .options import format_seqlen, parse_seqlen
+from .options import format_seqlen, parse_head_dim, parse_heads, parse_seqlen
 
 BACKENDS = ("triton", "cute")
 
@@ -56,25 +56,24 @@ def parse_shape(text: str) -> dict:
     """``"32/8:128:lq=4:page=16"`` -> ``{"num_heads": 32, "num_heads_kv": 8, "head_dim": 128,
     "seqlen_q": 4, "page_size": 16, "kv_dtype": "same"}``."""
     heads, _, rest = text.partition(":")
-    parts = rest.split(":")
+    head_dim, *items = rest.split(":")
     try:
-        q, kv = map(int, heads.split("/"))
-        shape = dict(num_heads=q, num_heads_kv=kv, head_dim=int(parts[0]), seqlen_q=1, page_size=0, kv_dtype="same")
-        for item in parts[1:]:
+        q, kv = parse_heads(heads)
+        shape = dict(num_heads=q, num_heads_kv=kv, head_dim=parse_head_dim(head_dim), seqlen_q=1, page_size=0,
+                     kv_dtype="same")
+        for item in items:
             key, _, value = item.partition("=")
-            if key == "lq" and int(value) >= 1:
+            if key == "lq" and value.isdigit() and int(value) >= 1:
                 shape["seqlen_q"] = int(value)
-            elif key == "page" and int(value) >= 1:
+            elif key == "page" and value.isdigit() and int(value) >= 1:
                 shape["page_size"] = int(value)
             elif key == "kv" and value in KV_DTYPES:
                 shape["kv_dtype"] = value
             else:
-                raise ValueError(item)
-        if q < 1 or kv < 1 or q % kv:
-            raise ValueError(heads)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected Q/KV:D[:lq=N][:page=P][:kv=fp8e4m3|fp8e5m2] with Q a multiple "
-                                         f"of KV, got {text!r}") from None
+                raise argparse.ArgumentTypeError(item)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"expected Q/KV:D[:lq=N][:page=P][:kv=fp8e4m3|fp8e5m2] ({e}), "
+                                         f"got {text!r}") from None
     return shape
 
 
