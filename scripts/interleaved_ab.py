@@ -31,7 +31,7 @@ from flashsplit.bench.check import check_output
 from flashsplit.bench.contenders import SdpaContender
 from flashsplit.bench.inputs import make_inputs
 from flashsplit.bench.options import parse_seqlen
-from flashsplit.bench.timing import TimingConfig, calls_per_graph, capture_graph, time_interleaved
+from flashsplit.bench.timing import replay_calls, time_side_by_side
 from flashsplit.call import DecodeOptions, DecodeTensors
 from flashsplit.cute import choice
 from flashsplit.cute.backend import CuteBackend
@@ -120,14 +120,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.synchronize()
         checked = check_output(outs[0] if result is None else result.transpose(1, 2), inputs)
         errors[key] = checked.detail.split(" (")[0] + ("" if checked.ok else " FAILED")
-    # A replay stays within the bench's budget, the call's time estimated from a 4 TB/s read.
-    calls = calls_per_graph(TimingConfig(), num_sets, per_call_us=max(1.0, case.kv_bytes / 4.0e6))
-    graphs = {key: capture_graph(run, num_sets, calls) for key, run in runs.items()}
-    for graph in graphs.values():
-        for _ in range(3):  # warm-up replays
-            graph.replay()
-    torch.cuda.synchronize()
-    times = time_interleaved(graphs, calls, args.rounds)
+    times = time_side_by_side(runs, num_sets, case.kv_bytes, args.rounds)
+    calls = replay_calls(num_sets, case.kv_bytes)
     first = next(iter(times))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: {args.heads} heads, d = {args.head_dim}, "
           f"B = {args.batch} x {args.seqlen} keys, L_q = {args.seqlen_q}, page size {args.page_size}; "

@@ -134,6 +134,29 @@ def time_interleaved(graphs: dict[str, torch.cuda.CUDAGraph], calls: int, rounds
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
+def replay_calls(num_sets: int, kv_bytes: float) -> int:
+    """Calls per captured graph for a call that reads ``kv_bytes``: as many as the bench's replay
+    budget holds, the call's time estimated from a 4 TB/s read."""
+    return calls_per_graph(TimingConfig(), num_sets, per_call_us=max(1.0, kv_bytes / 4.0e6))
+
+
+def time_side_by_side(runs: dict[str, Callable[[int], object]], num_sets: int, kv_bytes: float,
+                      rounds: int) -> dict[str, float]:
+    """Median us per call of each run (``run(i)`` uses input set ``i``): each captured as a graph
+    over the ``num_sets`` rotated sets (:func:`replay_calls` calls), warmed up, then replayed
+    interleaved (:func:`time_interleaved`)."""
+    calls = replay_calls(num_sets, kv_bytes)
+    graphs = {name: capture_graph(run, num_sets, calls) for name, run in runs.items()}
+    for graph in graphs.values():
+        for _ in range(3):
+            graph.replay()
+    torch.cuda.synchronize()
+    try:
+        return time_interleaved(graphs, calls, rounds)
+    finally:
+        del graphs
+
+
 def time_events(run: Callable[[int], object], num_sets: int, config: TimingConfig, calls: int) -> float:
     """Median microseconds per call of back-to-back eager launches, from CUDA events.
 

@@ -4,7 +4,7 @@ For each shape (q/KV heads, head dim, queries per row, cache format) and each ce
 KV capped by ``--max-kv-gb``), the Triton and cute launches of ``decode_into(backend=...)`` are
 checked against the float64 reference (outputs poisoned with NaN first), captured as CUDA graphs
 over input sets rotated so the KV never sits in L2, and replayed interleaved
-(:func:`flashsplit.bench.timing.time_interleaved`). Each cell prints both times and the backend
+(:func:`flashsplit.bench.timing.time_side_by_side`). Each cell prints both times and the backend
 ``auto`` picks (its rule, :func:`flashsplit.plan`) with auto / best; cells over ``--tolerance`` are
 listed at the end. ``--jsonl`` appends one record per cell and skips cells already recorded there
 for this GPU (a long grid can run in pieces); ``--out`` writes the table
@@ -158,7 +158,7 @@ def time_cell(case: Case, rounds: int) -> dict:
 
     from .check import check_output
     from .inputs import make_inputs
-    from .timing import TimingConfig, calls_per_graph, capture_graph, time_interleaved
+    from .timing import time_side_by_side
 
     def plan(backend: str):
         return flashsplit.plan(case.batch, case.seqlen_k, case.num_heads, case.num_heads_kv, case.head_dim,
@@ -191,15 +191,9 @@ def time_cell(case: Case, rounds: int) -> dict:
             runs[name] = run
         else:
             record[f"{name}_wrong"] = checked.detail
-    calls = calls_per_graph(TimingConfig(), num_sets, per_call_us=max(1.0, case.kv_bytes / 4.0e6))
-    graphs = {name: capture_graph(run, num_sets, calls) for name, run in runs.items()}
-    for graph in graphs.values():
-        for _ in range(3):
-            graph.replay()
-    torch.cuda.synchronize()
-    for name, us in time_interleaved(graphs, calls, rounds).items():
+    for name, us in time_side_by_side(runs, num_sets, case.kv_bytes, rounds).items():
         record[f"{name}_us"] = round(us, 2)
-    del graphs, inputs, outs
+    del inputs, outs
     torch.cuda.empty_cache()
     return record
 
