@@ -16,10 +16,16 @@ each backend pads to), work units (batch rows x KV heads: how the machine fills)
 row's splits cover. The :data:`NEIGHBOURS` nearest cells vote with the log of their time ratio,
 weighted by inverse squared distance, so a problem on a measured cell takes that cell's faster
 backend and one between cells the side its neighbours favour. Leaving each cell of the H200
-table out in turn and voting from the rest, the pick was within 2% of the faster backend in 705
-of 740 cells (the misses at the grid's edges, where a left-out cell has no neighbour beyond it);
-on 155 cells measured off the grid of its first 585 (B 2, 8, 32 x 2k-64k keys, 48/8, 14/2, 32/4
-and 8/1 heads among them), in 146, the worst 1.115x.
+table out in turn and voting from the rest, the pick was within 2% of the faster backend in 1043
+of 1116 cells, the worst 1.40x (the misses at the grid's edges, where a left-out cell has no
+neighbour beyond it, and at four causal queries, where the faster backend flips between
+neighbouring cells: 32/8 heads at d = 96 run faster on Triton in 17 of 18 cells, 40/8 heads on
+cute in 14). Before they joined the table, 155 cells measured off its grid (B 2, 8, 32 x 2k-64k
+keys, 48/8, 14/2, 32/4 and 8/1 heads among them) were within 2% in 146, the worst 1.115x; 376
+cells of shapes it then lacked (L_q = 4 for 21 head layouts and dims), in 315, the worst 1.77x
+(16/2 heads, d = 256, B = 1 x 1k). A fourth coordinate, packed rows rounded up to Triton's
+power-of-two tile, lifted the leave-one-out count to 1061 but lowered the second count to 308:
+not taken.
 """
 
 from __future__ import annotations
