@@ -14,18 +14,19 @@ A problem is compared with the cells of the same head dim and cache format (16-b
 dense or paged) by three coordinates, each in log2: packed q rows per KV head (the tile height
 each backend pads to), work units (batch rows x KV heads: how the machine fills) and the keys a
 row's splits cover. The :data:`NEIGHBOURS` nearest cells vote with the log of their time ratio,
-weighted by inverse squared distance, so a problem on a measured cell takes that cell's faster
-backend and one between cells the side its neighbours favour. Leaving each cell of the H200
-table out in turn and voting from the rest, the pick was within 2% of the faster backend in 1043
-of 1116 cells, the worst 1.40x (the misses at the grid's edges, where a left-out cell has no
+weighted by inverse squared distance, so a problem between cells takes the side its neighbours
+favour; a problem of a measured shape (same heads, queries, batch and keys) takes its cell's
+faster backend, even where a cell of another head layout shares its coordinates. Leaving each cell of the H200
+table out in turn and voting from the rest, the pick was within 2% of the faster backend in 1075
+of 1151 cells, the worst 1.40x (the misses at the grid's edges, where a left-out cell has no
 neighbour beyond it, and at four causal queries, where the faster backend flips between
 neighbouring cells: 32/8 heads at d = 96 run faster on Triton in 17 of 18 cells, 40/8 heads on
 cute in 14). Before they joined the table, 155 cells measured off its grid (B 2, 8, 32 x 2k-64k
 keys, 48/8, 14/2, 32/4 and 8/1 heads among them) were within 2% in 146, the worst 1.115x; 376
 cells of shapes it then lacked (L_q = 4 for 21 head layouts and dims), in 315, the worst 1.77x
 (16/2 heads, d = 256, B = 1 x 1k). A fourth coordinate, packed rows rounded up to Triton's
-power-of-two tile, lifted the leave-one-out count to 1061 but lowered the second count to 308:
-not taken.
+power-of-two tile, lifted the leave-one-out count (1061 of the first 1116 cells, against 1043)
+but lowered the second count to 308: not taken.
 """
 
 from __future__ import annotations
@@ -96,6 +97,13 @@ def problem_class(problem: DecodeProblem) -> tuple[int, bool, bool]:
     return problem.head_dim, problem.cache_dtype.itemsize == 1, problem.paged
 
 
+def shape_key(problem: DecodeProblem) -> tuple:
+    """What a problem shares with the cell measured for its very shape: class, heads, queries per
+    row (and causality), batch and the keys its splits cover."""
+    return (problem_class(problem), problem.num_heads, problem.num_heads_kv, problem.seqlen_q, problem.causal,
+            problem.batch, problem.span)
+
+
 def coordinates(problem: DecodeProblem) -> tuple[float, float, float]:
     """log2 of (packed q rows per KV head, batch x KV heads, keys a row's splits cover)."""
     return (math.log2(problem.packed_rows), math.log2(problem.batch * problem.num_heads_kv),
@@ -120,6 +128,10 @@ class Table:
             problem = cell.problem()
             classes.setdefault(problem_class(problem), []).append((coordinates(problem), cell))
         return classes
+
+    @functools.cached_property
+    def by_shape(self) -> dict[tuple, Cell]:
+        return {shape_key(cell.problem()): cell for cell in self.cells}
 
     def to_json(self) -> dict:
         return dict(gpu=self.gpu, num_sms=self.num_sms, date=self.date, versions=self.versions,
@@ -170,10 +182,15 @@ class Vote:
     #: Predicted ``cute / triton`` time ratio (above 1: Triton faster).
     ratio: float
     nearest: tuple[Cell, ...]
+    #: The problem's own shape was measured: ``nearest`` is that one cell.
+    exact: bool = False
 
     def describe(self) -> str:
         faster = "triton" if self.ratio > 1 else "cute"
         margin = max(self.ratio, 1 / self.ratio) - 1
+        if self.exact:
+            return (f"this shape measured on this GPU ran {100 * margin:.1f}% faster on {faster} "
+                    f"({self.nearest[0].describe()})")
         return (f"the nearest cells measured on this GPU favour {faster} by {100 * margin:.1f}% "
                 f"(nearest: {self.nearest[0].describe()})")
 
@@ -188,14 +205,18 @@ def table_for(problem: DecodeProblem) -> Table | None:
 
 
 def vote(problem: DecodeProblem, table: Table | None = None) -> Vote | None:
-    """The backend the nearest cells of ``table`` (default: :func:`table_for` the problem) favour;
-    None without a table or without cells of the problem's class."""
+    """The backend the cell of the problem's shape, or else the nearest cells, of ``table``
+    (default: :func:`table_for` the problem) favour; None without a table or without cells of
+    the problem's class."""
     table = table if table is not None else table_for(problem)
     if table is None:
         return None
     cells = table.by_class.get(problem_class(problem))
     if not cells:
         return None
+    measured = table.by_shape.get(shape_key(problem))
+    if measured is not None:  # its own time outweighs any neighbour's (which may share its coordinates)
+        return Vote("triton" if measured.log_ratio > 0 else "cute", math.exp(measured.log_ratio), (measured,), True)
     here = coordinates(problem)
 
     def distance2(point: tuple[float, float, float]) -> float:
