@@ -151,10 +151,7 @@ def time_side_by_side(runs: dict[str, Callable[[int], object]], num_sets: int, k
         for _ in range(3):
             graph.replay()
     torch.cuda.synchronize()
-    try:
-        return time_interleaved(graphs, calls, rounds)
-    finally:
-        del graphs
+    return time_interleaved(graphs, calls, rounds)
 
 
 def time_events(run: Callable[[int], object], num_sets: int, config: TimingConfig, calls: int) -> float:
