@@ -18,7 +18,7 @@ weighted by inverse squared distance, so a problem between cells takes the side 
 favour; a problem of a measured shape (same heads, queries, batch and keys) takes its cell's faster
 backend, even where a cell of another head layout shares its coordinates. Leaving each cell of the
 H200 table out in turn and voting from the rest, the pick was within 2% of the faster backend in
-1073 of 1151 cells, the worst 1.39x (the misses at the grid's edges, where a left-out cell has no
+1064 of 1151 cells, the worst 1.39x (the misses at the grid's edges, where a left-out cell has no
 neighbour beyond it, and at four causal queries, where the faster backend flips between neighbouring
 cells: 32/8 heads at d = 96 run faster on Triton in 15 of 18 cells, 40/8 heads on cute in 14).
 Before they joined the table, 155 cells measured off its grid (B 2, 8, 32 x 2k-64k keys, 48/8, 14/2,

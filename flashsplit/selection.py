@@ -38,7 +38,7 @@ rule                   backend   when (all measured on an H200, 32/8 heads, bf16
                                  H200 table the hand rules below picked the slower backend by more
                                  than 2% in 80 of 585 cells (up to 1.39x); the vote in 9 of 155
                                  cells measured off that grid (up to 1.115x), and with each of the
-                                 table's 1151 cells left out in turn, in 78 (up to 1.39x).
+                                 table's 1151 cells left out in turn, in 87 (up to 1.39x).
 ``one-cta-per-sm``     cute      a dense (or TMA-paged) 16-bit cache at d = 128 whose CTAs fit one
                                  wave of one CTA per SM with >= 2k keys each (the cute deep-pipeline
                                  tile: B = 16 x 4k 64.4-64.6 vs Triton 66.3-67.4 us; 32/32 heads B =

@@ -66,7 +66,7 @@ def test_a_windowed_problem_is_not_its_full_cells_shape(table):
 
 def test_vote_between_cells_stays_near_the_faster_backend(table):
     """Leave each cell out and vote from the rest: the pick is within 2% of the faster backend's
-    time in at least 93% of the cells (the module docstring's 1073 of 1151) and within 1.45x in
+    time in at least 92% of the cells (the module docstring's 1064 of 1151) and within 1.45x in
     all (its worst 1.39x)."""
     within, worst = 0, 1.0
     for i, cell in enumerate(table.cells):
@@ -75,7 +75,7 @@ def test_vote_between_cells_stays_near_the_faster_backend(table):
         ratio = getattr(cell, f"{vote.backend}_us") / min(cell.triton_us, cell.cute_us)
         within += ratio <= 1.02
         worst = max(worst, ratio)
-    assert within >= 0.93 * len(table.cells) and worst < 1.45, (within, worst)
+    assert within >= 0.92 * len(table.cells) and worst < 1.45, (within, worst)
 
 
 def test_vote_weighs_the_nearest_cells():
