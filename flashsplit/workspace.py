@@ -116,6 +116,7 @@ class ArrivalCounters:
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[int, int], torch.Tensor] = {}
+        self._addresses: dict[tuple[int, int], tuple[int, int]] = {}  # stream key -> (numel, address) of its buffer
         self._arenas: dict[int, list] = {}  # device index -> [arena tensor, next free offset]
 
     def get(self, device: torch.device, numel: int) -> torch.Tensor:
@@ -137,6 +138,7 @@ class ArrivalCounters:
         if buffer is None or buffer.numel() < numel:
             buffer = torch.zeros(max(numel, 1024), dtype=torch.int32, device=device)
             self._buffers[key] = buffer
+            self._addresses[key] = buffer.numel(), buffer.data_ptr()
         return buffer
 
     def for_queries(self, q: torch.Tensor) -> torch.Tensor:
@@ -145,9 +147,22 @@ class ArrivalCounters:
         batch, seqlen_q, num_heads, _ = q.shape
         return self.get(q.device, batch * seqlen_q * num_heads)
 
+    def address_for(self, key: tuple[int, int], q: torch.Tensor) -> int:
+        """``for_queries(q).data_ptr()`` for a CUDA ``q`` whose device and current stream are
+        ``key`` (:func:`stream_key`). The eager step's usual case (not capturing, not transient,
+        the stream's buffer already large enough) skips the device object and the lookups of
+        :meth:`get`: about 1 us of host time per merging launch on the H200's host."""
+        batch, seqlen_q, num_heads, _ = q.shape
+        known = self._addresses.get(key)
+        if known is not None and known[0] >= batch * seqlen_q * num_heads and not _SCRATCH.transient \
+                and not _capturing():
+            return known[1]
+        return self.for_queries(q).data_ptr()
+
     def clear(self) -> None:
         """Drop the eager buffers (the arena stays: captured graphs may still use its slices)."""
         self._buffers.clear()
+        self._addresses.clear()
 
 
 #: The counters both backends' in-kernel merges use (launches on one stream never overlap, so

@@ -176,6 +176,8 @@ def test_prepared_triton_replay_passes_addresses_in_kernel_order(merge, generato
     real_arrivals = backend.arrivals_for
     _record_workspace(backend.workspace, bases, monkeypatch)
     monkeypatch.setattr(backend, "arrivals_for", lambda q: counters.append(real_arrivals(q)) or counters[-1])
+    # (a CUDA q takes the counters' cached address: route it through the recorded call)
+    monkeypatch.setattr(backend.arrivals, "address_for", lambda key, q: backend.arrivals_for(q).data_ptr())
     prepared(DecodeTensors(q, k, v, out, lse, lens))
     op = bases[0].data_ptr()
     lp = op + 3 * 2 * 1 * 8 * 32 * 4  # splits x batch x L_q x heads x head_dim fp32
@@ -357,6 +359,8 @@ def test_prepared_cute_launches_with_workspace_addresses(num_splits, with_lse, m
     real_counters = backend.launcher.arrivals.get
     monkeypatch.setattr(backend.launcher.arrivals, "get",
                         lambda *a: counters.append(real_counters(*a)) or counters[-1])
+    monkeypatch.setattr(backend.launcher.arrivals, "address_for",
+                        lambda key, q: backend.launcher.arrivals.for_queries(q).data_ptr())
     problem = check_decode_inputs(DecodeTensors(q, k, v, out, None, lens), DecodeOptions(num_splits=num_splits))
     prepared = backend.prepare(problem, num_splits, 0.2)
     for _ in range(2):  # the second call reuses the static arguments

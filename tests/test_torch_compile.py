@@ -110,6 +110,16 @@ def test_workspace_reuse_and_transient_scratch_logic(monkeypatch):
         assert buffers.stream_buffer((0, 7), numel) is first
         assert counters.get(cuda, 64) is arrivals
     assert len(allocations) == made, "eager requests that fit reuse the cached buffers"
+    small, large = torch.empty(2, 1, 32, 8), torch.empty(64, 1, 32, 8)  # 64 and 2048 counters
+    assert counters.address_for((0, 7), small) == arrivals.data_ptr(), "the eager step's address, no lookup"
+    assert counters.address_for((0, 7), large) != arrivals.data_ptr(), "more counters than the buffer holds"
+    assert counters.address_for((1, 7), small) != arrivals.data_ptr(), "another stream's counters"
+    with workspace.transient_scratch():
+        assert counters.address_for((0, 7), small) != arrivals.data_ptr()
+    monkeypatch.setattr(workspace, "_capturing", lambda: True)
+    assert counters.address_for((0, 7), small) != arrivals.data_ptr(), "a captured call takes the arena's"
+    monkeypatch.setattr(workspace, "_capturing", lambda: False)
+    made = len(allocations)
     with workspace.transient_scratch():
         fresh = [buffers.stream_buffer((0, 7), 100), buffers.stream_buffer((0, 7), 100), counters.get(cuda, 64)]
     assert len(allocations) == made + 3 and all(t is not first and t is not arrivals for t in fresh)

@@ -185,7 +185,7 @@ class PreparedCuteDecode:
             key = stream_key(q.get_device())
             stream, buffer = key[1], self.launcher.workspace.stream_buffer(key, numel)
         else:
-            stream, buffer = 0, self.launcher.workspace.buffer(q.device, numel)
+            key, stream, buffer = None, 0, self.launcher.workspace.buffer(q.device, numel)
         op = buffer.data_ptr()
         lp = op + partial_rows * head_dim * 4
         lse_ptr = lp + partial_rows * 4 if scratch_lse else lse.data_ptr()
@@ -199,7 +199,8 @@ class PreparedCuteDecode:
             self.split.launch(q, k_cache, v_cache, out_ptr, lse_ptr, cache_seqlens, block_table, k_descale,
                               v_descale, None, stream, sinks, leftpad)
         elif self.tile.merge:
-            arrivals = self.launcher.arrivals.for_queries(q).data_ptr()
+            counters = self.launcher.arrivals
+            arrivals = counters.for_queries(q).data_ptr() if key is None else counters.address_for(key, q)
             self.split.launch(q, k_cache, v_cache, op, lp, cache_seqlens, block_table, k_descale, v_descale,
                               (out_ptr, lse_ptr, arrivals), stream, sinks, leftpad)
         else:

@@ -351,14 +351,18 @@ class PreparedDecode:
                 buffer = self.backend.workspace.stream_buffer(key, self._partials_numel)
                 stream = key[1] if key[0] == self.split.device else None
             else:  # the interpreter never gets here (no Relaunch) but tests with fakes do
-                buffer, stream = self.backend.workspace.buffer(q.device, self._partials_numel), None
+                key, stream = None, None
+                buffer = self.backend.workspace.buffer(q.device, self._partials_numel)
             op = buffer.data_ptr()
             lp = op + self._lse_offset
             # (each address inline: this is the eager decode step's hot path)
             seqlens = None if cache_seqlens is None else cache_seqlens.data_ptr()
             out_ptr, lse_ptr = out.data_ptr(), None if lse is None else lse.data_ptr()
             sinks_ptr = None if sinks is None else sinks.data_ptr()
-            arrivals = self.backend.arrivals_for(q).data_ptr() if merge else None
+            arrivals = None
+            if merge:
+                arrivals = self.backend.arrivals_for(q).data_ptr() if key is None else \
+                    self.backend.arrivals.address_for(key, q)
             self.split((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), seqlens,
                         None if block_table is None else block_table.data_ptr(),
                         None if k_descale is None else k_descale.data_ptr(),
