@@ -147,13 +147,14 @@ class ArrivalCounters:
         batch, seqlen_q, num_heads, _ = q.shape
         return self.get(q.device, batch * seqlen_q * num_heads)
 
-    def address_for(self, key: tuple[int, int], q: torch.Tensor) -> int:
-        """``for_queries(q).data_ptr()`` for a CUDA ``q`` whose device and current stream are
-        ``key`` (:func:`stream_key`). The eager step's usual case (not capturing, not transient,
-        the stream's buffer already large enough) skips the device object and the lookups of
-        :meth:`get`: about 1 us of host time per merging launch on the H200's host."""
+    def address_for(self, key: tuple[int, int] | None, q: torch.Tensor) -> int:
+        """``for_queries(q).data_ptr()``, where ``key`` is the :func:`stream_key` of a CUDA ``q``'s
+        device and current stream (None for another device). The eager step's usual case (not
+        capturing, not transient, the stream's buffer already large enough) skips the device
+        object and the lookups of :meth:`get`: about 1 us of host time per merging launch on the
+        H200's host."""
         batch, seqlen_q, num_heads, _ = q.shape
-        known = self._addresses.get(key)
+        known = None if key is None else self._addresses.get(key)
         if known is not None and known[0] >= batch * seqlen_q * num_heads and not _SCRATCH.transient \
                 and not _capturing():
             return known[1]

@@ -114,6 +114,7 @@ def test_workspace_reuse_and_transient_scratch_logic(monkeypatch):
     assert counters.address_for((0, 7), small) == arrivals.data_ptr(), "the eager step's address, no lookup"
     assert counters.address_for((0, 7), large) != arrivals.data_ptr(), "more counters than the buffer holds"
     assert counters.address_for((1, 7), small) != arrivals.data_ptr(), "another stream's counters"
+    assert counters.address_for(None, small) != arrivals.data_ptr(), "no stream key: the general lookup"
     with workspace.transient_scratch():
         assert counters.address_for((0, 7), small) != arrivals.data_ptr()
     monkeypatch.setattr(workspace, "_capturing", lambda: True)

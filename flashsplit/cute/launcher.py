@@ -199,8 +199,7 @@ class PreparedCuteDecode:
             self.split.launch(q, k_cache, v_cache, out_ptr, lse_ptr, cache_seqlens, block_table, k_descale,
                               v_descale, None, stream, sinks, leftpad)
         elif self.tile.merge:
-            counters = self.launcher.arrivals
-            arrivals = counters.for_queries(q).data_ptr() if key is None else counters.address_for(key, q)
+            arrivals = self.launcher.arrivals.address_for(key, q)
             self.split.launch(q, k_cache, v_cache, op, lp, cache_seqlens, block_table, k_descale, v_descale,
                               (out_ptr, lse_ptr, arrivals), stream, sinks, leftpad)
         else:

@@ -359,10 +359,7 @@ class PreparedDecode:
             seqlens = None if cache_seqlens is None else cache_seqlens.data_ptr()
             out_ptr, lse_ptr = out.data_ptr(), None if lse is None else lse.data_ptr()
             sinks_ptr = None if sinks is None else sinks.data_ptr()
-            arrivals = None
-            if merge:
-                arrivals = self.backend.arrivals_for(q).data_ptr() if key is None else \
-                    self.backend.arrivals.address_for(key, q)
+            arrivals = self.backend.arrivals.address_for(key, q) if merge else None
             self.split((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), seqlens,
                         None if block_table is None else block_table.data_ptr(),
                         None if k_descale is None else k_descale.data_ptr(),
