@@ -16,7 +16,6 @@ import argparse
 import ctypes
 import operator
 import struct
-import time
 
 import torch
 
@@ -25,19 +24,12 @@ from flashsplit import dispatch
 from flashsplit.call import DecodeOptions, DecodeTensors
 from flashsplit.cute import launcher as cute_launcher
 
+import host_overhead  # scripts/ (run as python scripts/host_breakdown.py)
 
-def per_call_us(fn, calls: int = 200, rounds: int = 9) -> float:
-    for _ in range(5):
-        fn()
-    best = float("inf")
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, time.perf_counter() - started)
-    torch.cuda.synchronize()
-    return best / calls * 1e6
+
+def per_call_us(fn) -> float:
+    """Host us per call: the fastest of 9 bursts of 200 (:func:`host_overhead.per_call_us`)."""
+    return host_overhead.per_call_us(fn, 200, rounds=9)
 
 
 class _Attribute(ctypes.Structure):  # CUlaunchAttribute: id, padding, a 64-byte value union
