@@ -66,6 +66,9 @@ def scratch_is_transient() -> bool:
 class Workspace:
     def __init__(self) -> None:
         self._buffers: dict[tuple[int, int], torch.Tensor] = {}
+        #: stream key -> (numel, address) of its cached buffer: what an eager hot path reads
+        #: instead of calling :meth:`stream_buffer` (it declines while capturing or transient).
+        self.addresses: dict[tuple[int, int], tuple[int, int]] = {}
 
     def get(self, device: torch.device, numel: int) -> torch.Tensor:
         """A float32 tensor of ``numel`` elements on ``device`` (contents undefined)."""
@@ -89,11 +92,13 @@ class Workspace:
             size = numel if buffer is None else max(numel, 2 * buffer.numel())
             buffer = torch.empty(size, dtype=torch.float32, device=torch.device("cuda", key[0]))
             self._buffers[key] = buffer
+            self.addresses[key] = size, buffer.data_ptr()
         return buffer
 
     def clear(self) -> None:
         """Drop every cached buffer (their memory returns to torch's caching allocator)."""
         self._buffers.clear()
+        self.addresses.clear()
 
 
 class ArrivalCounters:
@@ -116,7 +121,8 @@ class ArrivalCounters:
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[int, int], torch.Tensor] = {}
-        self._addresses: dict[tuple[int, int], tuple[int, int]] = {}  # stream key -> (numel, address) of its buffer
+        #: stream key -> (numel, address) of its eager buffer (read by the eager hot paths).
+        self.addresses: dict[tuple[int, int], tuple[int, int]] = {}
         self._arenas: dict[int, list] = {}  # device index -> [arena tensor, next free offset]
 
     def get(self, device: torch.device, numel: int) -> torch.Tensor:
@@ -138,7 +144,7 @@ class ArrivalCounters:
         if buffer is None or buffer.numel() < numel:
             buffer = torch.zeros(max(numel, 1024), dtype=torch.int32, device=device)
             self._buffers[key] = buffer
-            self._addresses[key] = buffer.numel(), buffer.data_ptr()
+            self.addresses[key] = buffer.numel(), buffer.data_ptr()
         return buffer
 
     def for_queries(self, q: torch.Tensor) -> torch.Tensor:
@@ -154,7 +160,7 @@ class ArrivalCounters:
         object and the lookups of :meth:`get`: about 1 us of host time per merging launch on the
         H200's host."""
         batch, seqlen_q, num_heads, _ = q.shape
-        known = None if key is None else self._addresses.get(key)
+        known = None if key is None else self.addresses.get(key)
         if known is not None and known[0] >= batch * seqlen_q * num_heads and not _SCRATCH.transient \
                 and not _capturing():
             return known[1]
@@ -163,7 +169,7 @@ class ArrivalCounters:
     def clear(self) -> None:
         """Drop the eager buffers (the arena stays: captured graphs may still use its slices)."""
         self._buffers.clear()
-        self._addresses.clear()
+        self.addresses.clear()
 
 
 #: The counters both backends' in-kernel merges use (launches on one stream never overlap, so

@@ -2,7 +2,8 @@
 
 Each figure is host microseconds per call, the fastest of 9 bursts of 200 back-to-back calls (no
 sync inside a burst): the whole call, its call layer (the signature), the prepared launcher,
-and each launch alone with the exact addresses of a real call, beside a one-kernel torch op for
+and each launch alone with the exact addresses of a real call (for cute: its eager path,
+the fixed launch alone and the general path's pieces), beside a one-kernel torch op for
 scale, and cuDNN SDPA as the peer. For Triton the same launches also go through a ``cuLaunchKernelEx`` called with ctypes
 on parameters packed once (only the addresses and the stream change per call): what a launch
 costs the driver without Triton's C launcher; the result is checked against ``decode()``'s.
@@ -131,14 +132,23 @@ def triton_pieces(run, tensors, reference) -> None:
 
 
 def cute_pieces(run, tensors) -> None:
+    eager = run.eager
+    line = f"    eager path (addresses + fixed launch) {per_call_us(lambda: eager(tensors)):6.2f}"
+    run.eager = False  # the general path, piece by piece
     launches, raws = [], []
     real_run = recorded(cute_launcher, "_run", launches)
     real_raw = recorded(cute_launcher.SplitLaunch, "raw", raws)
     try:
+        general = per_call_us(lambda: run(tensors))
         run(tensors)
     finally:
         cute_launcher._run, cute_launcher.SplitLaunch.raw = real_run, real_raw
-    kernel, raw, _ = launches[0]
+        run.eager = eager
+    kernel, raw, _ = launches[-1]
+    fixed = run.split.fixed()
+    per_call = [value for arg, value in zip(cute_launcher.launch_args.SPLIT_ARGS, raw) if arg.per_call]
+    line += f"   fixed launch alone {per_call_us(lambda: fixed(*per_call)):6.2f}   general path {general:6.2f}"
+    print(line)
     fast = cute_launcher._LAUNCHERS[kernel]
     packing = per_call_us(lambda: fast._struct.pack_into(fast._buf, 0, *raw))
     line = (f"    raw arguments {per_call_us(lambda: real_raw(*raws[0])):6.2f}   FastLauncher.launch "

@@ -237,3 +237,37 @@ def test_host_abi_and_from_raw(monkeypatch):
     monkeypatch.setattr(fastcall, "_classify", int32_as_int64)
     wrong = fastcall.FastLauncher(compiled, args)
     assert not wrong.fast and "host entry reads i32" in wrong.reason
+
+
+@pytest.mark.parametrize("which", ["split", "combine"])
+def test_fixed_launch_hands_over_the_same_bytes(which):
+    """A fixed launch (the static arguments packed once, the per-call ones per launch) gives the
+    host function the bytes of ``FastLauncher.launch`` with every value, call after call, and
+    raises on a CUDA error of its own launch."""
+    from flashsplit.cute import fastcall
+    from flashsplit.cute.fixed_launch import fixed_launch
+    from flashsplit.cute.launch_args import COMBINE_ARGS, SPLIT_ARGS
+
+    compiled = _split() if which == "split" else _combine()
+    schema = SPLIT_ARGS if which == "split" else COMBINE_ARGS
+    per_call = [a.per_call for a in schema]
+    assert len(per_call) == compiled.execution_args._meta.arg_count
+    sets = [_raw(args) for args in _arg_sets(compiled, count=4, seed=3)]
+    n = len(sets[0])
+    sizes = [s.size for s in fastcall.FastLauncher(compiled, _arg_sets(compiled, count=1)[0])._slots]
+    records = []
+    launcher = fastcall.FastLauncher.from_raw(compiled, sets[1])
+    assert fixed_launch(launcher, sets[1], per_call) is None, "not bound before the first launch"
+    launcher._bind(fastcall._capture_executor(compiled.execution_args, records, n, sizes))
+    fixed = fixed_launch(launcher, sets[1], per_call)
+    for raw in sets:  # each set's per-call values with set 1's static ones
+        want = [r if p else s for r, s, p in zip(raw, sets[1], per_call)]
+        launcher.launch(*want)
+        fixed(*(r for r, p in zip(raw, per_call) if p))
+        assert records[-1] == records[-2]
+    assert len({bytes(b"".join(r)) for r in records}) == len(sets)
+
+    failing, _ = _bound_launcher(compiled, rc=700)
+    failing_fixed = fixed_launch(failing, sets[0], per_call)
+    with pytest.raises(Exception, match="700"):
+        failing_fixed(*(r for r, p in zip(sets[0], per_call) if p))

@@ -166,8 +166,14 @@ class PreparedCuteDecode:
         self.direct = num_splits == 1 and not variant.batch_invariant
         self.split: SplitLaunch | None = None
         self.combine: CombineLaunch | None = None
+        #: :func:`~flashsplit.cute.eager.eager_path` once the first CUDA launch is made (False
+        #: where this configuration has none): later eager calls take it.
+        self.eager = None
 
     def __call__(self, tensors: DecodeTensors) -> None:
+        eager = self.eager
+        if eager and eager(tensors):
+            return
         q, k_cache, v_cache, out, lse, cache_seqlens, block_table, k_descale, v_descale, sinks = tensors[:10]
         variant = self.variant
         if variant.seqlen_new:  # the new keys (and q's rotation) by the shared small kernel, first
@@ -206,6 +212,10 @@ class PreparedCuteDecode:
             self.split.launch(q, k_cache, v_cache, op, lp, cache_seqlens, block_table, k_descale, v_descale,
                               None, stream, None, leftpad)
             self.combine.launch(op, lp, out_ptr, lse_ptr, stream, sinks)
+        if eager is None and key is not None:
+            from .eager import eager_path
+
+            self.eager = eager_path(self, tensors, key[0]) or False
 
     def _first_launch_setup(self, q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse,
                             buffer, partial_rows, rows, sinks=None) -> None:
@@ -277,6 +287,13 @@ class SplitLaunch:
                        stream, sinks, leftpad)
         _run(self.kernel, raw, lambda: launch_args.cute_args(launch_args.SPLIT_ARGS, self.elements, raw))
 
+    def fixed(self):
+        """A launch taking only the per-call values of :data:`~flashsplit.cute.launch_args.SPLIT_ARGS`
+        (the addresses and the stream, in schema order), the static part packed once
+        (:func:`~flashsplit.cute.fixed_launch.fixed_launch`); None before the first launch or
+        where the kernel has no fast launcher."""
+        return _fixed(self.kernel, _pack_split(self.static, **_SPLIT_PLACEHOLDERS), _SPLIT_PER_CALL)
+
 
 class CombineLaunch:
     """One combine launch configuration: the compiled kernel and its static raw arguments by the
@@ -297,11 +314,20 @@ class CombineLaunch:
                             sinks_ptr=lse_ptr if sinks is None else sinks.data_ptr(), stream=stream)
         _run(self.kernel, raw, lambda: launch_args.cute_args(launch_args.COMBINE_ARGS, self.elements, raw))
 
+    def fixed(self):
+        """:meth:`SplitLaunch.fixed` for the combine (per-call values of
+        :data:`~flashsplit.cute.launch_args.COMBINE_ARGS`)."""
+        return _fixed(self.kernel, _pack_combine(self.static, **_COMBINE_PLACEHOLDERS), _COMBINE_PER_CALL)
+
 
 _SPLIT_STATIC = launch_args.static_names(launch_args.SPLIT_ARGS)
 _COMBINE_STATIC = launch_args.static_names(launch_args.COMBINE_ARGS)
 _pack_split = launch_args.packer(launch_args.SPLIT_ARGS)
 _pack_combine = launch_args.packer(launch_args.COMBINE_ARGS)
+_SPLIT_PER_CALL = tuple(a.per_call for a in launch_args.SPLIT_ARGS)
+_COMBINE_PER_CALL = tuple(a.per_call for a in launch_args.COMBINE_ARGS)
+_SPLIT_PLACEHOLDERS = {a.name: 0 for a in launch_args.SPLIT_ARGS if a.per_call}
+_COMBINE_PLACEHOLDERS = {a.name: 0 for a in launch_args.COMBINE_ARGS if a.per_call}
 
 
 def compact_strides(shape) -> tuple[int, ...]:
@@ -332,6 +358,15 @@ def _run(kernel, raw: tuple, library_args) -> None:
         launcher.launch(*raw)
     else:
         kernel(*library_args())
+
+
+def _fixed(kernel, values: tuple, per_call: tuple):
+    launcher = _LAUNCHERS.get(kernel)
+    if launcher is None:
+        return None
+    from .fixed_launch import fixed_launch
+
+    return fixed_launch(launcher, values, per_call)
 
 
 def raw_stream(t: torch.Tensor) -> int:

@@ -1,0 +1,95 @@
+"""The eager hot path of a prepared CuTe decode: a call's addresses in, its launches out.
+
+Once a :class:`~flashsplit.cute.launcher.PreparedCuteDecode` has made its first launch, every
+later call with the same call signature differs only in addresses and the stream: the shapes,
+which optional tensors are given, the device and every address's residue mod 16 are part of
+the signature. :func:`eager_path` builds, for one prepared decode, a function that reads just
+those (the stream handle, the stream's workspace and arrival-counter addresses, one
+``data_ptr()`` per tensor) and hands them to fixed launches whose sizes and strides were packed
+once (:func:`~flashsplit.cute.fixed_launch.fixed_launch`).
+
+It launches exactly what the general path (``PreparedCuteDecode.__call__``) launches, with the
+same placeholders for arguments a configuration never reads, and declines (returns False, so
+the general path runs) while a CUDA graph is being captured, inside
+:class:`~flashsplit.workspace.transient_scratch`, or where the stream's workspace or counters
+are not yet large enough.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..call import DecodeTensors
+from ..workspace import _SCRATCH, _capturing
+
+#: The current raw stream of a CUDA device index (what :func:`flashsplit.workspace.stream_key` reads).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def eager_path(prepared, tensors: DecodeTensors, device_index: int) -> Callable[[DecodeTensors], bool] | None:
+    """``run(tensors) -> bool`` for calls of ``prepared``'s signature on CUDA device
+    ``device_index`` (``tensors``: one such call, after its first launch), or None where this
+    configuration has no eager path (new keys appended in the call, no fast launcher)."""
+    variant = prepared.variant
+    if variant.seqlen_new or _raw_stream is None:
+        return None
+    split = prepared.split.fixed()
+    combine = prepared.combine.fixed() if prepared.combine is not None else None
+    if split is None or (prepared.combine is not None and combine is None):
+        return None
+    batch, seqlen_q, num_heads, head_dim = tensors.q.shape
+    rows = batch * seqlen_q * num_heads
+    partial_rows = 0 if prepared.direct else prepared.num_splits * rows
+    numel = partial_rows * (head_dim + 1) + rows * (tensors.lse is None) or 1
+    lp_offset = partial_rows * head_dim * 4  # bytes: the partial LSEs follow the partial outputs
+    lse_offset = lp_offset + partial_rows * 4  # then the lse scratch
+    full = prepared.split.full_seqlens
+    full_ptr = full.data_ptr() if full is not None else 0
+    workspaces = prepared.launcher.workspace.addresses
+    counters = prepared.launcher.arrivals.addresses
+    has_leftpad, has_batch_idx = variant.has_leftpad, variant.has_batch_idx
+    merge = prepared.tile.merge and not prepared.direct
+    direct = prepared.direct
+    scratch, capturing, raw_stream, index = _SCRATCH, _capturing, _raw_stream, device_index
+
+    def run(tensors: DecodeTensors) -> bool:
+        if scratch.transient or capturing():
+            return False
+        stream = raw_stream(index)
+        key = index, stream
+        workspace = workspaces.get(key)
+        if workspace is None or workspace[0] < numel:
+            return False
+        if merge:
+            arrivals = counters.get(key)
+            if arrivals is None or arrivals[0] < rows:
+                return False
+        q, k, v, out, lse, seqlens, table, k_descale, v_descale, sinks = tensors[:10]
+        op = workspace[1]
+        lse_ptr = op + lse_offset if lse is None else lse.data_ptr()
+        seqlens_ptr = full_ptr if seqlens is None else seqlens.data_ptr()
+        if has_batch_idx:  # the dense cache read as one page per row: page cache_batch_idx[b]
+            table_ptr = tensors[14].data_ptr()
+        else:
+            table_ptr = seqlens_ptr if table is None else table.data_ptr()
+        leftpad_ptr = tensors[15].data_ptr() if has_leftpad else seqlens_ptr
+        if direct:  # one split writes the final outputs
+            o, lp = out.data_ptr(), lse_ptr
+            merge_out, merge_lse, arrivals_ptr = o, lp, lp
+        else:
+            o, lp = op, op + lp_offset
+            if merge:
+                merge_out, merge_lse, arrivals_ptr = out.data_ptr(), lse_ptr, arrivals[1]
+            else:
+                merge_out, merge_lse, arrivals_ptr = o, lp, lp
+        split_sinks = lp if sinks is None or combine is not None else sinks.data_ptr()
+        split(q.data_ptr(), k.data_ptr(), v.data_ptr(), o, lp, seqlens_ptr, table_ptr,
+              lp if k_descale is None else k_descale.data_ptr(), lp if v_descale is None else v_descale.data_ptr(),
+              merge_out, merge_lse, arrivals_ptr, split_sinks, leftpad_ptr, stream)
+        if combine is not None:
+            combine(o, lp, out.data_ptr(), lse_ptr, lse_ptr if sinks is None else sinks.data_ptr(), stream)
+        return True
+
+    return run
