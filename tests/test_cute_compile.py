@@ -197,6 +197,10 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
         assert _globally_loaded(ptx), "no block-table load"
     else:
         assert "cp.async.bulk.tensor" in ptx
+        # Both descriptors are being fetched before the kernel waits on memory (its first global
+        # load, the row's length): the first tile's load then finds them cached.
+        assert ptx.count("prefetch.tensormap") == 2
+        assert ptx.rindex("prefetch.tensormap") < ptx.index("ld.global")
         page_ids = _tma_coords_from_global_loads(ptx)
         if config.paged:
             assert page_ids, "paged kernel: no TMA coordinate comes from a block_table load"
@@ -1058,3 +1062,21 @@ def test_fp16_operand_configs():
         as_fp16_q = c.__class__(**{**c.__dict__, "dtype": "float16"})  # same tile, no row scales
         assert not as_fp16_q.fp16_operands and c.smem_bytes == as_fp16_q.smem_bytes + 256
         configs.check_smem(c)
+
+
+@needs_cutlass
+def test_timeline_probe_compiles_only_when_switched_on(tmp_path, monkeypatch):
+    """The development probe (scripts/cute_timeline.py) adds nothing to a default build; switched
+    on, a merging swapped-operand kernel reads both clocks once at each of its seven steps (no
+    loop is unrolled, so each read appears once in the PTX)."""
+    from flashsplit.cute import compile as cute_compile, timeline
+
+    config = next(c for c in compile_check_configs() if c.merge and c.swap_rows and not c.paged and not _variants(c))
+    (tmp_path / "default").mkdir()
+    (tmp_path / "probe").mkdir()
+    default_ptx = _compiled_ptx(cute_compile.compile_split, config, tmp_path / "default")
+    assert "%globaltimer" not in default_ptx and "%clock64" not in default_ptx
+    monkeypatch.setattr(timeline, "ADDRESS", 1 << 40)
+    probe_ptx = _compiled_ptx(cute_compile.compile_split, config, tmp_path / "probe")
+    assert len(re.findall(r"mov\.u64\s+%rd\d+,\s*%globaltimer;", probe_ptx)) == len(timeline.EVENTS)
+    assert len(re.findall(r"mov\.u64\s+%rd\d+,\s*%clock64;", probe_ptx)) == len(timeline.EVENTS)

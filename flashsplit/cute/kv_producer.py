@@ -24,6 +24,7 @@ import cutlass.pipeline as pipeline
 from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync
 
+from . import timeline
 from .configs import SplitConfig
 from .warp_roles import NUM_CONSUMER_WARPS, ElementTypes
 
@@ -88,6 +89,14 @@ class KVProducer:
 
     # ------------------------------------------------------------------ device side
     @cute.jit
+    def prefetch_descriptors(self, copy_k, copy_v):
+        """Start fetching the TMA descriptors (called on entry: the first load finds them
+        cached); gathered rows use bulk copies, which have none."""
+        if cutlass.const_expr(not self.gather_pages):
+            cpasync.prefetch_descriptor(copy_k)
+            cpasync.prefetch_descriptor(copy_v)
+
+    @cute.jit
     def run(self, copy_k, mK, copy_v, mV, mBlockTable, sK, sV, kv_pipeline, batch_idx, kvh, first_tile, num_tiles,
             end, tiles_per_page):
         """Load this split's ``num_tiles`` tiles from ``first_tile`` on (keys below ``end``) into
@@ -108,8 +117,6 @@ class KVProducer:
         """One K tile and one V tile per stage, by TMA. The page id of the next tile is loaded
         before waiting for a free stage, so its latency hides behind that wait; only entries of
         tiles this split loads are read (never past the row's last page)."""
-        cpasync.prefetch_descriptor(tma_k)
-        cpasync.prefetch_descriptor(tma_v)
         # (N, D, tiles, cache rows) and (D, N, tiles, cache rows) views of this kv head.
         gK = cute.local_tile(mK_tma[None, None, kvh, None], (self.tile_n, self.head_dim), (None, 0, None))
         gV = cute.local_tile(mV_tma[None, None, kvh, None], (self.head_dim, self.tile_n), (0, None, None))
@@ -137,6 +144,9 @@ class KVProducer:
             cute.copy(tma_v, tVgV[(None, tile, row)], tVsV[(None, state.index)], tma_bar_ptr=bar)
             kv_pipeline.producer_commit(state)
             state.advance()
+            if cutlass.const_expr(timeline.ADDRESS != 0):
+                if i == 0 and cute.arch.lane_idx() == 0:
+                    timeline.stamp(timeline.event("tma_issued"))
 
     @cute.jit
     def load_subtile(self, tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK, sV, kv_pipeline, batch_idx, kvh,
@@ -153,8 +163,6 @@ class KVProducer:
         """
         D, P = self.head_dim, self.subtile_page
         boxes = self.boxes_per_tile
-        cpasync.prefetch_descriptor(tma_k)
-        cpasync.prefetch_descriptor(tma_v)
         # (P, D, pages) and (D, P, pages): a page holds one box (the slot mode is P long).
         gK = cute.local_tile(mK_tma[None, None, kvh, None], (P, D), (0, 0, None))
         gV = cute.local_tile(mV_tma[None, None, kvh, None], (D, P), (0, 0, None))

@@ -12,7 +12,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from . import softmax
+from . import softmax, timeline
 from .configs import SplitConfig
 from .merge import RowMerge
 from .q_tile import tile_rows
@@ -57,6 +57,9 @@ class MergeTail:
         if tidx == 0:
             sTicket[0] = cute.arch.atomic_add(mArrivals.iterator + counter, Int32(1), sem="acq_rel", scope="gpu")
         consumer_barrier()
+        if cutlass.const_expr(timeline.ADDRESS != 0):
+            if tidx == 0:
+                timeline.stamp(timeline.event("ticket"))
         if sTicket[0] == num_splits - 1:
             if tidx == 0:
                 mArrivals[counter] = Int32(0)
@@ -84,3 +87,6 @@ class MergeTail:
                 cute.autovec_copy(out, self.row_merge.lane_columns(mOut[batch_idx, m, hq, None], lane))
                 if lane == 0:
                     mOutLSE[batch_idx, hq, m] = lse
+            if cutlass.const_expr(timeline.ADDRESS != 0):
+                if tidx == 0:
+                    timeline.stamp(timeline.event("merged"))

@@ -47,19 +47,18 @@ class RowConsumer:
         self.invariant = config.invariant  # a run of splits per CTA (CtaWork.split_count)
 
     @cute.jit
-    def run(self, qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, work, softmax_scale_log2, sK8, sV8,
+    def run(self, qk_mma, pv_mma, mO, mLSE, sQ, sK, sV, kv_pipeline, work, softmax_scale_log2, sK8, sV8,
             v_scale, sRowScale, softcap_log2=None, mSinks=None):
-        """Q into ``sQ``, then every KV tile of the split (``sK``/``sV``: the operand stages, or
-        with staging the one operand buffer ``sK8``/``sV8`` are converted into), then O and the
-        LSE. fp8: ``softmax_scale_log2`` already holds k_descale, ``v_scale`` is v_descale.
-        ``softcap_log2`` (softcap configs) caps the scores, ``mSinks`` (sinks configs, one split)
-        joins the final softmax. A batch-invariant CTA runs its ``work.split_count`` consecutive
-        splits one after another, each exactly as a CTA of its own would (state reset, its own
-        partial written), while the producer streams their tiles without a break."""
+        """Every KV tile of the split (q is already in ``sQ``, its row scales in ``sRowScale``;
+        ``sK``/``sV``: the operand stages, or with staging the one operand buffer ``sK8``/``sV8``
+        are converted into), then O and the LSE. fp8: ``softmax_scale_log2`` already holds
+        k_descale, ``v_scale`` is v_descale. ``softcap_log2`` (softcap configs) caps the scores,
+        ``mSinks`` (sinks configs, one split) joins the final softmax. A batch-invariant CTA runs
+        its ``work.split_count`` consecutive splits one after another, each exactly as a CTA of its
+        own would (state reset, its own partial written), while the producer streams their tiles
+        without a break."""
         M = self.block_m
         tidx = work.tidx
-        self.q_tile.load(mQ, sQ, sRowScale, tidx, work.batch_idx, work.kvh, work.row_block, work.seqlen_q,
-                         work.group)
 
         qk_thr = qk_mma.get_slice(tidx)
         pv_thr = pv_mma.get_slice(tidx)

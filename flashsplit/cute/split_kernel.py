@@ -33,7 +33,7 @@ from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
 from ..plan import SPLIT_GRANULE
-from . import split_rule
+from . import split_rule, timeline
 from .configs import HEAD_DIMS, SplitConfig
 from .cta_work import CtaWork
 from .kv_producer import KVProducer, make_kv_pipeline
@@ -363,9 +363,20 @@ class SplitKVDecodeKernel:
         kvh = z_idx // row_blocks
         row_block = z_idx % row_blocks
 
+        if cutlass.const_expr(timeline.ADDRESS != 0):
+            if tidx == 0:
+                timeline.stamp(timeline.event("entry"))
+        # The TMA descriptors are fetched while the row's length is loaded: the first tile's
+        # load waits on that length, not on a descriptor fetch after it.
+        if warp_idx == PRODUCER_WARP:
+            self.producer.prefetch_descriptors(tma_k, tma_v)
         smem = SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         kv_pipeline = make_kv_pipeline(storage.kv_mbar.data_ptr(), self.stages, self.k_tx_bytes + self.v_tx_bytes)
+        # The barriers are initialized before anything waits on memory, so each role goes on
+        # alone after its own loads (no CTA barrier behind the length load).
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
 
         sQ = storage.sQ.get_tensor(q_layout.outer, swizzle=q_layout.inner)
         sK = storage.sK.get_tensor(k_layout.outer, swizzle=k_layout.inner)
@@ -381,6 +392,9 @@ class SplitKVDecodeKernel:
 
         # This CTA's keys, with exactly the rule of flashsplit.plan.
         n_keys = split_rule.load_seqlen(mSeqlens, batch_idx, seqlen_k)
+        if warp_idx < PRODUCER_WARP:
+            # q does not depend on the length: its loads overlap the length's.
+            self.consumer.q_tile.load(mQ, sQ, sRowScale, tidx, batch_idx, kvh, row_block, seqlen_q, group)
         pad = None  # the row's first key (left padding)
         if cutlass.const_expr(self.config.leftpad):
             pad = split_rule.load_leftpad(mLeftpad, batch_idx, n_keys)
@@ -424,9 +438,6 @@ class SplitKVDecodeKernel:
         if cutlass.const_expr(self.merge and bool(self.config.sinks)):
             merge_sink = self.merge_tail.first_sink(mSinks, work)
 
-        cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
-
         if warp_idx == PRODUCER_WARP:
             self.producer.run(tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK_load, sV_load, kv_pipeline, batch_idx, kvh,
                               first_tile, num_tiles, end, tiles_per_page)
@@ -434,7 +445,7 @@ class SplitKVDecodeKernel:
             if cutlass.const_expr(self.swap_rows > 0):
                 sP = storage.sP.get_tensor(p_layout.outer, swizzle=p_layout.inner)
                 sRed = storage.red.get_tensor(cute.make_layout((NUM_CONSUMER_WARPS * self.block_m,)))
-                self.consumer.run(qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, sP, sRed, kv_pipeline, work,
+                self.consumer.run(qk_mma, pv_mma, mO, mLSE, sQ, sK, sV, sP, sRed, kv_pipeline, work,
                                   softmax_scale_log2, softcap_log2, final_sinks)
             else:
                 # fp8: k_descale folds into the (log2) softmax scale, v_descale into the output.
@@ -443,7 +454,7 @@ class SplitKVDecodeKernel:
                 if cutlass.const_expr(self.fp8):
                     qk_scale = softmax_scale_log2 * mKDescale[batch_idx, kvh]
                     v_scale = mVDescale[batch_idx, kvh]
-                self.consumer.run(qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, kv_pipeline, work, qk_scale, sK_load,
+                self.consumer.run(qk_mma, pv_mma, mO, mLSE, sQ, sK, sV, kv_pipeline, work, qk_scale, sK_load,
                                   sV_load, v_scale, sRowScale, softcap_log2, final_sinks)
             if cutlass.const_expr(self.merge):
                 self.merge_tail.run(mO, mLSE, mOut, mOutLSE, mArrivals, storage.ticket.get_tensor(cute.make_layout((4,))),

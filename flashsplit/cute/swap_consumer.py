@@ -19,7 +19,7 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warpgroup
 
-from . import softmax
+from . import softmax, timeline
 from .configs import SplitConfig
 from .kv_operands import KVOperands
 from .mask import KeyMask
@@ -51,14 +51,13 @@ class SwapConsumer:
         self.softcap = config.softcap
 
     @cute.jit
-    def run(self, qk_mma, pv_mma, mQ, mO, mLSE, sQ, sK, sV, sP, sRed, kv_pipeline, work, softmax_scale_log2,
+    def run(self, qk_mma, pv_mma, mO, mLSE, sQ, sK, sV, sP, sRed, kv_pipeline, work, softmax_scale_log2,
             softcap_log2=None, mSinks=None):
-        """Q into ``sQ``, every KV tile of the split, then O and the LSE. ``softcap_log2``
-        (softcap configs) caps the scores, ``mSinks`` (sinks configs, one split) joins the final
-        softmax."""
+        """Every KV tile of the split (q is already in ``sQ``), then O and the LSE.
+        ``softcap_log2`` (softcap configs) caps the scores, ``mSinks`` (sinks configs, one split)
+        joins the final softmax."""
         D, N, R = self.head_dim, self.tile_n, self.block_m
         tidx, end = work.tidx, work.end
-        self.q_tile.load(mQ, sQ, None, tidx, work.batch_idx, work.kvh, work.row_block, work.seqlen_q, work.group)
 
         qk_thr = qk_mma.get_slice(tidx)
         pv_thr = pv_mma.get_slice(tidx)
@@ -101,6 +100,9 @@ class SwapConsumer:
         for i in cutlass.range(work.num_tiles, unroll=1):
             tile_start = (work.first_tile + i) * N
             kv_pipeline.consumer_wait(state)
+            if cutlass.const_expr(timeline.ADDRESS != 0):
+                if i == 0 and tidx == 0:
+                    timeline.stamp(timeline.event("first_tile"))
             self.kv_operands.zero_invisible_v(sV, state.index, tile_start, end, work.cta_first, tidx)
 
             acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
@@ -128,9 +130,15 @@ class SwapConsumer:
             kv_pipeline.consumer_release(state)
             state.advance()
 
+        if cutlass.const_expr(timeline.ADDRESS != 0):
+            if tidx == 0:
+                timeline.stamp(timeline.event("tiles_done"))
         if cutlass.const_expr(self.signals_combine):
             cute.arch.griddepcontrol_launch_dependents()  # every tile done: only the stores remain
         self.epilogue(acc_o, row_max, row_sum, mO, mLSE, sRed, work, row_sink)
+        if cutlass.const_expr(timeline.ADDRESS != 0):
+            if tidx == 0:
+                timeline.stamp(timeline.event("epilogue"))
 
     @cute.jit
     def column_sums_across_warps(self, x, sRed, lane, warp, reduce):

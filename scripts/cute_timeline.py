@@ -1,0 +1,88 @@
+"""When the cute split kernel's CTAs reach each step of a B = 1 decode, from its timeline probe.
+
+Compiles the split kernels with :mod:`flashsplit.cute.timeline` on (a development build: every
+CTA writes ``%globaltimer`` and ``%clock64`` at each step), then decodes 32/8 heads, d = 128,
+bf16, one query, full-length rows, over inputs rotated out of L2, each call alone (a sync
+between calls). For each step: when CTAs reach it, in us after the first CTA's entry (earliest,
+median, latest CTA), and the median per-CTA time since its own entry in SM cycles (the
+clock64 deltas, exact within an SM). Prints one table per cell. GPU only.
+
+    python scripts/cute_timeline.py --keys 1k 4k 16k 128k
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from flashsplit.cute import timeline
+
+HEADS, HEADS_KV, DIM = 32, 8, 128
+MAX_CTAS = 1 << 16
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--keys", nargs="+", default=["1k", "4k", "16k", "128k"])
+    parser.add_argument("--calls", type=int, default=30, help="calls timed per cell (after 3 warm-up calls)")
+    parser.add_argument("--batch", type=int, default=1)
+    args = parser.parse_args()
+    events = len(timeline.EVENTS)
+    slots = torch.zeros(MAX_CTAS * events * 2, dtype=torch.int64, device="cuda")
+    timeline.ADDRESS = slots.data_ptr()  # before any split kernel compiles in this process
+
+    import flashsplit
+    from flashsplit.bench.cases import parse_seqlen, rotation_count
+
+    for spec in args.keys:
+        seqlen = parse_seqlen(spec)
+        plan = flashsplit.plan(args.batch, seqlen, HEADS, HEADS_KV, DIM, backend="cute")
+        ctas = plan.grid[0] * plan.grid[1] * plan.grid[2]
+        kv_bytes = 2 * args.batch * seqlen * HEADS_KV * DIM * 2
+        sets = [(torch.randn(args.batch, 1, HEADS, DIM, device="cuda", dtype=torch.bfloat16),
+                 torch.randn(args.batch, seqlen, HEADS_KV, DIM, device="cuda", dtype=torch.bfloat16),
+                 torch.randn(args.batch, seqlen, HEADS_KV, DIM, device="cuda", dtype=torch.bfloat16))
+                for _ in range(rotation_count(kv_bytes))]
+        lens = torch.full((args.batch,), seqlen, dtype=torch.int32, device="cuda")
+        per_step: dict[str, list[list[float]]] = {name: [[], [], [], []] for name in timeline.EVENTS}
+        spans = []
+        for call in range(args.calls + 3):
+            q, k, v = sets[call % len(sets)]
+            slots.fill_(-1)
+            flashsplit.decode(q, k, v, cache_seqlens=lens, backend="cute")
+            torch.cuda.synchronize()
+            if call < 3:
+                continue
+            t = slots[: ctas * events * 2].view(ctas, events, 2).cpu()
+            entry_ns = t[:, 0, 0]
+            t0 = int(entry_ns.min())
+            last = 0
+            for e, name in enumerate(timeline.EVENTS):
+                reached = t[:, e, 0] >= 0
+                if not bool(reached.any()):
+                    continue
+                us = ((t[reached, e, 0] - t0).double() / 1000.0).tolist()
+                cycles = (t[reached, e, 1] - t[reached, 0, 1]).double().tolist()
+                per_step[name][0].append(min(us))
+                per_step[name][1].append(statistics.median(us))
+                per_step[name][2].append(max(us))
+                per_step[name][3].append(statistics.median(cycles))
+                last = max(last, max(us))
+            spans.append(last)
+        print(f"\n{spec} keys: {plan.backend} {plan.num_splits} splits, grid {plan.grid}, {ctas} CTAs, "
+              f"rule {plan.rule}; median of {args.calls} calls, first entry to last step "
+              f"{statistics.median(spans):.2f} us")
+        print(f"{'step':<12} {'CTAs':>5} {'earliest':>9} {'median':>9} {'latest':>9} {'cycles since entry':>19}")
+        for name, (lo, mid, hi, cyc) in per_step.items():
+            if not lo:
+                continue
+            count = int((slots[: ctas * events * 2].view(ctas, events, 2)[:, timeline.EVENTS.index(name), 0] >= 0)
+                        .sum())
+            print(f"{name:<12} {count:>5} {statistics.median(lo):>9.2f} {statistics.median(mid):>9.2f} "
+                  f"{statistics.median(hi):>9.2f} {statistics.median(cyc):>19.0f}")
+
+
+if __name__ == "__main__":
+    main()
