@@ -29,6 +29,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=30, help="calls timed per cell (after 3 warm-up calls)")
     parser.add_argument("--batch", type=int, default=1)
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("cute_timeline: no CUDA device; this script measures the GPU.")
+        return
     events = len(timeline.EVENTS)
     slots = torch.zeros(MAX_CTAS * events * 2, dtype=torch.int64, device="cuda")
     timeline.ADDRESS = slots.data_ptr()  # before any split kernel compiles in this process
