@@ -43,6 +43,8 @@ def main() -> None:
         seqlen = parse_seqlen(spec)
         plan = flashsplit.plan(args.batch, seqlen, HEADS, HEADS_KV, DIM, backend="cute")
         ctas = plan.grid[0] * plan.grid[1] * plan.grid[2]
+        if ctas > MAX_CTAS:  # the kernels would write past the probe's buffer
+            raise SystemExit(f"cute_timeline: {spec} keys at B = {args.batch} launch {ctas} CTAs, over {MAX_CTAS}")
         kv_bytes = 2 * args.batch * seqlen * HEADS_KV * DIM * 2
         sets = [(torch.randn(args.batch, 1, HEADS, DIM, device="cuda", dtype=torch.bfloat16),
                  torch.randn(args.batch, seqlen, HEADS_KV, DIM, device="cuda", dtype=torch.bfloat16),
@@ -50,6 +52,7 @@ def main() -> None:
                 for _ in range(rotation_count(kv_bytes))]
         lens = torch.full((args.batch,), seqlen, dtype=torch.int32, device="cuda")
         per_step: dict[str, list[list[float]]] = {name: [[], [], [], []] for name in timeline.EVENTS}
+        reached_by: dict[str, int] = {}  # CTAs that reached each step, in the last call
         spans = []
         for call in range(args.calls + 3):
             q, k, v = sets[call % len(sets)]
@@ -59,12 +62,12 @@ def main() -> None:
             if call < 3:
                 continue
             t = slots[: ctas * events * 2].view(ctas, events, 2).cpu()
-            entry_ns = t[:, 0, 0]
-            t0 = int(entry_ns.min())
+            t0 = int(t[:, 0, 0].min())
             last = 0
             for e, name in enumerate(timeline.EVENTS):
                 reached = t[:, e, 0] >= 0
-                if not bool(reached.any()):
+                reached_by[name] = int(reached.sum())
+                if not reached_by[name]:
                     continue
                 us = ((t[reached, e, 0] - t0).double() / 1000.0).tolist()
                 cycles = (t[reached, e, 1] - t[reached, 0, 1]).double().tolist()
@@ -81,9 +84,7 @@ def main() -> None:
         for name, (lo, mid, hi, cyc) in per_step.items():
             if not lo:
                 continue
-            count = int((slots[: ctas * events * 2].view(ctas, events, 2)[:, timeline.EVENTS.index(name), 0] >= 0)
-                        .sum())
-            print(f"{name:<12} {count:>5} {statistics.median(lo):>9.2f} {statistics.median(mid):>9.2f} "
+            print(f"{name:<12} {reached_by[name]:>5} {statistics.median(lo):>9.2f} {statistics.median(mid):>9.2f} "
                   f"{statistics.median(hi):>9.2f} {statistics.median(cyc):>19.0f}")
 
 

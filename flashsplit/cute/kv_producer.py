@@ -144,9 +144,8 @@ class KVProducer:
             cute.copy(tma_v, tVgV[(None, tile, row)], tVsV[(None, state.index)], tma_bar_ptr=bar)
             kv_pipeline.producer_commit(state)
             state.advance()
-            if cutlass.const_expr(timeline.ADDRESS != 0):
-                if i == 0 and cute.arch.lane_idx() == 0:
-                    timeline.stamp(timeline.event("tma_issued"))
+            if i == 0 and cute.arch.lane_idx() == 0:
+                timeline.stamp("tma_issued")
 
     @cute.jit
     def load_subtile(self, tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK, sV, kv_pipeline, batch_idx, kvh,

@@ -57,9 +57,8 @@ class MergeTail:
         if tidx == 0:
             sTicket[0] = cute.arch.atomic_add(mArrivals.iterator + counter, Int32(1), sem="acq_rel", scope="gpu")
         consumer_barrier()
-        if cutlass.const_expr(timeline.ADDRESS != 0):
-            if tidx == 0:
-                timeline.stamp(timeline.event("ticket"))
+        if tidx == 0:
+            timeline.stamp("ticket")
         if sTicket[0] == num_splits - 1:
             if tidx == 0:
                 mArrivals[counter] = Int32(0)
@@ -87,6 +86,5 @@ class MergeTail:
                 cute.autovec_copy(out, self.row_merge.lane_columns(mOut[batch_idx, m, hq, None], lane))
                 if lane == 0:
                     mOutLSE[batch_idx, hq, m] = lse
-            if cutlass.const_expr(timeline.ADDRESS != 0):
-                if tidx == 0:
-                    timeline.stamp(timeline.event("merged"))
+            if tidx == 0:
+                timeline.stamp("merged")

@@ -363,9 +363,8 @@ class SplitKVDecodeKernel:
         kvh = z_idx // row_blocks
         row_block = z_idx % row_blocks
 
-        if cutlass.const_expr(timeline.ADDRESS != 0):
-            if tidx == 0:
-                timeline.stamp(timeline.event("entry"))
+        if tidx == 0:
+            timeline.stamp("entry")
         # The TMA descriptors are fetched while the row's length is loaded: the first tile's
         # load waits on that length, not on a descriptor fetch after it.
         if warp_idx == PRODUCER_WARP:

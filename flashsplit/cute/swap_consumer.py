@@ -100,9 +100,8 @@ class SwapConsumer:
         for i in cutlass.range(work.num_tiles, unroll=1):
             tile_start = (work.first_tile + i) * N
             kv_pipeline.consumer_wait(state)
-            if cutlass.const_expr(timeline.ADDRESS != 0):
-                if i == 0 and tidx == 0:
-                    timeline.stamp(timeline.event("first_tile"))
+            if i == 0 and tidx == 0:
+                timeline.stamp("first_tile")
             self.kv_operands.zero_invisible_v(sV, state.index, tile_start, end, work.cta_first, tidx)
 
             acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
@@ -130,15 +129,13 @@ class SwapConsumer:
             kv_pipeline.consumer_release(state)
             state.advance()
 
-        if cutlass.const_expr(timeline.ADDRESS != 0):
-            if tidx == 0:
-                timeline.stamp(timeline.event("tiles_done"))
+        if tidx == 0:
+            timeline.stamp("tiles_done")
         if cutlass.const_expr(self.signals_combine):
             cute.arch.griddepcontrol_launch_dependents()  # every tile done: only the stores remain
         self.epilogue(acc_o, row_max, row_sum, mO, mLSE, sRed, work, row_sink)
-        if cutlass.const_expr(timeline.ADDRESS != 0):
-            if tidx == 0:
-                timeline.stamp(timeline.event("epilogue"))
+        if tidx == 0:
+            timeline.stamp("epilogue")
 
     @cute.jit
     def column_sums_across_warps(self, x, sRed, lane, warp, reduce):

@@ -1,9 +1,10 @@
 """A development probe of the split kernel's timeline: when each CTA reaches each step.
 
 Off by default, and then no instruction of it is compiled. ``scripts/cute_timeline.py`` sets
-:data:`ADDRESS` to an int64 device buffer of ``[CTAs, len(EVENTS)]`` before any split kernel
-compiles in its process; each CTA then writes the GPU's ``%globaltimer`` (ns) into its row at the
-steps below, from the thread that reaches them (slots of steps a CTA skips keep what was there):
+:data:`ADDRESS` to an int64 device buffer of ``[CTAs, len(EVENTS), 2]`` before any split kernel
+compiles in its process; each CTA then writes the GPU's ``%globaltimer`` (ns, comparable across
+SMs) and its SM's ``%clock64`` (cycles, finer) into its row at the steps below, from the thread
+that reaches them (slots of steps a CTA skips keep what was there):
 
 - ``entry``: thread 0 on entry;
 - ``tma_issued``: the producer's first K/V tile issued (TMA tiles only);
@@ -27,23 +28,20 @@ EVENTS = ("entry", "tma_issued", "first_tile", "tiles_done", "epilogue", "ticket
 ADDRESS = 0
 
 
-def event(name: str) -> int:
-    return EVENTS.index(name)
-
-
 def _read(register: str) -> Int64:
     return Int64(llvm.inline_asm(T.i64(), [], f"mov.u64 $0, %{register};", "=l", has_side_effects=True))
 
 
 @cute.jit
-def stamp(step: cutlass.Constexpr[int]):
-    """Write the times into this CTA's slots of ``step`` (call it from one thread)."""
+def stamp(step: cutlass.Constexpr[str]):
+    """Write the times into this CTA's slots of ``step`` (one of :data:`EVENTS`; call it from one
+    thread). Compiles to nothing while :data:`ADDRESS` is 0."""
     if cutlass.const_expr(ADDRESS != 0):
         bx, by, bz = cute.arch.block_idx()
         gx, gy, _ = cute.arch.grid_dim()
         cta = bx + gx * (by + gy * bz)
         slots = cute.make_tensor(cute.make_ptr(Int64, ADDRESS, cute.AddressSpace.gmem, assumed_align=8),
                                  cute.make_layout((1 << 26,)))
-        slot = (cta * len(EVENTS) + step) * 2
+        slot = (cta * len(EVENTS) + EVENTS.index(step)) * 2
         slots[slot] = _read("globaltimer")
         slots[slot + 1] = _read("clock64")
