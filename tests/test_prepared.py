@@ -53,6 +53,46 @@ def test_cached_signature_still_rejects_bad_inputs(generator):
         flashsplit.decode(q, k, v, cache_seqlens=lens, softmax_scale=True, backend="triton")
 
 
+def test_the_last_signature_shortcut_still_rejects_odd_options(generator):
+    """A call whose facts match the last cached call's but whose options are odd objects (a
+    tensor, a bool bound) gets validation's error, never a cached launch or a tensor's own
+    comparison error."""
+    q, k, v = _inputs(generator)
+    lens = torch.tensor([300, 7], dtype=torch.int32, device=DEVICE)
+    flashsplit.decode(q, k, v, cache_seqlens=lens, softmax_scale=0.5, window_size=(1, -1), backend="triton")
+    assert dispatch._PREPARED.last[1] is not None
+    with pytest.raises(TypeError, match="softmax_scale"):
+        flashsplit.decode(q, k, v, cache_seqlens=lens, softmax_scale=torch.tensor([0.5, 0.5]), window_size=(1, -1),
+                          backend="triton")
+    with pytest.raises(TypeError, match="window_size"):
+        flashsplit.decode(q, k, v, cache_seqlens=lens, softmax_scale=0.5, window_size=(True, -1), backend="triton")
+    with pytest.raises(TypeError, match="window_size"):
+        flashsplit.decode(q, k, v, cache_seqlens=lens, softmax_scale=0.5,
+                          window_size=(torch.tensor([1, 1]), -1), backend="triton")
+
+
+def test_the_last_signature_shortcut_follows_every_change_of_the_cache(generator):
+    q, k, v = _inputs(generator)
+    lens = torch.tensor([300, 7], dtype=torch.int32, device=DEVICE)
+    dispatch._PREPARED.clear()
+    flashsplit.decode(q, k, v, cache_seqlens=lens, backend="triton")
+    key = _signature(q, k, v, None, lens, fresh_out=True, backend="triton")
+    assert dispatch._PREPARED.last == (key, dispatch._PREPARED[key])
+    calls = []
+    dispatch._PREPARED[key] = calls.append  # a replaced entry is what the next call runs
+    flashsplit.decode(q, k, v, cache_seqlens=lens, backend="triton")
+    assert len(calls) == 1
+    del dispatch._PREPARED[key]  # and a removed one is prepared again
+    out = torch.full_like(q, float("nan"))
+    flashsplit.decode(q, k, v, cache_seqlens=lens, out=out, backend="triton")
+    flashsplit.decode(q, k, v, cache_seqlens=lens, backend="triton")
+    assert len(calls) == 1 and not out.isnan().any()
+    dispatch._PREPARED.clear()
+    assert dispatch._PREPARED.last[1] is None
+    with pytest.raises(TypeError, match="item assignment"):
+        dispatch._PREPARED.update({key: calls.append})
+
+
 def test_signature_tells_apart_what_validation_and_specialization_read(generator):
     q, k, v = _inputs(generator)
     out = torch.empty_like(q)
