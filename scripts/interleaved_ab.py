@@ -15,8 +15,12 @@ against the float64 reference on fresh random inputs, its output poisoned with N
 Variants: ``auto``, ``triton``, ``cute`` (``flashsplit.decode`` with that backend; append
 ``:splits=N`` for a split count), ``cute:splits=N[,one_per_sm=0|1][,one_wave=0|1][,swap=0|1]``
 with any of the flags (a cute launch of N splits whose :class:`~flashsplit.cute.choice.LaunchChoice`
-fields are forced; the others follow the rules), ``cudnn`` (torch SDPA's cuDNN backend; dense
-caches at one query only).
+fields are forced; the others follow the rules), ``triton:heads_first=0|1[,splits=N]`` (a Triton
+launch whose split programs run in that order, ``TritonBackend.heads_first``), ``cudnn`` (torch
+SDPA's cuDNN backend; dense caches at one query only).
+
+    python scripts/interleaved_ab.py --heads 32/32 --batch 64 --seqlen 4k \
+        --variant triton:heads_first=0 --variant triton:heads_first=1 --variant cudnn
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from flashsplit.call import DecodeOptions, DecodeTensors
 from flashsplit.cute import choice
 from flashsplit.cute.backend import CuteBackend
 from flashsplit.cute.launcher import PreparedCuteDecode
+from flashsplit.triton.backend import PreparedDecode, TritonBackend
 from flashsplit.validation import check_decode_inputs
 
 FORCED_FLAGS = ("one_per_sm", "one_wave", "swap")
@@ -53,9 +58,11 @@ def parse_variant(text: str) -> tuple[str, dict]:
             fields[key] = int(value)
         elif key in FORCED_FLAGS and value in ("0", "1") and name == "cute":
             fields[key] = value == "1"
+        elif key == "heads_first" and value in ("0", "1") and name == "triton":
+            fields[key] = value == "1"
         else:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected splits=N or (cute) {'/'.join(FORCED_FLAGS)}=0|1, "
-                                             f"got {item!r}")
+            raise argparse.ArgumentTypeError(f"{text!r}: expected splits=N, (cute) {'/'.join(FORCED_FLAGS)}=0|1 or "
+                                             f"(triton) heads_first=0|1, got {item!r}")
     if any(k in fields for k in FORCED_FLAGS) and "splits" not in fields:
         raise argparse.ArgumentTypeError(f"{text!r}: a forced cute launch needs splits=N")
     return name, fields
@@ -80,6 +87,19 @@ def make_run(name: str, fields: dict, inputs, outs, cute: CuteBackend):
             prepared(DecodeTensors(inputs.q[i], inputs.k[i], inputs.v[i], outs[i], None, inputs.cache_seqlens, table))
         return forced_run, f"cute, {splits} splits, {tile}"
     splits = fields.get("splits", 0)
+    if "heads_first" in fields:  # a launch of its own, whatever the class attribute says later
+        backend = TritonBackend()
+        backend.heads_first = fields["heads_first"]
+        splits = splits or flashsplit.plan(case.batch, case.seqlen_k, case.num_heads, case.num_heads_kv,
+                                           case.head_dim, seqlen_q=case.seqlen_q, causal=case.causal,
+                                           page_size=case.page_size, backend="triton").num_splits
+        prepared = PreparedDecode(backend, splits, case.head_dim ** -0.5, case.causal)
+        table = inputs.block_table
+
+        def ordered_run(i):
+            prepared(DecodeTensors(inputs.q[i], inputs.k[i], inputs.v[i], outs[i], None, inputs.cache_seqlens, table))
+        order = "KV heads first" if fields["heads_first"] else "splits first"
+        return ordered_run, f"triton, {splits} splits, programs {order}"
 
     def run(i):
         flashsplit.api.decode_into(inputs.q[i], inputs.k[i], inputs.v[i], outs[i], None,

@@ -15,6 +15,9 @@ import torch
 from conftest import DEVICE
 
 import flashsplit
+import triton
+import triton.language as tl
+from flashsplit.triton.split_kernel import program_work
 from flashsplit.call import DecodeTensors
 from flashsplit.testing import (
     POISON,
@@ -214,6 +217,63 @@ def test_last_split_merge_matches_the_combine_kernel(group, head_dim, lengths, g
     PreparedDecode(backend, 5, head_dim ** -0.5, True)(DecodeTensors(q, k, v, out, None, seqlens))
     check_against_reference(out, None, q, k, v, seqlens, True, head_dim ** -0.5)
     assert int(arrivals.abs().sum()) == 0
+
+
+# Splits merged by the last program (3), by the combine kernel (7), one split; a paged cache.
+@pytest.mark.parametrize("num_splits, page_size", [(3, 0), (7, 0), (1, 0), (3, 16)])
+def test_heads_first_launch_order_gives_the_same_bits(num_splits, page_size, generator, monkeypatch):
+    """Launching the split programs KV heads first (``TritonBackend.heads_first``) changes which
+    programs run together, never what they compute: the same out and lse, bit for bit, as the
+    splits-first order, right against the reference, with two row tiles per KV head (80 packed
+    rows), rows of one split and an empty row."""
+    from flashsplit.registry import invalidate
+    from flashsplit.testing import to_paged
+    from flashsplit.triton.backend import TritonBackend
+
+    lengths = (300, 40, 0)
+    case = DecodeCase(batch=3, seqlen_q=5, seqlen_k=300, num_heads_kv=2, group=16, head_dim=64,
+                      dtype=torch.float16, lengths=lengths, causal=True)
+    q, k, v, seqlens = make_inputs(case, DEVICE, generator)
+    caches, table = (k, v), None
+    if page_size:
+        k_pages, v_pages, table, k, v = to_paged(k, v, list(lengths), page_size, generator)
+        caches, table = (k_pages, v_pages), table.to(DEVICE)
+    results = {}
+    for heads_first in (False, True):
+        monkeypatch.setattr(TritonBackend, "heads_first", heads_first)
+        invalidate()
+        out = torch.full_like(q, POISON)
+        _, lse = flashsplit.decode(q, *caches, cache_seqlens=seqlens, block_table=table, num_splits=num_splits,
+                                   causal=True, return_lse=True, out=out, backend="triton")
+        check_against_reference(out, lse, q, k, v, seqlens, True)
+        results[heads_first] = (out, lse)
+    invalidate()
+    assert torch.equal(results[True][0], results[False][0])
+    assert torch.equal(results[True][1], results[False][1])
+
+
+@triton.jit
+def _program_work_probe(VISITS, TILES, B, Z, HEADS_FIRST: tl.constexpr):
+    """Counts each program's work item and records its row tile's counter index."""
+    split, b, z, tile_index = program_work(HEADS_FIRST)
+    item = (split * B + b) * Z + z
+    tl.atomic_add(VISITS + item, 1)
+    tl.store(TILES + item, tile_index)
+
+
+@pytest.mark.parametrize("heads_first", [False, True])
+def test_program_work_reaches_every_work_item_once(heads_first):
+    """Each launch order's programs cover every (split, batch row, KV head x row block) once,
+    and each row tile's arrival counter index is ``b * Z + z`` (what the merge relies on: one
+    counter per row tile, shared by its splits alone)."""
+    splits, batch, z = 3, 4, 5
+    visits = torch.zeros(splits, batch, z, dtype=torch.int32, device=DEVICE)
+    tiles = torch.full((splits, batch, z), -1, dtype=torch.int64, device=DEVICE)
+    grid = (z, splits, batch) if heads_first else (splits, batch, z)
+    _program_work_probe[grid](visits, tiles, batch, z, heads_first)
+    assert torch.equal(visits, torch.ones_like(visits))
+    expected = (torch.arange(batch)[:, None] * z + torch.arange(z)[None, :]).expand(splits, batch, z)
+    assert torch.equal(tiles.cpu(), expected)
 
 
 def test_arrival_counters_are_zeroed_once_per_stream():

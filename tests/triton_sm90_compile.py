@@ -109,6 +109,10 @@ def split_variants():
     yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=False, RIGHT_BOUND=False,  # one
                FINAL_FOR_SINGLE_SPLIT_ROWS=False, WRITE_LSE=True, HAS_OUT=True, HAS_LEFTPAD=True,  # split,
                HAS_BATCH_IDX=True, SEQLEN_ADD=1)  # padded rows of a larger cache
+    for merge in (False, True):  # programs launched KV heads first; merged in the last split, or combined
+        yield dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, HAS_SEQLENS=True, HAS_PARTIALS=True, RIGHT_BOUND=False,
+                   FINAL_FOR_SINGLE_SPLIT_ROWS=True, WRITE_LSE=True, HAS_OUT=True, MERGE_IN_LAST_SPLIT=merge,
+                   HEADS_FIRST=True)
     for rows, dim in itertools.product([1, 4, 20, 64], [64, 96, 128, 256]):
         tiles = choose_tiles(rows, dim)
         yield dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d, HAS_SEQLENS=True,
@@ -142,6 +146,7 @@ def main(every: int = 1) -> int:
             for name in ("HAS_LEFTPAD", "HAS_BATCH_IDX"):
                 flags.setdefault(name, False)
             flags.setdefault("SEQLEN_ADD", 0)
+            flags.setdefault("HEADS_FIRST", False)
             flags["FP8_EMIN"], flags["FP8_MBITS"], flags["FP8_MAX"] = (0, 0, 0.0)
             if flags["SEQLEN_ADD"] and flags["HAS_DESCALE"]:  # new keys rounded to the cache's fp8 format
                 fp8_dtype = {"fp8e4nv": "float8_e4m3fn", "fp8e5": "float8_e5m2"}[kv]

@@ -110,6 +110,11 @@ class TritonBackend(Backend):
     fp8_v_pairs = True
     #: Warps per combine program; 0: :func:`combine_warps`.
     combine_num_warps = 0
+    #: Launch order of the split programs: False, splits fastest (grid ``(splits, B, H_kv x
+    #: row blocks)``: the programs running together are mostly one KV head's, each reading its
+    #: ``D``-wide slice of every key row); True, KV heads fastest (grid ``(H_kv x row blocks,
+    #: splits, B)``: the programs of one batch row's heads read the same key rows side by side).
+    heads_first = False
 
     def __init__(self) -> None:
         #: The per-stream partials buffer and the in-kernel merge's arrival counters: what the
@@ -161,7 +166,11 @@ class TritonBackend(Backend):
         split_keys = BATCH_INVARIANT_MIN_SPLIT if variant.batch_invariant else tokens_per_split(span, num_splits)
         tiles = choose_tiles(seqlen_q * group, head_dim, num_splits, num_splits * batch * num_heads_kv * row_blocks,
                              split_keys, k_descale is not None, device_num_sms(q.device.type, q.device.index))
-        grid = (num_splits, batch, num_heads_kv * row_blocks)
+        heads_first = self.heads_first
+        if heads_first:
+            grid = (num_heads_kv * row_blocks, num_splits, batch)
+        else:
+            grid = (num_splits, batch, num_heads_kv * row_blocks)
         window_right = 0 if causal else variant.window_right
         right_bound = 0 <= window_right < seqlen_q - 1  # some query cannot see every key
         v_pairs = (self.fp8_v_pairs and v_cache.dtype in FP8_DTYPES and _v_pairs(v_cache)
@@ -214,6 +223,7 @@ class TritonBackend(Backend):
             variant.rotary_q_per_token and seqlen_q > 1,  # ROTARY_PER_TOKEN (one query: one position)
             *FP8_FORMATS.get(k_cache.dtype, (0, 0, 0.0)),  # FP8_EMIN, FP8_MBITS, FP8_MAX
             new_key_tile(variant.seqlen_new, tiles.block_n),  # NEW_BLOCK_N
+            heads_first,  # HEADS_FIRST
         )
         options = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
         return launch(split_kv_kernel, grid, tensors, tail, options)

@@ -22,6 +22,22 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
+def program_work(HEADS_FIRST: tl.constexpr):
+    """This program's ``(split, b, z, tile_index)``: its split, batch row (int64), KV head x row
+    block ``z``, and its row tile's index ``b * Z + z`` (``Z = H_kv x row_blocks``: the arrival
+    counter of the last-split merge). Programs ``(split, b, z)`` of a grid ``(splits, B, Z)``;
+    with HEADS_FIRST, ``(z, split, b)`` of a grid ``(Z, splits, B)``, so the programs of one batch
+    row's KV heads are launched side by side and read the same key rows together."""
+    if HEADS_FIRST:
+        z, split, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+        tile_index = b * tl.num_programs(0) + z
+    else:
+        split, b, z = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
+        tile_index = b * tl.num_programs(2) + z
+    return split, b, z, tile_index
+
+
+@triton.jit
 def store_final(OUT, LSE, sink, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
                 stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE: tl.constexpr,
                 HAS_SINKS: tl.constexpr):
@@ -116,23 +132,24 @@ def merge_splits(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, sink, b, kvh, row_block, se
 
 
 @triton.jit
-def store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, merge_sink, out, lse, split, b, kvh, row_block,
+def store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, tile_index, merge_sink, out, lse, split, b, kvh,
+                            row_block,
                             offs_m, offs_hq, offs_d, mask_out, mask_r, seqlen_q, group, head_dim, num_splits,
                             stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph,
                             stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
                             BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, WRITE_LSE: tl.constexpr,
                             MERGE_IN_LAST_SPLIT: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
                             MERGE_CHUNK: tl.constexpr, HAS_SINKS: tl.constexpr):
-    """:func:`store_partial`; with MERGE_IN_LAST_SPLIT, the row tile's last split to arrive then
-    merges every split's partial (:func:`merge_splits`, ``merge_sink`` its rows' sinks) into
-    ``OUT``/``LSE``."""
+    """:func:`store_partial`; with MERGE_IN_LAST_SPLIT, the row tile's last split to arrive (on
+    its counter ``ARRIVALS[tile_index]``) then merges every split's partial (:func:`merge_splits`,
+    ``merge_sink`` its rows' sinks) into ``OUT``/``LSE``."""
     store_partial(OUT_PARTIAL, LSE_PARTIAL, out, lse, split, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
                   stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb, stride_lph)
     if MERGE_IN_LAST_SPLIT:
         # Every thread's partial stores come before the count (bar.sync; the atomic is a gpu-scope
         # release), and the last program's reads come after it (acquire): it sees every split.
         tl.debug_barrier()
-        arrivals = ARRIVALS + b * tl.num_programs(2) + tl.program_id(2)
+        arrivals = ARRIVALS + tile_index
         if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
             tl.store(arrivals, 0)  # every program of this row tile has counted: reset for the next launch
             merge_splits(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, merge_sink, b, kvh, row_block, seqlen_q, group, head_dim,
@@ -194,6 +211,7 @@ def split_kv_kernel(
     FP8_MBITS: tl.constexpr = 0,
     FP8_MAX: tl.constexpr = 0.0,
     NEW_BLOCK_N: tl.constexpr = 16,
+    HEADS_FIRST: tl.constexpr = False,
 ):
     """Attention of one split of one row's keys for one tile of packed (query, q head) rows.
 
@@ -224,6 +242,10 @@ def split_kv_kernel(
     written, and the last of the row's ``num_splits`` programs merges all of them
     (:func:`merge_splits`), writes ``OUT``/``LSE`` and sets the count back to zero.
 
+    Programs ``(split, b, z)`` of a grid ``(num_splits, B, H_kv x row_blocks)``, or with
+    HEADS_FIRST ``(z, split, b)`` of a grid ``(H_kv x row_blocks, num_splits, B)``
+    (:func:`program_work`).
+
     With V_PAIRS, ``V`` is an fp8 cache viewed as int16 (V_E5M2: its format), strides in int16
     elements (:func:`~flashsplit.triton.attend.fp8_pairs_to_fp16`; PAIRS_PTX: convert with PTX ``cvt``).
     """
@@ -231,10 +253,9 @@ def split_kv_kernel(
         # Programmatic dependent launch (sm_90+): once every program has started, the combine
         # may be scheduled; it waits (griddepcontrol.wait) for this grid's writes before reading.
         gdc_launch_dependents()
-    split = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    kvh = (tl.program_id(2) // row_blocks).to(tl.int64)
-    row_block = tl.program_id(2) % row_blocks
+    split, b, z, tile_index = program_work(HEADS_FIRST)
+    kvh = (z // row_blocks).to(tl.int64)
+    row_block = z % row_blocks
 
     if HAS_SEQLENS:
         seqlen = load_seqlen(SEQLENS, b, seqlen_k, SEQLEN_ADD)
@@ -357,8 +378,8 @@ def split_kv_kernel(
         store_final(OUT, LSE, sink, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
                     stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE, HAS_SINKS)
     elif not FINAL_FOR_SINGLE_SPLIT_ROWS:  # partials for every row (forward_partials: no OUT)
-        store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, merge_sink, out, lse, split, b, kvh,
-                                row_block, offs_m, offs_hq, offs_d, mask_out, mask_r, seqlen_q, group, head_dim,
+        store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, tile_index, merge_sink, out, lse, split,
+                                b, kvh, row_block, offs_m, offs_hq, offs_d, mask_out, mask_r, seqlen_q, group, head_dim,
                                 num_splits, stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb,
                                 stride_lph, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, BLOCK_M, BLOCK_D,
                                 WRITE_LSE, MERGE_IN_LAST_SPLIT, MERGE_ROWS, MERGE_SPLITS, MERGE_CHUNK, HAS_SINKS)
@@ -366,8 +387,8 @@ def split_kv_kernel(
         store_final(OUT, LSE, sink, out, lse, b, offs_m, offs_hq, offs_d, mask_out, mask_r,
                     stride_ob, stride_om, stride_oh, stride_lb, stride_lh, WRITE_LSE, HAS_SINKS)
     else:
-        store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, merge_sink, out, lse, split, b, kvh,
-                                row_block, offs_m, offs_hq, offs_d, mask_out, mask_r, seqlen_q, group, head_dim,
+        store_partial_and_merge(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, ARRIVALS, tile_index, merge_sink, out, lse, split,
+                                b, kvh, row_block, offs_m, offs_hq, offs_d, mask_out, mask_r, seqlen_q, group, head_dim,
                                 num_splits, stride_ops, stride_opb, stride_opm, stride_oph, stride_lps, stride_lpb,
                                 stride_lph, stride_ob, stride_om, stride_oh, stride_lb, stride_lh, BLOCK_M, BLOCK_D,
                                 WRITE_LSE, MERGE_IN_LAST_SPLIT, MERGE_ROWS, MERGE_SPLITS, MERGE_CHUNK, HAS_SINKS)
