@@ -13,14 +13,15 @@ against the float64 reference on fresh random inputs, its output poisoned with N
         --variant auto --variant cute:splits=1,one_per_sm=1 --variant cute:splits=2,one_per_sm=0
 
 Variants: ``auto``, ``triton``, ``cute`` (``flashsplit.decode`` with that backend; append
-``:splits=N`` for a split count), ``cute:splits=N[,one_per_sm=0|1][,one_wave=0|1][,swap=0|1]``
-with any of the flags (a cute launch of N splits whose :class:`~flashsplit.cute.choice.LaunchChoice`
+``:splits=N`` for a split count), ``cute:splits=N[,one_per_sm=0|1][,one_wave=0|1][,swap=0|1]
+[,heads_first=0|1]`` with any of the flags (a cute launch of N splits whose :class:`~flashsplit.cute.choice.LaunchChoice`
 fields are forced; the others follow the rules), ``triton:heads_first=0|1[,splits=N]`` (a Triton
 launch whose split programs run in that order, ``TritonBackend.heads_first``), ``cudnn`` (torch
 SDPA's cuDNN backend; dense caches at one query only).
 
-    python scripts/interleaved_ab.py --heads 32/32 --batch 64 --seqlen 4k \
-        --variant triton:heads_first=0 --variant triton:heads_first=1 --variant cudnn
+    python scripts/interleaved_ab.py --heads 32/32 --batch 64 --seqlen 4k \\
+        --variant triton:heads_first=0 --variant triton:heads_first=1 \\
+        --variant cute:splits=1,heads_first=0 --variant cute:splits=1,heads_first=1 --variant cudnn
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from flashsplit.cute.launcher import PreparedCuteDecode
 from flashsplit.triton.backend import PreparedDecode, TritonBackend
 from flashsplit.validation import check_decode_inputs
 
-FORCED_FLAGS = ("one_per_sm", "one_wave", "swap")
+FORCED_FLAGS = ("one_per_sm", "one_wave", "swap", "heads_first")
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -63,7 +64,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
         else:
             raise argparse.ArgumentTypeError(f"{text!r}: expected splits=N, (cute) {'/'.join(FORCED_FLAGS)}=0|1 or "
                                              f"(triton) heads_first=0|1, got {item!r}")
-    if any(k in fields for k in FORCED_FLAGS) and "splits" not in fields:
+    if name == "cute" and any(k in fields for k in FORCED_FLAGS) and "splits" not in fields:
         raise argparse.ArgumentTypeError(f"{text!r}: a forced cute launch needs splits=N")
     return name, fields
 

@@ -124,7 +124,8 @@ def _features(config) -> set[tuple]:
                 ("tile", tile, mode), ("tile", tile, config.head_dim), ("tile", tile, config.causal),
                 ("dtype", config.dtype, config.causal), ("fp16 operands", config.fp16_operands, mode),
                 # d = 96's own paths: the merge's strided columns, the q rows' padded lane runs
-                ("output", output, config.head_dim), ("fp16 operands", config.fp16_operands, config.head_dim)}
+                ("output", output, config.head_dim), ("fp16 operands", config.fp16_operands, config.head_dim),
+                ("order", config.heads_first, output)}
     for variant in _variants(config):  # each variant on each consumer (--full: in every mode)
         features.add(("variant", variant, "swap" if config.swap_rows else "64 rows"))
     return features
@@ -229,6 +230,7 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
         assert not fp8_cvts
     _check_merge(ptx, config)
     _check_variants(ptx, config)
+    _check_grid_extents(ptx, config)
     if config.staged:
         # The converted (fp8) or copied (gathered) K and V tiles reach their operand buffers in
         # 16-byte stores; 2-byte stores are left only in q's one-time load (64 rows x d over 128
@@ -264,6 +266,18 @@ def _check_variants(ptx: str, config) -> None:
     assert caps == (scores if config.softcap else 0), (caps, scores)
     minimum = re.search(rf"max\.s32\s+%r\d+, %r\d+, {BATCH_INVARIANT_MIN_SPLIT};", ptx)
     assert bool(minimum) == config.invariant
+
+
+def _check_grid_extents(ptx: str, config) -> None:
+    """A CTA reads the grid's extents only where it counts with them, each on the axis its launch
+    order (``heads_first``) puts it: the row tiles in a merging kernel's arrival counter (z, or x
+    KV heads first), the split CTAs in a batch-invariant CTA's run of splits (x, or y)."""
+    expected = set()
+    if config.merge:
+        expected.add("x" if config.heads_first else "z")
+    if config.invariant:
+        expected.add("y" if config.heads_first else "x")
+    assert set(re.findall(r"%nctaid\.([xyz])", ptx)) == expected
 
 
 def _check_swap_wgmmas(ptx: str, config) -> None:
@@ -439,7 +453,7 @@ def test_merge_configs():
     with pytest.raises(ValueError, match="merge: only for a launch that writes partials"):
         configs.split_config("bfloat16", 128, False, False, merge=True)
     merged = [c for c in compile_check_configs() if c.merge and not _one_per_sm(c) and not _wave_or_swap(c)
-              and not _variants(c)]
+              and not _variants(c) and not c.heads_first]
     assert all(c.write_partials for c in merged)
     assert {(c.kv_dtype, c.head_dim) for c in merged if not c.paged} == {
         (kv, d) for kv in configs.KV_DTYPES for d in configs.HEAD_DIMS}
@@ -451,6 +465,33 @@ def test_merge_configs():
         assert plain in set(all_split_configs()) and c.smem_bytes == plain.smem_bytes + 16
         configs.check_smem(c)
     assert not any(c.merge for c in all_split_configs())  # the twins are listed here, not there
+
+
+def test_heads_first_configs():
+    """KV heads first is a launch order: each such configuration is its splits-first twin (one
+    ``split_config`` builds) in every other field and in shared memory; the check builds it for
+    one split, partials, the merge on each tile and batch-invariant runs. Launches take it only
+    when asked (``choice.HEADS_FIRST`` off), batch-invariant ones included."""
+    from flashsplit.cute import choice
+    from flashsplit.cute.configs import at_head_dim
+
+    ordered = [c for c in compile_check_configs() if c.heads_first]
+    for c in ordered:
+        twin = dataclasses.replace(c, heads_first=False)
+        assert at_head_dim(twin, twin.head_dim) == twin and at_head_dim(c, c.head_dim) == c
+        assert c.smem_bytes == twin.smem_bytes
+    assert {("merge" if c.merge else "partials" if c.write_partials else "final") for c in ordered} == {
+        "final", "partials", "merge"}
+    assert {"one per SM", "swap", "two CTAs"} <= {"one per SM" if _one_per_sm(c) else "swap" if c.swap_rows
+                                                  else "two CTAs" for c in ordered if c.merge}
+    assert any(c.invariant for c in ordered)
+    assert not choice.HEADS_FIRST
+    problem = DecodeProblem(batch=4, seqlen_q=1, seqlen_k=4096, num_heads=32, num_heads_kv=8, head_dim=128,
+                            dtype=torch.bfloat16, causal=False, has_cache_seqlens=True, device_type="cuda")
+    assert not choice.choose(problem, 8, 132).heads_first
+    assert choice.choose(problem, 8, 132, heads_first=True).heads_first
+    invariant = dataclasses.replace(problem, batch_invariant=True)
+    assert choice.choose(invariant, 8, 132, heads_first=True).heads_first
 
 
 def test_one_per_sm_configs():

@@ -930,3 +930,45 @@ def test_head_dim_96_through_the_api_and_graph_replay():
     graph.replay()
     torch.cuda.synchronize()
     check_against_reference(out, None, q, k[[2, 0, 1]], v[[2, 0, 1]], seqlens, False, scale, what="d96 replay")
+
+
+# CTAs launched KV heads first (choice.HEADS_FIRST): one split, merged splits (two CTAs per SM,
+# one per SM, swapped operands), splits past the merge (the combine), batch-invariant runs of
+# splits, TMA pages.
+@pytest.mark.parametrize("batch, seqlen_k, heads, num_splits, extra", [
+    (3, 3000, (32, 8), 1, {}), (3, 3000, (32, 8), 6, {}), (1, 8192, (32, 8), 32, {}),
+    (3, 3000, (32, 4), 6, {}), (2, 20000, (16, 16), 4, {}), (3, 3000, (32, 8), 0, {"batch_invariant": True}),
+    (3, 3072, (32, 8), 6, {"page_size": 16}), (3, 3072, (32, 8), 6, {"page_size": 128}),
+])
+def test_heads_first_gives_the_same_bits(batch, seqlen_k, heads, num_splits, extra, monkeypatch):
+    """The launch order changes which CTAs run together, never what each computes: out and lse
+    are bitwise those of splits first, and right against the reference."""
+    import flashsplit
+    from flashsplit.cute import choice
+    from flashsplit.registry import invalidate
+    from flashsplit.testing import to_paged
+
+    extra = dict(extra)
+    page_size = extra.pop("page_size", 0)
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(batch, 1, heads[0], 128, generator=gen).to("cuda", torch.bfloat16)
+    k = torch.randn(batch, seqlen_k, heads[1], 128, generator=gen).to("cuda", torch.bfloat16)
+    v = torch.randn(batch, seqlen_k, heads[1], 128, generator=gen).to("cuda", torch.bfloat16)
+    lengths = [seqlen_k, seqlen_k // 3, 1][:batch]
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    caches, table = (k, v), None
+    if page_size:
+        k_pages, v_pages, table, k, v = to_paged(k, v, lengths, page_size, gen)
+        caches, table = (k_pages, v_pages), table.cuda()
+    results = []
+    for heads_first in (False, True):
+        monkeypatch.setattr(choice, "HEADS_FIRST", heads_first)
+        invalidate()
+        out = torch.full_like(q, float("nan"))
+        _, lse = flashsplit.decode(q, *caches, cache_seqlens=lens, block_table=table, num_splits=num_splits,
+                                   out=out, return_lse=True, backend="cute", **extra)
+        torch.cuda.synchronize()
+        check_against_reference(out, lse, q, k, v, lens, False, 128 ** -0.5)
+        results.append((out, lse))
+    invalidate()
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])

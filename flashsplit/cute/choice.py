@@ -48,6 +48,10 @@ ONE_PER_SM_MIN_SPLIT_KEYS = 16384
 #: split kernel gains from the second split at 1k keys there: 20.4 vs 22.1 at B = 14.)
 UNSPLIT_MAX_SPAN = 1024
 
+#: Launch the split CTAs KV heads first (``SplitConfig.heads_first``) instead of splits first.
+#: Off until measured: :func:`choose` takes it for every launch, or as a caller forces it.
+HEADS_FIRST = False
+
 #: Packed q rows per KV head up to which the swapped-operand kernel planned at one CTA per SM
 #: may merge its splits in the kernel (:func:`swaps_one_per_sm`: with 5-8 rows it lost).
 MERGE_ROWS_ONE_PER_SM = 4
@@ -59,13 +63,15 @@ class LaunchChoice:
     or the two-CTA one, ``configs.ONE_WAVE_STAGES`` (merging launches only), the last-CTA merge
     instead of a combine kernel, swapped operands (``SplitConfig.swap_rows``); ``split_ctas``: CTAs
     per row tile, each running a run of consecutive splits (batch-invariant decode,
-    :func:`invariant_split_ctas`; 0: one CTA per split)."""
+    :func:`invariant_split_ctas`; 0: one CTA per split); ``heads_first``: the CTAs' launch order
+    (``SplitConfig.heads_first``)."""
 
     one_per_sm: bool
     one_wave: bool
     merge: bool
     swap: bool
     split_ctas: int = 0
+    heads_first: bool = False
 
 
 def invariant_split_ctas(units: int, num_splits: int, units_per_sm: int, num_sms: int) -> int:
@@ -210,17 +216,21 @@ def units_per_sm(problem: DecodeProblem, num_sms: int) -> int:
 
 
 def choose(problem: DecodeProblem, num_splits: int, num_sms: int, max_splits: int = MERGE_MAX_SPLITS, *,
-           one_per_sm: bool | None = None, one_wave: bool | None = None, swap: bool | None = None) -> LaunchChoice:
+           one_per_sm: bool | None = None, one_wave: bool | None = None, swap: bool | None = None,
+           heads_first: bool | None = None) -> LaunchChoice:
     """The kernel variant of a launch of ``num_splits`` splits: each of ``one_per_sm``,
-    ``one_wave`` and ``swap`` as its rule above decides (None) or as given. The merge follows
+    ``one_wave``, ``swap`` and ``heads_first`` as its rule above decides (None) or as given. The merge follows
     the split count (:func:`merges`); one-wave stages apply to merging launches only; swapped
     operands are judged on the tile's CTAs per SM. A batch-invariant decode always takes the
     two-CTA tile with the combine kernel, unswapped: each of these rules follows the launch's
     size, which follows the batch (its CTAs' runs of splits follow it too, but change no result)."""
+    if heads_first is None:
+        heads_first = HEADS_FIRST
     if problem.batch_invariant:
         ctas = invariant_split_ctas(problem.work_units(BLOCK_M), num_splits, configs.split_tile(problem.head_dim)[2],
                                     num_sms) if problem.head_dim in configs.HEAD_DIMS else 0
-        return LaunchChoice(one_per_sm=False, one_wave=False, merge=False, swap=False, split_ctas=ctas)
+        return LaunchChoice(one_per_sm=False, one_wave=False, merge=False, swap=False, split_ctas=ctas,
+                            heads_first=heads_first)
     merge = merges(num_splits, max_splits)
     if one_per_sm is None:
         one_per_sm = one_cta_per_sm(problem, num_sms)
@@ -234,4 +244,4 @@ def choose(problem: DecodeProblem, num_splits: int, num_sms: int, max_splits: in
         ctas = problem.batch * problem.num_heads_kv * num_splits
         swap = swaps(problem.packed_rows, kv_dtype_name(problem), problem.page_size or None, problem.head_dim, ctas,
                      tile_units, num_sms)
-    return LaunchChoice(one_per_sm, one_wave, merge, swap)
+    return LaunchChoice(one_per_sm, one_wave, merge, swap, heads_first=heads_first)

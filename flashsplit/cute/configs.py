@@ -95,6 +95,12 @@ class SplitConfig:
     #: ``leftpad[b]``; its splits start at that key's granule, a CTA skips the tiles before it and
     #: the mask hides the keys before it (as a left window bound does, and with one: the later).
     leftpad: bool = False
+    #: Launch order of the CTAs: False, splits fastest (grid ``(split CTAs, B, H_kv x row
+    #: blocks)``); True, KV head x row block fastest (grid ``(H_kv x row blocks, split CTAs,
+    #: B)``): the CTAs of one batch row's KV heads start side by side and read the same key rows
+    #: together, where splits first runs mostly one KV head's CTAs at a time, each reading its
+    #: ``D``-wide slice of every key row. What each CTA computes is the same in both orders.
+    heads_first: bool = False
 
     @property
     def variant(self) -> bool:
@@ -248,7 +254,7 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
                  kv_dtype: str = "same", page_size: int | None = None, merge: bool = False,
                  one_per_sm: bool = False, one_wave: bool = False, swap_rows: int = 0, *, left_bound: bool = False,
                  right_bound: bool = False, softcap: bool = False, sinks: str = "",
-                 invariant: bool = False, leftpad: bool = False) -> SplitConfig:
+                 invariant: bool = False, leftpad: bool = False, heads_first: bool = False) -> SplitConfig:
     """The compile key for a problem. ``page_size`` (paged only) picks the load mode: a multiple
     of the tile (one TMA box per tile; the page size a runtime value), a sub-tile size
     (``subtile_page``: tile_n / P TMA boxes), or anything else (``gather_pages``: one bulk copy
@@ -259,7 +265,8 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
     :data:`ONE_WAVE_STAGES`. ``swap_rows`` (0 or ``SWAP_AB_ROWS``): the swapped-operand consumer
     (``SplitConfig.swap_rows``), for 16-bit caches read by whole TMA tiles or sub-tile boxes.
     ``left_bound``, ``right_bound``, ``softcap``, ``sinks``, ``invariant``, ``leftpad``: the
-    attention variants (:class:`SplitConfig`'s fields of those names)."""
+    attention variants (:class:`SplitConfig`'s fields of those names); ``heads_first``: the CTAs'
+    launch order (``SplitConfig.heads_first``)."""
     _check_variant(causal, write_partials, merge, one_per_sm, one_wave, swap_rows, right_bound, sinks, invariant)
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype: expected one of {KV_DTYPES}, got {kv_dtype!r}")
@@ -301,7 +308,7 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
                          f"{gather}")
     return SplitConfig(dtype, head_dim, tile_n, stages, causal, write_partials, units, paged, kv_dtype,
                        subtile_page, gather, merge, swap_rows, left_bound, right_bound, softcap, sinks, invariant,
-                       leftpad)
+                       leftpad, heads_first)
 
 
 def _check_variant(causal, write_partials, merge, one_per_sm, one_wave, swap_rows, right_bound, sinks,
@@ -464,7 +471,8 @@ def at_head_dim(config: SplitConfig, head_dim: int) -> SplitConfig | None:
         return split_config(config.dtype, head_dim, config.causal, config.write_partials, config.paged,
                             config.kv_dtype, page_size, config.merge, one_per_sm, one_wave, config.swap_rows,
                             left_bound=config.left_bound, right_bound=config.right_bound, softcap=config.softcap,
-                            sinks=config.sinks, invariant=config.invariant, leftpad=config.leftpad)
+                            sinks=config.sinks, invariant=config.invariant, leftpad=config.leftpad,
+                            heads_first=config.heads_first)
     except ValueError:
         return None
 
@@ -510,6 +518,15 @@ def _check_configs(head_dims: tuple[int, ...]) -> list[SplitConfig]:
     configs += [split_config("float16", 128, True, wp, one_per_sm=True, swap_rows=swap) for wp in (False, True)]
     configs.append(split_config("bfloat16", 128, False, True, True, page_size=16, merge=True, one_per_sm=True,
                                 swap_rows=swap))
+    # CTAs launched KV heads first: one split, partials for a combine and merged in the tail on
+    # the two-CTA tile, the one-CTA-per-SM tile merging in TMA pages, swapped operands merging,
+    # batch-invariant partials (each reads its coordinates and its merge counter by the order).
+    configs += [split_config("bfloat16", 128, False, wp, merge=merge, heads_first=True)
+                for wp, merge in ((False, False), (True, False), (True, True))]
+    configs.append(split_config("float16", 128, True, True, True, page_size=16, merge=True, one_per_sm=True,
+                                heads_first=True))
+    configs.append(split_config("bfloat16", 64, False, True, merge=True, swap_rows=swap, heads_first=True))
+    configs.append(split_config("bfloat16", 128, False, True, invariant=True, heads_first=True))
     # The attention variants (windows, softcap, sinks, batch invariance), each on every consumer,
     # load mode, cache type and output, and together.
     from .variant_configs import variant_check_configs

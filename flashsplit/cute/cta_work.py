@@ -4,9 +4,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import cutlass.cute as cute
 from cutlass import Int32
 
 from . import split_rule
+
+
+def launch_grid(split_ctas, batch, row_tiles, heads_first: bool) -> list:
+    """The split kernel's grid: ``(split_ctas, batch, row_tiles)``, or with ``heads_first``
+    (``SplitConfig.heads_first``) ``(row_tiles, split_ctas, batch)``; ``row_tiles`` = KV heads x
+    row blocks."""
+    if heads_first:
+        return [row_tiles, split_ctas, batch]
+    return [split_ctas, batch, row_tiles]
+
+
+def grid_coords(heads_first: bool):
+    """This CTA's ``(split CTA, batch row, row tile)`` in the :func:`launch_grid` of that order,
+    and the grid's ``(split CTAs, row tiles)``: the extents a CTA's run of splits and its row
+    tile's arrival counter ``batch row x row tiles + row tile`` count with."""
+    bx, by, bz = cute.arch.block_idx()
+    gx, gy, gz = cute.arch.grid_dim()
+    if heads_first:
+        return by, bz, bx, gy, gx
+    return bx, by, bz, gx, gz
 
 
 @dataclass(frozen=True)

@@ -58,12 +58,13 @@ class CuteLauncher:
     def split_launch(self, q, k, v, cache_seqlens, block_table, num_splits, scale, causal, o, lse,
                      write_partials, k_descale=None, v_descale=None, out=None, one_per_sm=False,
                      one_wave=False, swap=False, variant: Variant = Variant(), sinks=None,
-                     split_ctas: int = 0) -> SplitLaunch:
+                     split_ctas: int = 0, heads_first: bool = False) -> SplitLaunch:
         """The compiled split kernel for this call's static facts and its static raw arguments;
         with ``out`` (partials only), the kernel's last CTA per row tile merges into it; with
         ``one_per_sm``, the one-CTA-per-SM tile; with ``one_wave``, ``configs.ONE_WAVE_STAGES``;
         with ``swap``, swapped operands; ``split_ctas``: CTAs per row tile, each running a run of
-        consecutive splits (batch-invariant configs; 0: one per split). ``variant``: the window,
+        consecutive splits (batch-invariant configs; 0: one per split); ``heads_first``: the CTAs'
+        launch order (``SplitConfig.heads_first``). ``variant``: the window,
         softcap and split rule; with ``variant.has_sinks``, ``sinks`` (its dtype) join the final
         results this launch writes (one split, or the merge): a partials launch that a combine
         follows leaves them to it."""
@@ -84,7 +85,8 @@ class CuteLauncher:
         keys = variant_keys(variant, causal, seqlen_q, sinks if merge or not write_partials else None)
         config = configs.split_config(_DTYPE_NAMES[q.dtype], head_dim, keys.pop("causal"), write_partials, paged,
                                       kv_dtype, cache_len if paged else None, merge=merge, one_per_sm=one_per_sm,
-                                      one_wave=one_wave, swap_rows=configs.SWAP_AB_ROWS if swap else 0, **keys)
+                                      one_wave=one_wave, swap_rows=configs.SWAP_AB_ROWS if swap else 0,
+                                      heads_first=heads_first, **keys)
         if lse.stride() != compact_strides(lse.shape):
             raise ValueError(f"lse: expected a contiguous tensor, got strides {lse.stride()}")
         o_strides = o.stride()[:4] if write_partials else (0, *o.stride()[:3])
@@ -232,7 +234,7 @@ class PreparedCuteDecode:
             self.split = self.launcher.split_launch(q, k_cache, v_cache, cache_seqlens, block_table, 1,
                                                     self.softmax_scale, self.causal, out, lse, False, k_descale,
                                                     v_descale, one_per_sm=tile.one_per_sm, swap=tile.swap,
-                                                    variant=variant, sinks=sinks)
+                                                    variant=variant, sinks=sinks, heads_first=tile.heads_first)
             return
         out_partial = buffer[: partial_rows * head_dim].view(splits, batch, seqlen_q, num_heads, head_dim)
         lse_partial = buffer[partial_rows * head_dim: partial_rows * (head_dim + 1)].view(
@@ -241,7 +243,8 @@ class PreparedCuteDecode:
                                                 self.softmax_scale, self.causal, out_partial, lse_partial, True,
                                                 k_descale, v_descale, out if tile.merge else None,
                                                 one_per_sm=tile.one_per_sm, one_wave=tile.one_wave, swap=tile.swap,
-                                                variant=variant, sinks=sinks, split_ctas=tile.split_ctas)
+                                                variant=variant, sinks=sinks, split_ctas=tile.split_ctas,
+                                                heads_first=tile.heads_first)
         if not tile.merge:
             self.combine = self.launcher.combine_launch(out_partial, lse_partial, out, sinks)
 

@@ -14,6 +14,7 @@ from cutlass import Float32, Int32
 
 from . import softmax, timeline
 from .configs import SplitConfig
+from .cta_work import grid_coords
 from .merge import RowMerge
 from .q_tile import tile_rows
 from .warp_roles import NUM_CONSUMER_WARPS, ElementTypes, consumer_barrier
@@ -24,6 +25,7 @@ class MergeTail:
 
     def __init__(self, config: SplitConfig):
         self.block_m = config.rows
+        self.heads_first = config.heads_first
         self.dtype = ElementTypes(config).dtype
         # One warp per row, 64 fp32 of partials per lane in flight (d = 128: 16 splits a round trip).
         self.row_merge = RowMerge(config.head_dim, 1, 2048 // config.head_dim)
@@ -52,7 +54,7 @@ class MergeTail:
         M = self.block_m
         tidx, batch_idx, kvh, row_block = work.tidx, work.batch_idx, work.kvh, work.row_block
         seqlen_q, group, num_splits = work.seqlen_q, work.group, work.num_splits
-        counter = batch_idx * cute.arch.grid_dim()[2] + work.z_idx
+        counter = batch_idx * grid_coords(self.heads_first)[4] + work.z_idx
         consumer_barrier()
         if tidx == 0:
             sTicket[0] = cute.arch.atomic_add(mArrivals.iterator + counter, Int32(1), sem="acq_rel", scope="gpu")

@@ -35,7 +35,7 @@ from cutlass.tensor_utils import LayoutEnum
 from ..plan import SPLIT_GRANULE
 from . import split_rule, timeline
 from .configs import HEAD_DIMS, SplitConfig
-from .cta_work import CtaWork
+from .cta_work import CtaWork, grid_coords, launch_grid
 from .kv_producer import KVProducer, make_kv_pipeline
 from .merge_tail import MergeTail
 from .shared_storage import shared_storage
@@ -252,7 +252,7 @@ class SplitKVDecodeKernel:
             softmax_scale_log2, mKDescale, mVDescale, k_load_layout, v_load_layout, mOut, mOutLSE, mArrivals,
             left, right, cap, mSinks, mLeftpad,
         ).launch(
-            grid=[split_ctas, batch, num_heads_kv * row_blocks],
+            grid=launch_grid(split_ctas, batch, num_heads_kv * row_blocks, self.config.heads_first),
             block=[NUM_THREADS, 1, 1],
             stream=stream,
             min_blocks_per_mp=self.units_per_sm,
@@ -355,7 +355,7 @@ class SplitKVDecodeKernel:
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        split_idx, batch_idx, z_idx = cute.arch.block_idx()
+        split_idx, batch_idx, z_idx, split_ctas, _ = grid_coords(self.config.heads_first)
         # Sinks join a final result: the one-split epilogue's (the consumers), or the merge tail's.
         final_sinks = mSinks
         if cutlass.const_expr(self.config.write_partials):
@@ -417,7 +417,7 @@ class SplitKVDecodeKernel:
         if cutlass.const_expr(self.config.invariant):
             # A run of consecutive splits per CTA, as many as the grid leaves each: their tiles
             # are contiguous, so the producer streams them as one range.
-            per_cta = (num_splits + cute.arch.grid_dim()[0] - 1) // cute.arch.grid_dim()[0]
+            per_cta = (num_splits + split_ctas - 1) // split_ctas
             first_split = split_idx * per_cta
             split_count = cutlass.min(per_cta, num_splits - first_split)
             start, _, first_tile, _ = split_rule.split_tiles(n_keys, first, first_split, num_splits, cta_first,
