@@ -14,7 +14,7 @@ against the float64 reference on fresh random inputs, its output poisoned with N
 
 Variants: ``auto``, ``triton``, ``cute`` (``flashsplit.decode`` with that backend; append
 ``:splits=N`` for a split count), ``cute:splits=N[,one_per_sm=0|1][,one_wave=0|1][,swap=0|1]
-[,heads_first=0|1]`` with any of the flags (a cute launch of N splits whose :class:`~flashsplit.cute.choice.LaunchChoice`
+[,heads_first=0|1][,cluster=0|1]`` with any of the flags (a cute launch of N splits whose :class:`~flashsplit.cute.choice.LaunchChoice`
 fields are forced; the others follow the rules), ``triton:heads_first=0|1[,splits=N]`` (a Triton
 launch whose split programs run in that order, ``TritonBackend.heads_first``), ``cudnn`` (torch
 SDPA's cuDNN backend; dense caches at one query only).
@@ -44,7 +44,7 @@ from flashsplit.cute.launcher import PreparedCuteDecode
 from flashsplit.triton.backend import PreparedDecode, TritonBackend
 from flashsplit.validation import check_decode_inputs
 
-FORCED_FLAGS = ("one_per_sm", "one_wave", "swap", "heads_first")
+FORCED_FLAGS = ("one_per_sm", "one_wave", "swap", "heads_first", "cluster")
 
 
 def parse_variant(text: str) -> tuple[str, dict]:

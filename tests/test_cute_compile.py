@@ -125,7 +125,7 @@ def _features(config) -> set[tuple]:
                 ("dtype", config.dtype, config.causal), ("fp16 operands", config.fp16_operands, mode),
                 # d = 96's own paths: the merge's strided columns, the q rows' padded lane runs
                 ("output", output, config.head_dim), ("fp16 operands", config.fp16_operands, config.head_dim),
-                ("order", config.heads_first, output)}
+                ("order", config.heads_first, output), ("cluster", config.cluster > 0, mode)}
     for variant in _variants(config):  # each variant on each consumer (--full: in every mode)
         features.add(("variant", variant, "swap" if config.swap_rows else "64 rows"))
     return features
@@ -273,7 +273,7 @@ def _check_grid_extents(ptx: str, config) -> None:
     order (``heads_first``) puts it: the row tiles in a merging kernel's arrival counter (z, or x
     KV heads first), the split CTAs in a batch-invariant CTA's run of splits (x, or y)."""
     expected = set()
-    if config.merge:
+    if config.merge and not config.cluster:
         expected.add("x" if config.heads_first else "z")
     if config.invariant:
         expected.add("y" if config.heads_first else "x")
@@ -304,6 +304,9 @@ def _check_merge(ptx: str, config) -> None:
     if not config.merge:
         assert not atomics, atomics
         return
+    if config.cluster:
+        _check_cluster_merge(ptx, config, atomics)
+        return
     assert len(atomics) == 1 and ".acq_rel" in atomics[0] and ".add" in atomics[0], atomics
     assert ".cta" not in atomics[0] and ".sys" not in atomics[0], atomics
     merge = MergeTail(config).row_merge
@@ -316,6 +319,21 @@ def _check_merge(ptx: str, config) -> None:
         loads = len(re.findall(rf"ld\.global\.v{vec}\.b32", tail)) if vec > 1 else None
         assert loads == 2 * merge.chunk * merge.cols_per_lane // vec, loads
     _check_row_offsets_hoisted(tail)
+
+
+def _check_cluster_merge(ptx: str, config, atomics) -> None:
+    """A cluster merge counts nothing in global memory: each CTA copies its slot to the leader
+    with ``st.shared::cluster`` (rows x D / 128 stores per consumer thread, and one LSE), through
+    two ``mapa`` addresses, between a relaxed arrive on entry, a wait before the copy (a consumer
+    or the producer warp) and one arrive/wait pair after it."""
+    assert not atomics, atomics
+    assert len(re.findall(r"barrier\.cluster\.arrive\.relaxed", ptx)) == 1
+    assert len(re.findall(r"barrier\.cluster\.arrive;", ptx)) == 1
+    assert len(re.findall(r"barrier\.cluster\.wait", ptx)) == 3
+    stores = len(re.findall(r"st\.shared::cluster\.f32", ptx))
+    assert stores == config.rows * config.head_dim // 128 + 1, stores
+    assert len(re.findall(r"mapa\.shared::cluster", ptx)) == 2
+    assert ptx.index("barrier.cluster.arrive.relaxed") < ptx.index("cp.async.bulk.tensor")
 
 
 def _check_row_offsets_hoisted(ptx: str) -> None:
@@ -453,7 +471,7 @@ def test_merge_configs():
     with pytest.raises(ValueError, match="merge: only for a launch that writes partials"):
         configs.split_config("bfloat16", 128, False, False, merge=True)
     merged = [c for c in compile_check_configs() if c.merge and not _one_per_sm(c) and not _wave_or_swap(c)
-              and not _variants(c) and not c.heads_first]
+              and not _variants(c) and not c.heads_first and not c.cluster]
     assert all(c.write_partials for c in merged)
     assert {(c.kv_dtype, c.head_dim) for c in merged if not c.paged} == {
         (kv, d) for kv in configs.KV_DTYPES for d in configs.HEAD_DIMS}
@@ -492,6 +510,39 @@ def test_heads_first_configs():
     assert choice.choose(problem, 8, 132, heads_first=True).heads_first
     invariant = dataclasses.replace(problem, batch_invariant=True)
     assert choice.choose(invariant, 8, 132, heads_first=True).heads_first
+
+
+def test_cluster_configs():
+    """A cluster merge is a merging swapped-operand configuration at d = 64 or 128 of 2-16 splits
+    per cluster, one CTA per SM, whose shared memory holds the leader's slots; launches take it
+    only when asked (``choice.CLUSTER_MERGE`` off) and where every CTA fits one wave."""
+    from flashsplit.cute import choice, configs
+
+    clustered = [c for c in compile_check_configs() if c.cluster]
+    assert {c.head_dim for c in clustered} == {64, 128} and {2, 16} <= {c.cluster for c in clustered}
+    assert any(c.paged for c in clustered) and any(c.causal for c in clustered)
+    for c in clustered:
+        assert c.merge and c.swap_rows and c.units_per_sm == 1 and not c.heads_first
+        twin = dataclasses.replace(c, cluster=0, units_per_sm=configs.split_tile(c.head_dim)[2])
+        assert c.smem_bytes >= twin.smem_bytes + c.cluster * c.rows * (c.head_dim + 1) * 4
+        configs.check_smem(c)
+    swap = configs.SWAP_AB_ROWS
+    for bad in (dict(cluster=1), dict(cluster=17), dict(cluster=4, merge=False), dict(cluster=4, swap_rows=0),
+                dict(cluster=4, heads_first=True)):
+        kwargs = {"merge": True, "swap_rows": swap, **bad}
+        with pytest.raises(ValueError, match="cluster"):
+            configs.split_config("bfloat16", 128, False, True, **kwargs)
+    with pytest.raises(ValueError, match="cluster"):
+        configs.split_config("bfloat16", 256, False, True, merge=True, swap_rows=swap, cluster=4)
+    assert not choice.CLUSTER_MERGE
+    b1 = DecodeProblem(batch=1, seqlen_q=1, seqlen_k=4096, num_heads=32, num_heads_kv=8, head_dim=128,
+                       dtype=torch.bfloat16, causal=False, has_cache_seqlens=True, device_type="cuda")
+    assert not choice.choose(b1, 16, 132).cluster
+    tile = choice.choose(b1, 16, 132, cluster=True)
+    assert tile.cluster and tile.merge and tile.swap and not tile.heads_first and not tile.one_wave
+    b4 = dataclasses.replace(b1, batch=4)  # 512 CTAs: more than one wave at one per SM
+    assert not choice.choose(b4, 16, 132, cluster=True).cluster
+    assert not choice.choose(b1, 1, 132, cluster=True).cluster  # one split: nothing to merge
 
 
 def test_one_per_sm_configs():

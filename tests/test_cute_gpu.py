@@ -972,3 +972,50 @@ def test_heads_first_gives_the_same_bits(batch, seqlen_k, heads, num_splits, ext
         results.append((out, lse))
     invalidate()
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+# Splits merged through one thread-block cluster (choice.CLUSTER_MERGE): B = 1 and 2 at 32/8
+# heads (16 and 8 splits), causal queries filling the 8 swapped rows, sinks, d = 64, TMA pages.
+@pytest.mark.parametrize("batch, seqlen_k, heads, head_dim, seqlen_q, num_splits, extra", [
+    (1, 4096, (32, 8), 128, 1, 16, {}), (2, 3000, (32, 8), 128, 1, 8, {}), (1, 5000, (32, 8), 128, 2, 2, {}),
+    (1, 4096, (64, 8), 64, 1, 16, {}), (1, 4096, (32, 8), 128, 1, 16, {"sinks": True}),
+    (1, 4096, (32, 8), 128, 1, 16, {"page_size": 16}),
+])
+def test_cluster_merge_gives_the_same_bits(batch, seqlen_k, heads, head_dim, seqlen_q, num_splits, extra,
+                                           monkeypatch):
+    """The leader's merge of its cluster's slots computes what the last CTA's merge of global
+    partials computes: out and lse bitwise equal, and right against the reference."""
+    import flashsplit
+    from flashsplit import dispatch
+    from flashsplit.cute import choice
+    from flashsplit.registry import invalidate
+    from flashsplit.testing import to_paged
+
+    extra = dict(extra)
+    page_size = extra.pop("page_size", 0)
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(batch, seqlen_q, heads[0], head_dim, generator=gen).to("cuda", torch.bfloat16)
+    k = torch.randn(batch, seqlen_k, heads[1], head_dim, generator=gen).to("cuda", torch.bfloat16)
+    v = torch.randn(batch, seqlen_k, heads[1], head_dim, generator=gen).to("cuda", torch.bfloat16)
+    lengths = [seqlen_k, seqlen_k // 5][:batch]
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    sinks = torch.randn(heads[0], generator=gen).cuda() if extra.pop("sinks", False) else None
+    caches, table = (k, v), None
+    if page_size:
+        k_pages, v_pages, table, k, v = to_paged(k, v, lengths, page_size, gen)
+        caches, table = (k_pages, v_pages), table.cuda()
+    causal = seqlen_q > 1
+    results = []
+    for cluster in (False, True):
+        monkeypatch.setattr(choice, "CLUSTER_MERGE", cluster)
+        invalidate()
+        out = torch.full_like(q, float("nan"))
+        _, lse = flashsplit.decode(q, *caches, cache_seqlens=lens, block_table=table, num_splits=num_splits,
+                                   causal=causal, sinks=sinks, out=out, return_lse=True, backend="cute")
+        torch.cuda.synchronize()
+        assert dispatch._PREPARED.last[1].tile.cluster is cluster  # the launch the case is about
+        check_against_reference(out, lse, q, k, v, lens, causal, head_dim ** -0.5,
+                                **({"sinks": sinks} if sinks is not None else {}))
+        results.append((out, lse))
+    invalidate()
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])

@@ -383,8 +383,8 @@ def test_prepared_cute_launches_with_workspace_addresses(num_splits, with_lse, m
 
     def split_launch(self, q_, k_, v_, seqlens, table, splits, scale, causal, o, lse_, partials, kd, vd, out_=None,
                      one_per_sm=False, one_wave=False, swap=False, variant=None, sinks=None, split_ctas=0,
-                     heads_first=False):
-        assert heads_first is False  # the launch order the choice takes by default
+                     heads_first=False, cluster=False):
+        assert heads_first is False and cluster is False  # the choice's defaults
         setups.append(("split", o.shape, lse_.shape, partials, out_ is out))
         static = {name: 7 for name in launch_args.static_names(launch_args.SPLIT_ARGS)}
         return cute_launcher.SplitLaunch("split-kernel", static, {}, None)

@@ -52,6 +52,10 @@ UNSPLIT_MAX_SPAN = 1024
 #: Off until measured: :func:`choose` takes it for every launch, or as a caller forces it.
 HEADS_FIRST = False
 
+#: Merge a launch's splits through one thread-block cluster (``SplitConfig.cluster``) where
+#: :func:`clusters` allows it, instead of the arrival counter. Off until measured.
+CLUSTER_MERGE = False
+
 #: Packed q rows per KV head up to which the swapped-operand kernel planned at one CTA per SM
 #: may merge its splits in the kernel (:func:`swaps_one_per_sm`: with 5-8 rows it lost).
 MERGE_ROWS_ONE_PER_SM = 4
@@ -64,7 +68,8 @@ class LaunchChoice:
     instead of a combine kernel, swapped operands (``SplitConfig.swap_rows``); ``split_ctas``: CTAs
     per row tile, each running a run of consecutive splits (batch-invariant decode,
     :func:`invariant_split_ctas`; 0: one CTA per split); ``heads_first``: the CTAs' launch order
-    (``SplitConfig.heads_first``)."""
+    (``SplitConfig.heads_first``); ``cluster``: the merge runs through one cluster of the
+    launch's splits (``SplitConfig.cluster``)."""
 
     one_per_sm: bool
     one_wave: bool
@@ -72,6 +77,7 @@ class LaunchChoice:
     swap: bool
     split_ctas: int = 0
     heads_first: bool = False
+    cluster: bool = False
 
 
 def invariant_split_ctas(units: int, num_splits: int, units_per_sm: int, num_sms: int) -> int:
@@ -217,9 +223,11 @@ def units_per_sm(problem: DecodeProblem, num_sms: int) -> int:
 
 def choose(problem: DecodeProblem, num_splits: int, num_sms: int, max_splits: int = MERGE_MAX_SPLITS, *,
            one_per_sm: bool | None = None, one_wave: bool | None = None, swap: bool | None = None,
-           heads_first: bool | None = None) -> LaunchChoice:
+           heads_first: bool | None = None, cluster: bool | None = None) -> LaunchChoice:
     """The kernel variant of a launch of ``num_splits`` splits: each of ``one_per_sm``,
-    ``one_wave``, ``swap`` and ``heads_first`` as its rule above decides (None) or as given. The merge follows
+    ``one_wave``, ``swap``, ``heads_first`` and ``cluster`` as its rule above decides (None) or
+    as given (a cluster where :func:`clusters` refuses it is not taken; it takes splits first
+    and no one-wave stages). The merge follows
     the split count (:func:`merges`); one-wave stages apply to merging launches only; swapped
     operands are judged on the tile's CTAs per SM. A batch-invariant decode always takes the
     two-CTA tile with the combine kernel, unswapped: each of these rules follows the launch's
@@ -244,4 +252,25 @@ def choose(problem: DecodeProblem, num_splits: int, num_sms: int, max_splits: in
         ctas = problem.batch * problem.num_heads_kv * num_splits
         swap = swaps(problem.packed_rows, kv_dtype_name(problem), problem.page_size or None, problem.head_dim, ctas,
                      tile_units, num_sms)
-    return LaunchChoice(one_per_sm, one_wave, merge, swap, heads_first=heads_first)
+    if cluster is None:
+        cluster = CLUSTER_MERGE
+    cluster = cluster and clusters(problem, num_splits, num_sms, merge, swap)
+    if cluster:
+        one_wave = heads_first = False
+    return LaunchChoice(one_per_sm, one_wave, merge, swap, heads_first=heads_first, cluster=cluster)
+
+
+def clusters(problem: DecodeProblem, num_splits: int, num_sms: int, merge: bool, swap: bool) -> bool:
+    """Whether a launch can merge its splits through one cluster per row tile
+    (``SplitConfig.cluster``): a merging swapped-operand launch at d = 64 or 128 whose CTAs
+    fit one wave at one CTA per SM (the leader's slots leave room for one), with 2 to
+    ``configs.MAX_CLUSTER`` splits.
+
+    >>> p = DecodeProblem(batch=1, seqlen_q=1, seqlen_k=4096, num_heads=32, num_heads_kv=8, head_dim=128,
+    ...                   dtype=None, causal=False, has_cache_seqlens=True, device_type="cuda")
+    >>> clusters(p, 16, 132, True, True), clusters(p, 32, 132, True, True), clusters(p, 16, 100, True, True)
+    (True, False, False)
+    """
+    ctas = problem.batch * problem.num_heads_kv * num_splits
+    return (merge and swap and problem.head_dim in (64, 128) and 2 <= num_splits <= configs.MAX_CLUSTER
+            and ctas <= num_sms)

@@ -101,6 +101,12 @@ class SplitConfig:
     #: together, where splits first runs mostly one KV head's CTAs at a time, each reading its
     #: ``D``-wide slice of every key row. What each CTA computes is the same in both orders.
     heads_first: bool = False
+    #: Splits per thread-block cluster (0: none): the merge (``merge``) of a swapped-operand tile
+    #: through distributed shared memory instead of global partials and an arrival counter. The
+    #: row tile's ``cluster`` split CTAs (the launch's split count) form one cluster along the
+    #: split axis; each stores its partial rows into the leader's shared memory, and after one
+    #: cluster barrier the leader merges them (``flashsplit.cute.cluster_merge``).
+    cluster: int = 0
 
     @property
     def variant(self) -> bool:
@@ -165,7 +171,9 @@ class SplitConfig:
         barriers = 16 * self.stages  # full + empty, 8 bytes each
         # swapped operands: P^T (1 KiB aligned) and the four warps' column maxima / sums (fp32)
         swap = self.swap_rows * self.tile_n * itemsize + 4 * self.swap_rows * 4 if self.swap_rows else 0
-        return q + kv + barriers + row_scales + ticket + swap
+        # the cluster leader's slots: fp32 O rows (16-byte aligned), then the LSEs
+        slots = self.cluster * self.rows * (self.head_dim + 1) * 4 if self.cluster else 0
+        return q + kv + barriers + row_scales + ticket + swap + slots
 
 
 @dataclass(frozen=True)
@@ -254,7 +262,8 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
                  kv_dtype: str = "same", page_size: int | None = None, merge: bool = False,
                  one_per_sm: bool = False, one_wave: bool = False, swap_rows: int = 0, *, left_bound: bool = False,
                  right_bound: bool = False, softcap: bool = False, sinks: str = "",
-                 invariant: bool = False, leftpad: bool = False, heads_first: bool = False) -> SplitConfig:
+                 invariant: bool = False, leftpad: bool = False, heads_first: bool = False,
+                 cluster: int = 0) -> SplitConfig:
     """The compile key for a problem. ``page_size`` (paged only) picks the load mode: a multiple
     of the tile (one TMA box per tile; the page size a runtime value), a sub-tile size
     (``subtile_page``: tile_n / P TMA boxes), or anything else (``gather_pages``: one bulk copy
@@ -266,7 +275,9 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
     (``SplitConfig.swap_rows``), for 16-bit caches read by whole TMA tiles or sub-tile boxes.
     ``left_bound``, ``right_bound``, ``softcap``, ``sinks``, ``invariant``, ``leftpad``: the
     attention variants (:class:`SplitConfig`'s fields of those names); ``heads_first``: the CTAs'
-    launch order (``SplitConfig.heads_first``)."""
+    launch order (``SplitConfig.heads_first``); ``cluster``: splits merged through one cluster
+    (``SplitConfig.cluster``; merging swapped-operand launches at d = 64 and 128, splits first,
+    one CTA per SM)."""
     _check_variant(causal, write_partials, merge, one_per_sm, one_wave, swap_rows, right_bound, sinks, invariant)
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype: expected one of {KV_DTYPES}, got {kv_dtype!r}")
@@ -306,9 +317,28 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
     if swap_rows and (kv_dtype != "same" or gather):
         raise ValueError(f"swap_rows: only for 16-bit caches in TMA tiles, got kv_dtype {kv_dtype}, gathered pages "
                          f"{gather}")
+    if cluster:
+        _check_cluster(cluster, merge, swap_rows, head_dim, one_wave, heads_first)
+        units = 1  # the leader's slots leave room for one CTA per SM
     return SplitConfig(dtype, head_dim, tile_n, stages, causal, write_partials, units, paged, kv_dtype,
                        subtile_page, gather, merge, swap_rows, left_bound, right_bound, softcap, sinks, invariant,
-                       leftpad, heads_first)
+                       leftpad, heads_first, cluster)
+
+
+#: Splits one cluster may hold: the largest (non-portable) thread-block cluster on Hopper.
+MAX_CLUSTER = 16
+
+
+def _check_cluster(cluster, merge, swap_rows, head_dim, one_wave, heads_first) -> None:
+    """What :func:`split_config` refuses of a cluster merge: a size outside 2..MAX_CLUSTER, and
+    any launch but a merging swapped-operand one at d = 64 or 128 (d = 256's slots would not fit
+    beside its stages), splits first, without one-wave stages."""
+    if not 2 <= cluster <= MAX_CLUSTER:
+        raise ValueError(f"cluster: expected 0 or 2..{MAX_CLUSTER} splits, got {cluster}")
+    if not merge or not swap_rows or head_dim not in (64, 128) or one_wave or heads_first:
+        raise ValueError(f"cluster: only for merging swapped-operand launches at head_dim 64 or 128, splits first, "
+                         f"without one-wave stages; got merge={merge}, swap_rows={swap_rows}, head_dim {head_dim}, "
+                         f"one_wave={one_wave}, heads_first={heads_first}")
 
 
 def _check_variant(causal, write_partials, merge, one_per_sm, one_wave, swap_rows, right_bound, sinks,
@@ -464,7 +494,7 @@ def at_head_dim(config: SplitConfig, head_dim: int) -> SplitConfig | None:
     page_size = None
     if config.paged:
         page_size = config.subtile_page or (GATHER_EXAMPLE_PAGE if config.gather_pages else split_tile(head_dim)[0])
-    one_per_sm = config.head_dim == 128 and config.units_per_sm == 1
+    one_per_sm = config.head_dim == 128 and config.units_per_sm == 1 and not config.cluster
     one_wave = (config.head_dim == 128 and config.merge and not config.paged and not config.staged
                 and not one_per_sm and config.stages == ONE_WAVE_STAGES)
     try:
@@ -472,7 +502,7 @@ def at_head_dim(config: SplitConfig, head_dim: int) -> SplitConfig | None:
                             config.kv_dtype, page_size, config.merge, one_per_sm, one_wave, config.swap_rows,
                             left_bound=config.left_bound, right_bound=config.right_bound, softcap=config.softcap,
                             sinks=config.sinks, invariant=config.invariant, leftpad=config.leftpad,
-                            heads_first=config.heads_first)
+                            heads_first=config.heads_first, cluster=config.cluster)
     except ValueError:
         return None
 
@@ -527,6 +557,13 @@ def _check_configs(head_dims: tuple[int, ...]) -> list[SplitConfig]:
                                 heads_first=True))
     configs.append(split_config("bfloat16", 64, False, True, merge=True, swap_rows=swap, heads_first=True))
     configs.append(split_config("bfloat16", 128, False, True, invariant=True, heads_first=True))
+    # Splits merged through one cluster (swapped operands, one CTA per SM): the smallest and the
+    # largest cluster, causal fp16, d = 64, TMA pages.
+    configs += [split_config("bfloat16", 128, False, True, merge=True, swap_rows=swap, cluster=c) for c in (2, 16)]
+    configs.append(split_config("float16", 128, True, True, merge=True, swap_rows=swap, cluster=16))
+    configs.append(split_config("bfloat16", 64, False, True, merge=True, swap_rows=swap, cluster=8))
+    configs.append(split_config("bfloat16", 128, False, True, True, page_size=16, merge=True, swap_rows=swap,
+                                cluster=16))
     # The attention variants (windows, softcap, sinks, batch invariance), each on every consumer,
     # load mode, cache type and output, and together.
     from .variant_configs import variant_check_configs

@@ -58,13 +58,14 @@ class CuteLauncher:
     def split_launch(self, q, k, v, cache_seqlens, block_table, num_splits, scale, causal, o, lse,
                      write_partials, k_descale=None, v_descale=None, out=None, one_per_sm=False,
                      one_wave=False, swap=False, variant: Variant = Variant(), sinks=None,
-                     split_ctas: int = 0, heads_first: bool = False) -> SplitLaunch:
+                     split_ctas: int = 0, heads_first: bool = False, cluster: bool = False) -> SplitLaunch:
         """The compiled split kernel for this call's static facts and its static raw arguments;
         with ``out`` (partials only), the kernel's last CTA per row tile merges into it; with
         ``one_per_sm``, the one-CTA-per-SM tile; with ``one_wave``, ``configs.ONE_WAVE_STAGES``;
         with ``swap``, swapped operands; ``split_ctas``: CTAs per row tile, each running a run of
         consecutive splits (batch-invariant configs; 0: one per split); ``heads_first``: the CTAs'
-        launch order (``SplitConfig.heads_first``). ``variant``: the window,
+        launch order (``SplitConfig.heads_first``); ``cluster`` (with ``out``): the merge through
+        one cluster of the ``num_splits`` splits (``SplitConfig.cluster``). ``variant``: the window,
         softcap and split rule; with ``variant.has_sinks``, ``sinks`` (its dtype) join the final
         results this launch writes (one split, or the merge): a partials launch that a combine
         follows leaves them to it."""
@@ -86,7 +87,7 @@ class CuteLauncher:
         config = configs.split_config(_DTYPE_NAMES[q.dtype], head_dim, keys.pop("causal"), write_partials, paged,
                                       kv_dtype, cache_len if paged else None, merge=merge, one_per_sm=one_per_sm,
                                       one_wave=one_wave, swap_rows=configs.SWAP_AB_ROWS if swap else 0,
-                                      heads_first=heads_first, **keys)
+                                      heads_first=heads_first, cluster=num_splits if cluster else 0, **keys)
         if lse.stride() != compact_strides(lse.shape):
             raise ValueError(f"lse: expected a contiguous tensor, got strides {lse.stride()}")
         o_strides = o.stride()[:4] if write_partials else (0, *o.stride()[:3])
@@ -244,7 +245,7 @@ class PreparedCuteDecode:
                                                 k_descale, v_descale, out if tile.merge else None,
                                                 one_per_sm=tile.one_per_sm, one_wave=tile.one_wave, swap=tile.swap,
                                                 variant=variant, sinks=sinks, split_ctas=tile.split_ctas,
-                                                heads_first=tile.heads_first)
+                                                heads_first=tile.heads_first, cluster=tile.cluster)
         if not tile.merge:
             self.combine = self.launcher.combine_launch(out_partial, lse_partial, out, sinks)
 

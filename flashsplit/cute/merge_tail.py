@@ -51,9 +51,7 @@ class MergeTail:
         acquires every other CTA's release, and the second barrier orders its warps' loads after
         it. The next launch on the stream starts after this kernel ends, with the counter at 0.
         """
-        M = self.block_m
-        tidx, batch_idx, kvh, row_block = work.tidx, work.batch_idx, work.kvh, work.row_block
-        seqlen_q, group, num_splits = work.seqlen_q, work.group, work.num_splits
+        tidx, batch_idx, num_splits = work.tidx, work.batch_idx, work.num_splits
         counter = batch_idx * grid_coords(self.heads_first)[4] + work.z_idx
         consumer_barrier()
         if tidx == 0:
@@ -64,29 +62,40 @@ class MergeTail:
         if sTicket[0] == num_splits - 1:
             if tidx == 0:
                 mArrivals[counter] = Int32(0)
-            C = self.row_merge.cols_per_lane
-            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-            lane = tidx % 32
-            rows = tile_rows(seqlen_q, group, row_block, M)
-            acc = cute.make_rmem_tensor((C,), Float32)
-            out = cute.make_rmem_tensor((C,), self.dtype)
-            for r in cutlass.range(warp, rows, NUM_CONSUMER_WARPS, unroll=1):
-                packed = row_block * M + r
-                m = packed // group
-                hq = kvh * group + packed % group
-                sink = None
-                if cutlass.const_expr(mSinks is not None):
-                    sink = first_sink
-                    if r != warp:  # (issued ahead of the partials' loads)
-                        sink = mSinks[hq].to(Float32)
-                lse = self.row_merge.warp_sum(mO, mLSE, acc, num_splits, batch_idx, m, hq, 0, lane)
-                if cutlass.const_expr(mSinks is not None):
-                    lse, factor = softmax.add_sink(lse, sink)
-                    for j in cutlass.range_constexpr(C):
-                        acc[j] = acc[j] * factor
-                out.store(acc.load().to(self.dtype))
-                cute.autovec_copy(out, self.row_merge.lane_columns(mOut[batch_idx, m, hq, None], lane))
-                if lane == 0:
-                    mOutLSE[batch_idx, hq, m] = lse
-            if tidx == 0:
-                timeline.stamp("merged")
+            self.merge_rows(mO, mLSE, mOut, mOutLSE, work, mSinks, first_sink)
+
+    @cute.jit
+    def merge_rows(self, mO, mLSE, mOut, mOutLSE, work, mSinks=None, first_sink=None):
+        """Merge the ``work.num_splits`` partials of the tile's real rows (``mO`` ``[S, B, L_q,
+        H, D]``, ``mLSE`` ``[S, B, H, L_q]``: the workspace's, or a cluster leader's slots,
+        :meth:`~flashsplit.cute.cluster_merge.ClusterMerge.partials`) into ``mOut``/``mOutLSE``
+        (warp ``w`` takes rows ``w, w + 4, ...``); sinks as :meth:`run` takes them."""
+        M = self.block_m
+        tidx, batch_idx, kvh, row_block = work.tidx, work.batch_idx, work.kvh, work.row_block
+        seqlen_q, group, num_splits = work.seqlen_q, work.group, work.num_splits
+        C = self.row_merge.cols_per_lane
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = tidx % 32
+        rows = tile_rows(seqlen_q, group, row_block, M)
+        acc = cute.make_rmem_tensor((C,), Float32)
+        out = cute.make_rmem_tensor((C,), self.dtype)
+        for r in cutlass.range(warp, rows, NUM_CONSUMER_WARPS, unroll=1):
+            packed = row_block * M + r
+            m = packed // group
+            hq = kvh * group + packed % group
+            sink = None
+            if cutlass.const_expr(mSinks is not None):
+                sink = first_sink
+                if r != warp:  # (issued ahead of the partials' loads)
+                    sink = mSinks[hq].to(Float32)
+            lse = self.row_merge.warp_sum(mO, mLSE, acc, num_splits, batch_idx, m, hq, 0, lane)
+            if cutlass.const_expr(mSinks is not None):
+                lse, factor = softmax.add_sink(lse, sink)
+                for j in cutlass.range_constexpr(C):
+                    acc[j] = acc[j] * factor
+            out.store(acc.load().to(self.dtype))
+            cute.autovec_copy(out, self.row_merge.lane_columns(mOut[batch_idx, m, hq, None], lane))
+            if lane == 0:
+                mOutLSE[batch_idx, hq, m] = lse
+        if tidx == 0:
+            timeline.stamp("merged")

@@ -16,10 +16,11 @@ def shared_storage(config: SplitConfig, q_layout, k_layout, v_layout, p_layout, 
     """The CTA's shared memory (``SplitConfig.smem_bytes`` counts the same): the Q tile, the
     K/V operand stages (staged: one operand buffer each plus the staging slots; swapped: P^T
     and the column reductions), one full/empty mbarrier pair per stage, the q row scales
-    (fp16 operands) and the merge's arrival ticket."""
+    (fp16 operands), the merge's arrival ticket and a cluster leader's partial slots."""
     types = ElementTypes(config)
     op, kv, M, stages = types.op, types.kv, config.rows, config.stages
     merge, scaled_q = config.merge, config.fp16_operands
+    slots = config.cluster * M  # partial rows a cluster leader holds (swapped operands only)
     if config.staged:
 
         @cute.struct
@@ -47,6 +48,9 @@ def shared_storage(config: SplitConfig, q_layout, k_layout, v_layout, p_layout, 
             red: cute.struct.MemRange[Float32, NUM_CONSUMER_WARPS * M]  # per consumer warp, per q row
             if merge:  # the arrival count, broadcast to the consumer warps
                 ticket: cute.struct.MemRange[Int32, 4]
+            if slots:  # the cluster leader's slots: every split's partial O rows, then their LSEs
+                cluster_o: cute.struct.Align[cute.struct.MemRange[Float32, slots * config.head_dim], 16]
+                cluster_lse: cute.struct.MemRange[Float32, slots]
 
     else:
 

@@ -35,6 +35,7 @@ from cutlass.tensor_utils import LayoutEnum
 from ..plan import SPLIT_GRANULE
 from . import split_rule, timeline
 from .configs import HEAD_DIMS, SplitConfig
+from .cluster_merge import ClusterMerge
 from .cta_work import CtaWork, grid_coords, launch_grid
 from .kv_producer import KVProducer, make_kv_pipeline
 from .merge_tail import MergeTail
@@ -67,6 +68,7 @@ class SplitKVDecodeKernel:
         self.producer = KVProducer(config)
         self.consumer = SwapConsumer(config) if config.swap_rows else RowConsumer(config)
         self.merge_tail = MergeTail(config) if config.merge else None
+        self.cluster_merge = ClusterMerge(config) if config.cluster else None
 
     @staticmethod
     def can_implement(head_dim: int, tile_n: int) -> str | None:
@@ -259,6 +261,8 @@ class SplitKVDecodeKernel:
             # The whole unified L1/smem as shared memory (percent); given explicitly, it also
             # spares the compiler a device query, so the kernel compiles on a machine without a GPU.
             preferred_smem_carveout=100,
+            # A cluster merge: the row tile's splits (the launch's, config.cluster of them) are one cluster.
+            **({"cluster": [self.config.cluster, 1, 1]} if self.config.cluster else {}),
         )
 
     def _operands(self):
@@ -376,6 +380,8 @@ class SplitKVDecodeKernel:
         # alone after its own loads (no CTA barrier behind the length load).
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
+        if cutlass.const_expr(self.cluster_merge is not None):
+            ClusterMerge.started()
 
         sQ = storage.sQ.get_tensor(q_layout.outer, swizzle=q_layout.inner)
         sK = storage.sK.get_tensor(k_layout.outer, swizzle=k_layout.inner)
@@ -440,12 +446,19 @@ class SplitKVDecodeKernel:
         if warp_idx == PRODUCER_WARP:
             self.producer.run(tma_k, mK_tma, tma_v, mV_tma, mBlockTable, sK_load, sV_load, kv_pipeline, batch_idx, kvh,
                               first_tile, num_tiles, end, tiles_per_page)
+            if cutlass.const_expr(self.cluster_merge is not None):
+                ClusterMerge.before_stores()  # (its phase: the consumers wait before their stores)
         if warp_idx < PRODUCER_WARP:
             if cutlass.const_expr(self.swap_rows > 0):
                 sP = storage.sP.get_tensor(p_layout.outer, swizzle=p_layout.inner)
                 sRed = storage.red.get_tensor(cute.make_layout((NUM_CONSUMER_WARPS * self.block_m,)))
-                self.consumer.run(qk_mma, pv_mma, mO, mLSE, sQ, sK, sV, sP, sRed, kv_pipeline, work,
+                partials_o, partials_lse = mO, mLSE
+                if cutlass.const_expr(self.cluster_merge is not None):
+                    partials_o, partials_lse = self.cluster_merge.partials(storage, work)  # this CTA's slots
+                self.consumer.run(qk_mma, pv_mma, partials_o, partials_lse, sQ, sK, sV, sP, sRed, kv_pipeline, work,
                                   softmax_scale_log2, softcap_log2, final_sinks)
+                if cutlass.const_expr(self.cluster_merge is not None):
+                    self.cluster_merge.send(storage, work)  # the slot to the leader's
             else:
                 # fp8: k_descale folds into the (log2) softmax scale, v_descale into the output.
                 qk_scale = softmax_scale_log2
@@ -455,6 +468,14 @@ class SplitKVDecodeKernel:
                     v_scale = mVDescale[batch_idx, kvh]
                 self.consumer.run(qk_mma, pv_mma, mO, mLSE, sQ, sK, sV, kv_pipeline, work, qk_scale, sK_load,
                                   sV_load, v_scale, sRowScale, softcap_log2, final_sinks)
-            if cutlass.const_expr(self.merge):
+            if cutlass.const_expr(self.merge and self.cluster_merge is None):
                 self.merge_tail.run(mO, mLSE, mOut, mOutLSE, mArrivals, storage.ticket.get_tensor(cute.make_layout((4,))),
                                     work, mSinks, merge_sink)
+        if cutlass.const_expr(self.cluster_merge is not None):
+            ClusterMerge.after_stores()  # every thread: the leader's slots are full past this
+            if warp_idx < PRODUCER_WARP:
+                if split_idx == 0:  # the cluster's rank 0 (the cluster spans the row tile's splits)
+                    if tidx == 0:
+                        timeline.stamp("ticket")
+                    slots_o, slots_lse = self.cluster_merge.partials(storage, work)
+                    self.merge_tail.merge_rows(slots_o, slots_lse, mOut, mOutLSE, work, mSinks, merge_sink)
