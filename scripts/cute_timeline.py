@@ -8,6 +8,7 @@ median, latest CTA), and the median per-CTA time since its own entry in SM cycle
 clock64 deltas, exact within an SM). Prints one table per cell. GPU only.
 
     python scripts/cute_timeline.py --keys 1k 4k 16k 128k
+    python scripts/cute_timeline.py --keys 1k 4k --merge cluster   # splits merged through a cluster
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ def main() -> None:
     parser.add_argument("--keys", nargs="+", default=["1k", "4k", "16k", "128k"])
     parser.add_argument("--calls", type=int, default=30, help="calls timed per cell (after 3 warm-up calls)")
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--merge", choices=("counter", "cluster"), default="counter",
+                        help="how merging launches merge: the arrival counter, or one thread-block cluster "
+                             "(flashsplit.cute.choice.CLUSTER_MERGE) where the launch allows it")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("cute_timeline: no CUDA device; this script measures the GPU.")
@@ -38,6 +42,9 @@ def main() -> None:
 
     import flashsplit
     from flashsplit.bench.cases import parse_seqlen, rotation_count
+    from flashsplit.cute import choice
+
+    choice.CLUSTER_MERGE = args.merge == "cluster"
 
     for spec in args.keys:
         seqlen = parse_seqlen(spec)

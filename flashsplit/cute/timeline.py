@@ -11,7 +11,8 @@ that reaches them (slots of steps a CTA skips keep what was there):
 - ``first_tile``: consumer thread 0 past the wait for the first tile (swapped operands only);
 - ``tiles_done``: consumer thread 0 past the last tile's ``P V``;
 - ``epilogue``: consumer thread 0 after its partial or final stores;
-- ``ticket``: consumer thread 0 with the arrival count back (merging configurations);
+- ``ticket``: consumer thread 0 with the arrival count back (merging configurations; a cluster
+  merge: the leader's thread 0 past the cluster barrier after the slots' copies);
 - ``merged``: consumer thread 0 of the merging CTA after its merge.
 """
 
