@@ -1172,3 +1172,30 @@ def test_timeline_probe_compiles_only_when_switched_on(tmp_path, monkeypatch):
     probe_ptx = _compiled_ptx(cute_compile.compile_split, config, tmp_path / "probe")
     assert len(re.findall(r"mov\.u64\s+%rd\d+,\s*%globaltimer;", probe_ptx)) == len(timeline.EVENTS)
     assert len(re.findall(r"mov\.u64\s+%rd\d+,\s*%clock64;", probe_ptx)) == len(timeline.EVENTS)
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+def test_cluster_launch_asks_for_its_compile_key(cluster, monkeypatch):
+    """``CuteBackend.prepare`` with the cluster merge on (``choice.CLUSTER_MERGE``) gives a B = 1
+    launch of 16 merged splits on swapped operands the compile key of one 16-CTA cluster per row
+    tile; off, the counter merge's (one-wave stages, two CTAs per SM)."""
+    _arch_ok()
+    import flashsplit.cute.compile as compile_mod
+    from flashsplit.call import DecodeTensors
+    from flashsplit.cute import choice, launcher as cute_launcher
+
+    seen = []
+    monkeypatch.setattr(compile_mod, "compile_split", lambda config: seen.append(config) or (lambda *args: None))
+    monkeypatch.setattr(cute_launcher, "_run", lambda kernel, raw, library_args: None)
+    monkeypatch.setattr(choice, "CLUSTER_MERGE", cluster)
+    problem = DecodeProblem(batch=1, seqlen_q=1, seqlen_k=4096, num_heads=32, num_heads_kv=8, head_dim=128,
+                            dtype=torch.bfloat16, causal=False, has_cache_seqlens=True, device_type="cuda")
+    prepared = CuteBackend().prepare(problem, 16, 0.1)
+    assert prepared.tile.cluster == cluster and prepared.tile.merge and prepared.tile.swap
+    q = torch.zeros(1, 1, 32, 128, dtype=torch.bfloat16)
+    k = torch.zeros(1, 4096, 8, 128, dtype=torch.bfloat16)
+    prepared(DecodeTensors(q, k, k, torch.empty_like(q), None, torch.tensor([4096], dtype=torch.int32)))
+    (config,) = seen
+    assert config.merge and config.swap_rows == 8 and config.write_partials
+    assert config.cluster == (16 if cluster else 0)
+    assert config.units_per_sm == (1 if cluster else 2) and (config.stages == 3)
