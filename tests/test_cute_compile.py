@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from flashsplit.cute import CuteBackend, all_combine_configs, all_split_configs
-from flashsplit.cute.configs import compile_check_configs
+from flashsplit.cute.config_lists import compile_check_configs
 from flashsplit import selection
 from flashsplit.plan import SPLIT_GRANULE
 from flashsplit.problem import DecodeProblem
@@ -491,7 +491,7 @@ def test_heads_first_configs():
     one split, partials, the merge on each tile and batch-invariant runs. Launches take it only
     when asked (``choice.HEADS_FIRST`` off), batch-invariant ones included."""
     from flashsplit.cute import choice
-    from flashsplit.cute.configs import at_head_dim
+    from flashsplit.cute.config_lists import at_head_dim
 
     ordered = [c for c in compile_check_configs() if c.heads_first]
     for c in ordered:
@@ -731,7 +731,7 @@ def test_head_dim_96_configs():
     """d = 96 takes d = 128's 64-key tile with 3 stages at two CTAs per SM (16-bit, fp8 and
     gathered staging all fit), d = 128's sub-tile page sizes, and every configuration of the
     d = 128 compile-check list but the swapped consumer, one CTA per SM and one-wave stages."""
-    from flashsplit.cute import configs
+    from flashsplit.cute import config_lists, configs
 
     assert configs.split_tile(96) == (64, 3, 2) and configs.subtile_page_sizes(96) == (8, 16, 32)
     assert configs.fp8_stages(96) == 4
@@ -746,13 +746,13 @@ def test_head_dim_96_configs():
     at_128 = [c for c in checked if c.head_dim == 128]
     at_96 = {c for c in checked if c.head_dim == 96}
     for c in at_128:
-        twin = configs.at_head_dim(c, 96)
+        twin = config_lists.at_head_dim(c, 96)
         refused = c.swap_rows > 0 or _one_per_sm(c) or _one_wave(c)
         assert (twin is None) == refused, c
         if twin is not None:
             assert twin in at_96 and (twin.subtile_page, twin.gather_pages, twin.merge) == (
                 c.subtile_page, c.gather_pages, c.merge)
-    assert at_96 == {configs.at_head_dim(c, 96) for c in at_128} - {None}
+    assert at_96 == {config_lists.at_head_dim(c, 96) for c in at_128} - {None}
 
 
 def test_choices_plan_for_the_named_machine():

@@ -4,7 +4,8 @@ Importing this package does not import cutlass; the kernels are compiled on firs
 """
 
 from .backend import CuteBackend, compile_cache_size
-from .configs import CombineConfig, SplitConfig, all_combine_configs, all_split_configs
+from .config_lists import all_combine_configs, all_split_configs
+from .configs import CombineConfig, SplitConfig
 
 __all__ = [
     "CombineConfig",

@@ -4,7 +4,7 @@ Pure Python (no cutlass import). A variant changes the consumer's scores and mas
 keys and the final writes, not the loads: the list covers each variant on each consumer (64
 rows, swapped operands), each load mode (dense, whole-tile, sub-tile and gathered pages), each
 cache type and each output (final, partials, merge), and their combinations, rather than the
-whole product. :func:`flashsplit.cute.configs.compile_check_configs` appends it.
+whole product. :func:`flashsplit.cute.config_lists.compile_check_configs` appends it.
 """
 
 from __future__ import annotations
