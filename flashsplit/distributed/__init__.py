@@ -40,8 +40,7 @@ _PASSED = {"softmax_scale": None, "causal": False, "num_splits": 0, "out": None,
            "page_table": None, "k_descale": None, "v_descale": None, "window_size": (-1, -1), "softcap": 0.0,
            "sinks": None, "batch_invariant": False, "backend": "auto", "cache_batch_idx": None}
 
-_VALIDATED: dict[tuple, object] = {}  # call signature -> DecodeProblem: validation once per signature
-_MAX_VALIDATED = 1024
+_VALIDATED = dispatch.SignatureCache(max_size=1024)  # call signature -> DecodeProblem: validated once
 
 
 def cp_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *, group=None,
@@ -177,15 +176,4 @@ def _check_kv_offset(kv_offset, batch: int, device, layout: str) -> None:
 
 def _validated(tensors: DecodeTensors, options: DecodeOptions):
     """decode's validation of the shard's arguments (its errors name them), once per call signature."""
-    key = dispatch.signature(tensors, options)
-    try:
-        problem = _VALIDATED.get(key) if key is not None else None
-    except TypeError:  # an unhashable option: validation explains
-        key = problem = None
-    if problem is None:
-        problem = check_decode_inputs(tensors, options)
-        if key is not None:
-            if len(_VALIDATED) >= _MAX_VALIDATED:
-                _VALIDATED.clear()
-            _VALIDATED[key] = problem
-    return problem
+    return _VALIDATED.get_or_make(dispatch.signature(tensors, options), check_decode_inputs, tensors, options)
