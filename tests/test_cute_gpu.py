@@ -932,6 +932,23 @@ def test_head_dim_96_through_the_api_and_graph_replay():
     check_against_reference(out, None, q, k[[2, 0, 1]], v[[2, 0, 1]], seqlens, False, scale, what="d96 replay")
 
 
+def _launch_switch_inputs(gen, batch, seqlen_k, heads, head_dim, seqlen_q, lengths, page_size):
+    """``(q, k, v, lens, caches, table)`` in bf16 on the GPU for the launch-switch tests below:
+    ``caches`` the dense k/v, or (``page_size``) their pages with ``table`` (``k``/``v`` then the
+    dense cache the pages hold, for the reference)."""
+    from flashsplit.testing import to_paged
+
+    q = torch.randn(batch, seqlen_q, heads[0], head_dim, generator=gen).to("cuda", torch.bfloat16)
+    k = torch.randn(batch, seqlen_k, heads[1], head_dim, generator=gen).to("cuda", torch.bfloat16)
+    v = torch.randn(batch, seqlen_k, heads[1], head_dim, generator=gen).to("cuda", torch.bfloat16)
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    caches, table = (k, v), None
+    if page_size:
+        k_pages, v_pages, table, k, v = to_paged(k, v, lengths, page_size, gen)
+        caches, table = (k_pages, v_pages), table.cuda()
+    return q, k, v, lens, caches, table
+
+
 # CTAs launched KV heads first (choice.HEADS_FIRST): one split, merged splits (two CTAs per SM,
 # one per SM, swapped operands), splits past the merge (the combine), batch-invariant runs of
 # splits, TMA pages.
@@ -946,20 +963,12 @@ def test_heads_first_gives_the_same_bits(batch, seqlen_k, heads, num_splits, ext
     import flashsplit
     from flashsplit.cute import choice
     from flashsplit.registry import invalidate
-    from flashsplit.testing import to_paged
 
     extra = dict(extra)
-    page_size = extra.pop("page_size", 0)
     gen = torch.Generator().manual_seed(5)
-    q = torch.randn(batch, 1, heads[0], 128, generator=gen).to("cuda", torch.bfloat16)
-    k = torch.randn(batch, seqlen_k, heads[1], 128, generator=gen).to("cuda", torch.bfloat16)
-    v = torch.randn(batch, seqlen_k, heads[1], 128, generator=gen).to("cuda", torch.bfloat16)
-    lengths = [seqlen_k, seqlen_k // 3, 1][:batch]
-    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-    caches, table = (k, v), None
-    if page_size:
-        k_pages, v_pages, table, k, v = to_paged(k, v, lengths, page_size, gen)
-        caches, table = (k_pages, v_pages), table.cuda()
+    q, k, v, lens, caches, table = _launch_switch_inputs(gen, batch, seqlen_k, heads, 128, 1,
+                                                         [seqlen_k, seqlen_k // 3, 1][:batch],
+                                                         extra.pop("page_size", 0))
     results = []
     for heads_first in (False, True):
         monkeypatch.setattr(choice, "HEADS_FIRST", heads_first)
@@ -989,21 +998,13 @@ def test_cluster_merge_gives_the_same_bits(batch, seqlen_k, heads, head_dim, seq
     from flashsplit import dispatch
     from flashsplit.cute import choice
     from flashsplit.registry import invalidate
-    from flashsplit.testing import to_paged
 
     extra = dict(extra)
-    page_size = extra.pop("page_size", 0)
     gen = torch.Generator().manual_seed(7)
-    q = torch.randn(batch, seqlen_q, heads[0], head_dim, generator=gen).to("cuda", torch.bfloat16)
-    k = torch.randn(batch, seqlen_k, heads[1], head_dim, generator=gen).to("cuda", torch.bfloat16)
-    v = torch.randn(batch, seqlen_k, heads[1], head_dim, generator=gen).to("cuda", torch.bfloat16)
-    lengths = [seqlen_k, seqlen_k // 5][:batch]
-    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    q, k, v, lens, caches, table = _launch_switch_inputs(gen, batch, seqlen_k, heads, head_dim, seqlen_q,
+                                                         [seqlen_k, seqlen_k // 5][:batch],
+                                                         extra.pop("page_size", 0))
     sinks = torch.randn(heads[0], generator=gen).cuda() if extra.pop("sinks", False) else None
-    caches, table = (k, v), None
-    if page_size:
-        k_pages, v_pages, table, k, v = to_paged(k, v, lengths, page_size, gen)
-        caches, table = (k_pages, v_pages), table.cuda()
     causal = seqlen_q > 1
     results = []
     for cluster in (False, True):
