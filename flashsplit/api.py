@@ -203,6 +203,16 @@ def decode(
     ``torch.compile`` it runs as the custom operator ``torch.ops.flashsplit.decode_into`` (one
     opaque graph node, no graph break).
     """
+    # The last signature's native step (flashsplit.native): None unless this call has that
+    # signature and can launch without Python work; then the path below runs. Read only outside
+    # torch.compile (Dynamo would guard on it).
+    step = None if _is_compiling() else _HOST_STEPS.step
+    if step is not None:
+        result = step(q, k_cache, v_cache, out, cache_seqlens, block_table, page_table, k_descale, v_descale, sinks,
+                      k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, return_lse, softmax_scale, causal,
+                      num_splits, backend, window_size, softcap, batch_invariant, rotary_interleaved)
+        if result is not None:
+            return result
     if page_table is not None:
         if block_table is not None:
             raise ValueError("page_table: an alias of block_table; pass one of them, not both")
@@ -241,6 +251,7 @@ def decode(
 _tensors = DecodeTensors._make
 _options = DecodeOptions._make
 _is_compiling = torch.compiler.is_compiling
+_HOST_STEPS = dispatch.HOST_STEPS
 
 
 def decode_into(

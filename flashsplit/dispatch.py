@@ -13,7 +13,8 @@ import functools
 
 import torch
 
-from . import registry
+from . import native, registry
+from .native.steps import HostSteps
 from .call import DecodeOptions, DecodeTensors
 from .plan import (BATCH_INVARIANT_MIN_SPLIT, BATCH_INVARIANT_SPLITS, SPLIT_GRANULE, SplitPlan, cdiv, choose_num_splits,
                    splits_used, tokens_per_split)
@@ -73,6 +74,8 @@ def decode_into(tensors: DecodeTensors, options: DecodeOptions, fresh_out: bool 
     if key is None or key != last_key:
         run = _PREPARED.get_or_make(key, prepare, tensors, options)  # (no closure: it would cost every call)
     run(tensors)
+    if fresh_out and _NATIVE:
+        HOST_STEPS.offer(key, run, tensors, options)
 
 
 class SignatureCache(dict):
@@ -87,10 +90,11 @@ class SignatureCache(dict):
 
     _EMPTY = (object(), None)  # a key no signature equals
 
-    def __init__(self, max_size: int):
+    def __init__(self, max_size: int, on_change=None):
         super().__init__()
         self.max_size = max_size
         self.last = self._EMPTY
+        self._on_change = on_change  # called after every change of the dict
 
     def get_or_make(self, key, make, *args):
         """The value of ``key``, or ``make(*args)``'s, cached under ``key`` (an unhashable key, an
@@ -112,14 +116,20 @@ class SignatureCache(dict):
     def __setitem__(self, key, value):
         super().__setitem__(key, value)
         self.last = key, value
+        if self._on_change is not None:
+            self._on_change()
 
     def __delitem__(self, key):
         super().__delitem__(key)
         self.last = self._EMPTY
+        if self._on_change is not None:
+            self._on_change()
 
     def clear(self):
         super().clear()
         self.last = self._EMPTY
+        if self._on_change is not None:
+            self._on_change()
 
     def _refuse(self, *args, **kwargs):
         raise TypeError("SignatureCache: change entries by item assignment, del or clear()")
@@ -127,7 +137,11 @@ class SignatureCache(dict):
     pop = popitem = setdefault = update = __ior__ = _refuse
 
 
-_PREPARED = SignatureCache(max_size=4096)  # call signature -> prepared launcher
+#: The native host steps :func:`flashsplit.decode` tries first: each is built from a prepared
+#: launcher, so every change of the prepared launchers drops them.
+HOST_STEPS = HostSteps()
+_NATIVE = native.enabled()
+_PREPARED = SignatureCache(max_size=4096, on_change=HOST_STEPS.clear)  # call signature -> prepared launcher
 registry.on_change(_PREPARED.clear)  # a prepared launcher embeds the backend choice
 
 

@@ -3,11 +3,14 @@
 Runs bursts of back-to-back calls without synchronizing inside a burst, so each figure is host
 cost (the GPU runs behind; a burst of 200 calls enqueues at most 400 launches, which the driver
 queues without making the host wait): the whole ``decode`` call; the backend's prepared
-launcher alone (the api's cached validation/plan skipped); ``decode`` without its launch (the
-launcher swapped for a no-op: the api layer); ``torch.empty_like(q)`` (the output allocation)
+launcher alone (the api's cached validation/plan skipped); ``decode`` on the Python path (the
+native host step, :mod:`flashsplit.native`, turned off: it differs only where a backend has
+one); ``decode`` without its launch (the launcher swapped for a no-op: the api layer of the
+Python path); ``torch.empty_like(q)`` (the output allocation)
 for scale; and torch SDPA (cuDNN) as the peer a user would otherwise call.
 
-    python scripts/host_overhead.py    # on a GPU: B=1, 32/8 heads, d=128, 4k and 16k keys
+    python scripts/host_overhead.py          # on a GPU: B=1, 32/8 heads, d=128, 4k and 16k keys
+    python scripts/host_overhead.py --layer  # any machine: the call layer alone, Python vs native
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 
 import flashsplit
 import flashsplit.registry
-from flashsplit import api, dispatch
+from flashsplit import api, dispatch, native
 from flashsplit.call import DecodeOptions, DecodeTensors
 from flashsplit.cute.backend import CuteBackend
 from flashsplit.plan import MAX_SPLITS
@@ -57,7 +60,56 @@ def api_layer_us(q, k, v, lens, backend: str, calls: int) -> float:
         dispatch._PREPARED[key] = run
 
 
+def layer_us(calls: int = 2000, rounds: int = 31) -> tuple[float, float]:
+    """Host us of ``decode()`` with a no-op launch (B = 1, 32/8 heads, d = 128, 4k keys, any
+    device): the Python path (prepared launcher swapped for a no-op) and the native host step
+    (host function: the extension's no-op), fastest of ``rounds`` bursts of ``calls``."""
+    import ctypes
+
+    from flashsplit.cute.eager import _capturing, _raw_stream
+    from flashsplit.native import STREAM, TENSOR, steps
+
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float16)
+    q = torch.randn(1, 1, 32, 128, device=device, dtype=dtype)
+    k = torch.randn(1, 4096, 8, 128, device=device, dtype=dtype)
+    v = torch.randn_like(k)
+    lens = torch.full((1,), 4096, dtype=torch.int32, device=device)
+    flashsplit.decode(q, k, v, cache_seqlens=lens, backend="triton")
+    options = DecodeOptions(backend="triton")
+    key = dispatch.signature(DecodeTensors(q, k, v, None, None, lens), options, True)
+    dispatch._PREPARED[key] = lambda tensors: None
+    python_path = per_call_us(lambda: flashsplit.decode(q, k, v, cache_seqlens=lens, backend="triton"), calls, rounds)
+
+    class NoLaunch:  # a split launch's 15 per-call slots, filled by the step; its host function does nothing
+        slots = (ctypes.c_uint64 * 15)()
+        result = ctypes.c_int32(0)
+        packed = (ctypes.c_void_p * 1)()
+        per_call_codes = ("Q",) * 15
+        raw = (native.module().no_launch_address(), ctypes.addressof(packed), ctypes.addressof(slots),
+               ctypes.addressof(result))
+
+    sources = [(TENSOR, i, 0) for i in (0, 1, 2, 3)] + [(TENSOR, 5, 0)] * 10 + [(STREAM, 0, 0)]
+    index = q.get_device() if cuda else 0
+    raw_stream = _raw_stream if cuda else (lambda index: 0)
+    capturing = _capturing if cuda else (lambda: False)  # CPU torch has no capture probe
+    program = steps.HostProgram(index, raw_stream, capturing, {(index, raw_stream(index)): (1 << 20, 4096)}, {}, 16, 0,
+                                [(NoLaunch, sources)], None)
+    dispatch.HOST_STEPS.step = step = steps.build_step(program, DecodeTensors(q, k, v, None, None, lens), options)
+    native_step = per_call_us(lambda: flashsplit.decode(q, k, v, cache_seqlens=lens, backend="triton"), calls, rounds)
+    assert step.calls >= calls * rounds, "the native step was not taken"
+    dispatch._PREPARED.clear()
+    return python_path, native_step
+
+
 def main(calls: int = 200) -> None:
+    import sys
+
+    if "--layer" in sys.argv[1:]:
+        python_path, native_step = layer_us()
+        print(f"decode() with a no-op launch, host us per call: Python path {python_path:.2f}, "
+              f"native host step {native_step:.2f}")
+        return
     cuda = torch.cuda.is_available()
     for seqlen_k in (4096, 16384) if cuda else (256,):
         report(seqlen_k, calls if cuda else 3)  # the interpreter: only proves the script runs
@@ -93,14 +145,23 @@ def report(seqlen_k: int, calls: int) -> None:
             print(f"  {name}: {e}")
             continue
         whole = per_call_us(lambda name=name: flashsplit.decode(q, k, v, cache_seqlens=lens, backend=name), calls)
+        step = dispatch.HOST_STEPS.step
+        native_note = f" (native host step: {native.status()})" if step is None else ""
+        python_path = whole
+        if step is not None:  # the same calls on the Python path, for comparison
+            dispatch._NATIVE, dispatch.HOST_STEPS.step = False, None
+            python_path = per_call_us(lambda name=name: flashsplit.decode(q, k, v, cache_seqlens=lens, backend=name),
+                                      calls)
+            dispatch._NATIVE = True
+            flashsplit.decode(q, k, v, cache_seqlens=lens, backend=name)  # offers the step again
         into = per_call_us(lambda name=name: api.decode_into(q, k, v, out, None, cache_seqlens=lens, backend=name),
                            calls)
         tensors = DecodeTensors(q, k, v, out, None, lens)
         run = dispatch._PREPARED[dispatch.signature(tensors, DecodeOptions(backend=name))]
         launch = per_call_us(lambda run=run: run(tensors), calls)
         api_layer = api_layer_us(q, k, v, lens, name, calls)
-        print(f"  {label:13s} decode() {whole:8.1f}   decode_into() {into:8.1f}   prepared launcher alone {launch:8.1f}"
-              f"   decode() without its launch {api_layer:8.1f}")
+        print(f"  {label:13s} decode() {whole:8.1f}   Python path {python_path:8.1f}   decode_into() {into:8.1f}   "
+              f"prepared launcher alone {launch:8.1f}   decode() without its launch {api_layer:8.1f}{native_note}")
     TritonBackend.merge_max_splits = default_merge
     CuteBackend.merge_max_splits = default_cute_merge
     flashsplit.registry.invalidate()

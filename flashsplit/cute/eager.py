@@ -93,3 +93,57 @@ def eager_path(prepared, tensors: DecodeTensors, device_index: int) -> Callable[
         return True
 
     return run
+
+
+def host_program(prepared, tensors: DecodeTensors):
+    """What :func:`eager_path`'s ``run`` computes, as data for a native caller
+    (:class:`flashsplit.native.HostStep`): ``(workspace_numel, counter_count, launches)`` with
+    ``launches`` ``[(fixed launch, sources)]``, one source ``(kind, field, offset)`` per per-call
+    value (kinds of :mod:`flashsplit.native`; ``field`` indexes :class:`DecodeTensors`), or None
+    where this configuration has no eager path. The fixed launches are new ones, for the caller
+    alone. ``tensors``: one call of ``prepared``'s signature (which optional tensors it gives)."""
+    from ..native import CONST, COUNTERS, STREAM, TENSOR, WORKSPACE
+
+    variant = prepared.variant
+    if variant.seqlen_new or _raw_stream is None:
+        return None
+    split = prepared.split.fixed()
+    combine = prepared.combine.fixed() if prepared.combine is not None else None
+    if split is None or (prepared.combine is not None and combine is None):
+        return None
+    batch, seqlen_q, num_heads, head_dim = tensors.q.shape
+    rows = batch * seqlen_q * num_heads
+    partial_rows = 0 if prepared.direct else prepared.num_splits * rows
+    numel = partial_rows * (head_dim + 1) + rows * (tensors.lse is None) or 1
+    lp_offset = partial_rows * head_dim * 4
+    lse_offset = lp_offset + partial_rows * 4
+
+    def field(name: str):
+        return TENSOR, DecodeTensors._fields.index(name), 0
+
+    full = prepared.split.full_seqlens
+    lse = (WORKSPACE, 0, lse_offset) if tensors.lse is None else field("lse")
+    seqlens = (CONST, 0, full.data_ptr() if full is not None else 0) if tensors.cache_seqlens is None \
+        else field("cache_seqlens")
+    if variant.has_batch_idx:
+        table = field("cache_batch_idx")
+    else:
+        table = seqlens if tensors.block_table is None else field("block_table")
+    leftpad = field("cache_leftpad") if variant.has_leftpad else seqlens
+    merge = prepared.tile.merge and not prepared.direct
+    if prepared.direct:
+        o, lp = field("out"), lse
+        merge_out, merge_lse, arrivals = o, lp, lp
+    else:
+        o, lp = (WORKSPACE, 0, 0), (WORKSPACE, 0, lp_offset)
+        merge_out, merge_lse, arrivals = (field("out"), lse, (COUNTERS, 0, 0)) if merge else (o, lp, lp)
+    no_sinks = tensors.sinks is None
+    split_sinks = lp if no_sinks or combine is not None else field("sinks")
+    stream = (STREAM, 0, 0)
+    launches = [(split, (field("q"), field("k_cache"), field("v_cache"), o, lp, seqlens, table,
+                         lp if tensors.k_descale is None else field("k_descale"),
+                         lp if tensors.v_descale is None else field("v_descale"),
+                         merge_out, merge_lse, arrivals, split_sinks, leftpad, stream))]
+    if combine is not None:
+        launches.append((combine, (o, lp, field("out"), lse, lse if no_sinks else field("sinks"), stream)))
+    return numel, rows if merge else 0, launches

@@ -8,6 +8,9 @@ Its own ``void*[]`` points each argument at its slot in one block or the other, 
 bound executor's extra entries, with a CUDA result slot of its own; a lock of its own covers
 pack and call, so several fixed launches of one compiled function run side by side.
 
+``launch.raw`` gives the same launch's addresses to a native caller, which then fills the
+per-call slots (8 bytes each, in argument order) and calls the host function itself.
+
 Pointers are not alignment-checked here: the caller (the eager path of a prepared decode) only
 passes addresses whose residues mod 16 its call signature fixes, and its first launch went
 through the checking :class:`FastLauncher`.
@@ -66,4 +69,9 @@ def fixed_launch(launcher: FastLauncher, values: Sequence[Any], per_call: Sequen
             _raise_cuda(rc)
 
     launch.keep = keep  # type: ignore[attr-defined]
+    #: (host function, its void*[], the per-call slots, the CUDA result slot): addresses for a
+    #: native caller (:class:`flashsplit.native.HostStep`), which fills the slots itself.
+    launch.raw = (ctypes.cast(capi, ctypes.c_void_p).value, ctypes.addressof(packed),  # type: ignore[attr-defined]
+                  ctypes.addressof(call_block), ctypes.addressof(result))
+    launch.per_call_codes = tuple(slots[i].code for i in call_index)  # type: ignore[attr-defined]
     return launch

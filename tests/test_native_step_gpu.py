@@ -1,0 +1,119 @@
+"""The native host step on a Hopper GPU: after a signature's first ``decode()``, later calls with a
+fresh output launch through it, bit for bit what the Python path computes, on another stream
+too (declined there until that stream has a workspace), and never inside a CUDA graph capture.
+
+Skipped cleanly without CUDA, compute capability 9.0 or nvidia-cutlass-dsl.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+import flashsplit
+from flashsplit import dispatch, native
+from flashsplit.testing import check_against_reference
+
+_HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not _HAS_SM90, reason="needs a CUDA device of compute capability 9.0"),
+    pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="nvidia-cutlass-dsl is not installed"),
+]
+
+
+def _inputs(case: str, gen: torch.Generator, batch: int, keys: int = 4096):
+    q_heads, kv_heads, dim = 32, 8, 128
+    k = torch.randn(batch, keys, kv_heads, dim, generator=gen).to("cuda", torch.bfloat16)
+    v = torch.randn(batch, keys, kv_heads, dim, generator=gen).to("cuda", torch.bfloat16)
+    extra = {}
+    if case == "paged":
+        page = 128
+        pages = batch * keys // page
+        order = torch.randperm(pages, generator=gen)
+        k_pool = torch.empty(pages, page, kv_heads, dim, dtype=k.dtype, device="cuda")
+        v_pool = torch.empty_like(k_pool)
+        k_pool[order] = k.reshape(pages, page, kv_heads, dim)
+        v_pool[order] = v.reshape(pages, page, kv_heads, dim)
+        extra["page_table"] = order.view(batch, keys // page).to("cuda", torch.int32)
+        return k, v, k_pool, v_pool, extra
+    if case == "sinks":
+        extra["sinks"] = torch.randn(q_heads, generator=gen).to("cuda")
+    return k, v, k, v, extra
+
+
+@pytest.mark.parametrize("case, batch, num_splits, return_lse", [
+    ("dense", 1, 0, False),    # B = 1: the in-kernel merge
+    ("dense", 3, 1, True),     # one split writing the outputs
+    ("dense", 2, 24, True),    # many splits: the combine kernel
+    ("paged", 2, 0, False),
+    ("sinks", 1, 0, True),
+])
+def test_native_step_decodes_like_the_python_path(case, batch, num_splits, return_lse, monkeypatch):
+    assert native.module() is not None, native.status()
+    dispatch._PREPARED.clear()
+    gen = torch.Generator().manual_seed(batch * 31 + num_splits)
+    k, v, k_cache, v_cache, extra = _inputs(case, gen, batch)
+    side = torch.cuda.Stream()
+    steps_taken = []
+    for step, stream in enumerate([None, None, side, side, None]):
+        q = torch.randn(batch, 1, 32, 128, generator=gen).to("cuda", torch.bfloat16)
+        lens = torch.randint(1, k.shape[1] + 1, (batch,), generator=gen, dtype=torch.int32).to("cuda")
+        host_step = dispatch.HOST_STEPS.step
+        before = host_step.calls if host_step is not None else 0
+        with torch.cuda.stream(stream or torch.cuda.current_stream()):
+            got = flashsplit.decode(q, k_cache, v_cache, cache_seqlens=lens, num_splits=num_splits,
+                                    return_lse=return_lse, backend="cute", **extra)
+        torch.cuda.synchronize()
+        steps_taken.append(host_step is not None and host_step.calls > before)
+        out, lse = got if return_lse else (got, None)
+        check_against_reference(out, lse, q, k, v, lens, what=f"step {step}", sinks=extra.get("sinks"))
+        # The Python path (its eager path) on the same inputs: the same bits.
+        monkeypatch.setattr(dispatch, "_NATIVE", False)
+        saved, dispatch.HOST_STEPS.step = dispatch.HOST_STEPS.step, None
+        with torch.cuda.stream(stream or torch.cuda.current_stream()):
+            again = flashsplit.decode(q, k_cache, v_cache, cache_seqlens=lens, num_splits=num_splits,
+                                      return_lse=return_lse, backend="cute", **extra)
+        torch.cuda.synchronize()
+        dispatch.HOST_STEPS.step = saved
+        monkeypatch.setattr(dispatch, "_NATIVE", True)
+        again_out, again_lse = again if return_lse else (again, None)
+        assert torch.equal(out, again_out), f"step {step}"
+        if return_lse:
+            assert torch.equal(lse, again_lse), f"step {step}"
+    # The first call prepares; the second takes the step; the side stream's first call declines
+    # (no workspace there yet), its second takes it; back on the first stream it is taken.
+    assert steps_taken == [False, True, False, True, True], steps_taken
+
+
+def test_native_step_declines_inside_a_graph_capture():
+    """Captured calls take the Python path (graph-owned workspace); replays are exact."""
+    dispatch._PREPARED.clear()
+    gen = torch.Generator().manual_seed(5)
+    k, v, k_cache, v_cache, _ = _inputs("dense", gen, 1)
+    q = torch.randn(1, 1, 32, 128, generator=gen).to("cuda", torch.bfloat16)
+    lens = torch.full((1,), 4000, dtype=torch.int32, device="cuda")
+    for _ in range(2):  # prepare, then a native call: the step exists
+        flashsplit.decode(q, k_cache, v_cache, cache_seqlens=lens, backend="cute")
+    host_step = dispatch.HOST_STEPS.step
+    assert host_step is not None and host_step.calls > 0
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        flashsplit.decode(q, k_cache, v_cache, cache_seqlens=lens, backend="cute")  # warm this stream
+        torch.cuda.synchronize()
+        before_capture = host_step.calls
+        with torch.cuda.graph(graph, stream=stream):
+            out = flashsplit.decode(q, k_cache, v_cache, cache_seqlens=lens, backend="cute")
+    torch.cuda.current_stream().wait_stream(stream)
+    assert host_step.calls == before_capture, "the step launched inside the capture"
+    for length in (17, 4096, 1):
+        lens.fill_(length)
+        q.copy_(torch.randn(q.shape, generator=gen).to("cuda", torch.bfloat16))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_against_reference(out, None, q, k, v, lens, what=f"replay, {length} keys")
