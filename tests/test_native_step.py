@@ -262,3 +262,26 @@ def test_native_step_off_by_environment(monkeypatch):
     assert native.status() == "off (FLASHSPLIT_NATIVE=0)"
     monkeypatch.setenv("FLASHSPLIT_NATIVE", "1")
     assert native.enabled()
+
+
+def test_native_build_clears_a_lock_left_by_a_killed_build(extension, tmp_path):
+    """torch's build waits on its lock file while another process builds: one left behind by a
+    killed build is removed once stale, so the build (here: finding the cached module) returns."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from torch.utils.cpp_extension import get_default_build_root
+
+    directory = os.path.dirname(extension.__file__)
+    assert os.path.dirname(directory) == get_default_build_root()
+    lock = os.path.join(directory, "lock")
+    with open(lock, "w"):
+        pass
+    old = time.time() - 2 * native._STALE_LOCK_S
+    os.utime(lock, (old, old))
+    code = "import flashsplit.native as n; n.module(); print(n.status())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert done.stdout.strip().endswith("ready"), done.stderr[-2000:]
+    assert not os.path.exists(lock)

@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import threading
+import time
 
 import torch
 
@@ -33,6 +34,7 @@ STEP_ARGS = ("q", "k_cache", "v_cache", "out", "cache_seqlens", "block_table", "
 CONST, TENSOR, WORKSPACE, COUNTERS, STREAM = range(5)
 
 _SOURCE = os.path.join(os.path.dirname(__file__), "host_step.cpp")
+_STALE_LOCK_S = 300  # a build lock older than this was left by a killed build
 _lock = threading.Lock()
 _module = None
 _reason = "not built yet"
@@ -73,5 +75,10 @@ def _build():
     tag = re.sub(r"[^0-9A-Za-z]", "_", f"py{sys.version_info[0]}{sys.version_info[1]}_torch{torch.__version__}")
     directory = os.path.join(get_default_build_root(), f"flashsplit_host_step_{tag}")
     os.makedirs(directory, exist_ok=True)
+    # torch's build waits on this lock file while another process builds; one left behind by a
+    # killed build would make it wait forever (a build takes about 10 s).
+    lock = os.path.join(directory, "lock")
+    if os.path.exists(lock) and time.time() - os.path.getmtime(lock) > _STALE_LOCK_S:
+        os.remove(lock)
     return load("flashsplit_host_step", [_SOURCE], extra_cflags=["-O2", "-std=c++17"], build_directory=directory,
                 is_python_module=True, verbose=False)
