@@ -32,6 +32,13 @@ def extension():
     return module
 
 
+@pytest.fixture(autouse=True)
+def no_stand_in_steps_after():
+    """A step with stand-in launches must never serve a later test's decode()."""
+    yield
+    dispatch.HOST_STEPS.clear()
+
+
 class RecordingLaunch:
     """A stand-in fixed launch: its host function records the ``n`` per-call slots it sees."""
 
