@@ -1,9 +1,9 @@
-"""Command line: ``python -m flashsplit demo``, ``python -m flashsplit bench`` and ``python -m
-flashsplit tune`` (also installed as the ``flashsplit`` script).
+"""Command line: ``python -m flashsplit demo``, ``python -m flashsplit bench``, ``python -m
+flashsplit tune`` and ``python -m flashsplit native`` (also installed as the ``flashsplit`` script).
 
 Exit codes: 0 on success; 1 when a check failed (``demo``: the output disagrees with the float64
 reference; ``bench``: a contender was wrong, or an output file could not be written; ``tune``: a backend
-was wrong in a cell); 2 when nothing could run as asked (argparse's errors for unusable options,
+was wrong in a cell; ``native``: the native host step is off or did not build); 2 when nothing could run as asked (argparse's errors for unusable options,
 a backend this machine cannot run, ``bench`` or ``tune`` without a CUDA GPU, ``--plot`` without
 matplotlib).
 """
@@ -28,6 +28,7 @@ examples:
   flashsplit bench --dry-run              # the grid, contenders and planned splits, without a GPU
   flashsplit bench --batch 1 16 --seqlen 4k 128k --json out.json
   flashsplit tune --out h200.json         # time both backends over a grid: auto's table for this GPU
+  flashsplit native                       # build the native host step now (e.g. in an image), say its status
   flashsplit demo --help, flashsplit bench --help   # each command's options
 """
 
@@ -66,12 +67,26 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo, parser=demo)
     add_bench_parser(sub)
     add_tune_parser(sub)
+    native = sub.add_parser("native", help="build the native host step now (otherwise built on the first repeated "
+                                           "eager decode) and print its status",
+                            description="Build flashsplit's native host step (flashsplit.native: repeated eager "
+                                        "decode() calls checked and launched in C++) into torch's extension "
+                                        "cache, and print 'ready' or why it is off. Exit code 1 when it is off.")
+    native.set_defaults(func=_native, parser=native)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return args.func(args)
+
+
+def _native(args: argparse.Namespace) -> int:
+    from . import native
+
+    native.module()
+    print(f"native host step: {native.status()}")
+    return 0 if native.status() == "ready" else 1
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -130,3 +130,11 @@ def test_module_entry_point_reports_bad_input_without_a_traceback():
                           text=True, timeout=120, env=env, cwd=REPO)
     assert proc.returncode == 2
     assert "invalid choice: 'nope'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_native_builds_the_host_step_and_says_so(capsys, monkeypatch):
+    assert cli.main(["native"]) == 0
+    assert capsys.readouterr().out.strip() == "native host step: ready"
+    monkeypatch.setenv("FLASHSPLIT_NATIVE", "0")
+    assert cli.main(["native"]) == 1
+    assert capsys.readouterr().out.strip() == "native host step: off (FLASHSPLIT_NATIVE=0)"
