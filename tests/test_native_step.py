@@ -96,19 +96,16 @@ def _prepared_cute(monkeypatch, generator, extra="", with_lse=False, num_splits=
 
 
 def _native_step(prepared, tensors, options, monkeypatch, fail_with: int = 0):
-    """(step, recording launches) from ``prepared``'s host program, its launches recorded."""
+    """(step, recording launches, host program) from ``prepared``'s host program."""
+    from flashsplit.cute import launch_args, launcher as cute_launcher
+
     recorded = []
 
     def fixed(self):
-        n = sum(a.per_call for a in (eager_args(self)))
-        launch = RecordingLaunch(n, fail_with)
+        schema = launch_args.SPLIT_ARGS if isinstance(self, cute_launcher.SplitLaunch) else launch_args.COMBINE_ARGS
+        launch = RecordingLaunch(sum(arg.per_call for arg in schema), fail_with)
         recorded.append(launch)
         return launch
-
-    from flashsplit.cute import launch_args, launcher as cute_launcher
-
-    def eager_args(launch):
-        return launch_args.SPLIT_ARGS if isinstance(launch, cute_launcher.SplitLaunch) else launch_args.COMBINE_ARGS
 
     with monkeypatch.context() as patch:
         for cls in (cute_launcher.SplitLaunch, cute_launcher.CombineLaunch):
@@ -117,7 +114,7 @@ def _native_step(prepared, tensors, options, monkeypatch, fail_with: int = 0):
     program = program._replace(device_index=0)  # the CPU tensors' stand-in CUDA device
     step = steps.build_step(program, tensors, options)
     assert step is not None
-    return step, recorded
+    return step, recorded, program
 
 
 @pytest.mark.parametrize("extra", ["", "paged", "descale", "sinks", "batch_idx", "leftpad"])
@@ -126,7 +123,7 @@ def _native_step(prepared, tensors, options, monkeypatch, fail_with: int = 0):
 def test_native_step_launches_what_the_eager_path_launches(extension, num_splits, merge, with_lse, extra, generator,
                                                            monkeypatch):
     prepared, tensors, options, fast = _prepared_cute(monkeypatch, generator, extra, with_lse, num_splits, merge)
-    step, recorded = _native_step(prepared, tensors, options, monkeypatch)
+    step, recorded, _ = _native_step(prepared, tensors, options, monkeypatch)
     for _ in range(2):  # new q and lengths: each call's addresses are read
         tensors = tensors._replace(q=tensors.q.clone(), cache_seqlens=tensors.cache_seqlens.clone())
         result = step(*_step_args(tensors, options, with_lse))
@@ -146,7 +143,7 @@ def test_native_step_launches_what_the_eager_path_launches(extension, num_splits
 def test_native_step_declines_every_other_call(extension, generator, monkeypatch):
     """Any other fact, option, type or state: None (the Python path runs), nothing launched."""
     prepared, tensors, options, _ = _prepared_cute(monkeypatch, generator, "descale", False)
-    step, recorded = _native_step(prepared, tensors, options, monkeypatch)
+    step, recorded, program = _native_step(prepared, tensors, options, monkeypatch)
     q, k = tensors.q, tensors.k_cache
     wider = torch.empty(q.shape[:-1] + (2 * q.shape[-1],), dtype=q.dtype, device=q.device)
     declined = {
@@ -182,7 +179,7 @@ def test_native_step_declines_every_other_call(extension, generator, monkeypatch
         assert step(*_step_args(tensors, options, False)) is None, "transient scratch"
     workspaces = prepared.launcher.workspace.addresses
     numel, address = workspaces[(0, 5)]
-    workspaces[(0, 5)] = (prepared_numel(prepared, tensors) - 1, address)
+    workspaces[(0, 5)] = (program.workspace_numel - 1, address)
     assert step(*_step_args(tensors, options, False)) is None, "workspace too small"
     del workspaces[(0, 5)]
     assert step(*_step_args(tensors, options, False)) is None, "no workspace on this stream"
@@ -197,22 +194,11 @@ def test_native_step_declines_every_other_call(extension, generator, monkeypatch
         step(*_step_args(tensors, options, False)[:-1])
 
 
-def prepared_numel(prepared, tensors) -> int:
-    from flashsplit.cute.eager import host_program
-
-    with pytest.MonkeyPatch.context() as patch:
-        from flashsplit.cute import launcher as cute_launcher
-
-        for cls in (cute_launcher.SplitLaunch, cute_launcher.CombineLaunch):
-            patch.setattr(cls, "fixed", lambda self: RecordingLaunch(0))
-        return host_program(prepared, tensors)[0]
-
-
 def test_native_step_declines_while_capturing(extension, generator, monkeypatch):
     prepared, tensors, options, _ = _prepared_cute(monkeypatch, generator)
     capturing = [True]
     monkeypatch.setattr(eager, "_capturing", lambda: capturing[0])
-    step, _ = _native_step(prepared, tensors, options, monkeypatch)
+    step, _, _ = _native_step(prepared, tensors, options, monkeypatch)
     assert step(*_step_args(tensors, options, False)) is None
     capturing[0] = False
     assert step(*_step_args(tensors, options, False)) is not None
@@ -220,7 +206,7 @@ def test_native_step_declines_while_capturing(extension, generator, monkeypatch)
 
 def test_native_step_takes_page_table_as_block_table(extension, generator, monkeypatch):
     prepared, tensors, options, _ = _prepared_cute(monkeypatch, generator, "paged")
-    step, recorded = _native_step(prepared, tensors, options, monkeypatch)
+    step, recorded, _ = _native_step(prepared, tensors, options, monkeypatch)
     assert step(*_step_args(tensors, options, False, block_table=None, page_table=tensors.block_table)) is not None
     assert tensors.block_table.data_ptr() in recorded[0].seen[-1]
 
@@ -228,7 +214,7 @@ def test_native_step_takes_page_table_as_block_table(extension, generator, monke
 def test_native_step_raises_a_launch_error(extension, generator, monkeypatch):
     """A host function's CUDA error is raised (by the program's raise_cuda) and reset."""
     prepared, tensors, options, _ = _prepared_cute(monkeypatch, generator)
-    step, recorded = _native_step(prepared, tensors, options, monkeypatch, fail_with=700)
+    step, recorded, _ = _native_step(prepared, tensors, options, monkeypatch, fail_with=700)
     with pytest.raises(Exception, match="700|illegal address|CUDA"):
         step(*_step_args(tensors, options, False))
     assert recorded[0].result.value == 0
@@ -240,7 +226,7 @@ def test_decode_offers_calls_to_the_last_signatures_step(extension, generator, m
     import flashsplit
 
     prepared, tensors, options, _ = _prepared_cute(monkeypatch, generator)
-    step, recorded = _native_step(prepared, tensors, options, monkeypatch)
+    step, recorded, _ = _native_step(prepared, tensors, options, monkeypatch)
     program = prepared.host_program
     monkeypatch.setattr(steps, "build_step", lambda program, tensors, options: step)
     host = dispatch.HOST_STEPS

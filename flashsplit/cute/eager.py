@@ -28,12 +28,14 @@ from ..workspace import _SCRATCH, _capturing
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def eager_path(prepared, tensors: DecodeTensors, device_index: int) -> Callable[[DecodeTensors], bool] | None:
-    """``run(tensors) -> bool`` for calls of ``prepared``'s signature on CUDA device
-    ``device_index`` (``tensors``: one such call, after its first launch), or None where this
-    configuration has no eager path (new keys appended in the call, no fast launcher)."""
-    variant = prepared.variant
-    if variant.seqlen_new or _raw_stream is None:
+def _launches_and_layout(prepared, tensors: DecodeTensors):
+    """``(split, combine, rows, workspace numel, lp offset, lse offset)`` of ``prepared``'s eager
+    launches for calls like ``tensors``: new fixed launches (combine None where the split kernel
+    merges or writes the outputs), the output rows, the fp32 elements the launches take from the
+    stream's workspace, and the byte offsets there of the partial LSEs (after the partial outputs)
+    and of the lse scratch (after them); None where this configuration has no eager path (new
+    keys appended in the call, no fast launcher)."""
+    if prepared.variant.seqlen_new or _raw_stream is None:
         return None
     split = prepared.split.fixed()
     combine = prepared.combine.fixed() if prepared.combine is not None else None
@@ -43,8 +45,19 @@ def eager_path(prepared, tensors: DecodeTensors, device_index: int) -> Callable[
     rows = batch * seqlen_q * num_heads
     partial_rows = 0 if prepared.direct else prepared.num_splits * rows
     numel = partial_rows * (head_dim + 1) + rows * (tensors.lse is None) or 1
-    lp_offset = partial_rows * head_dim * 4  # bytes: the partial LSEs follow the partial outputs
-    lse_offset = lp_offset + partial_rows * 4  # then the lse scratch
+    lp_offset = partial_rows * head_dim * 4
+    return split, combine, rows, numel, lp_offset, lp_offset + partial_rows * 4
+
+
+def eager_path(prepared, tensors: DecodeTensors, device_index: int) -> Callable[[DecodeTensors], bool] | None:
+    """``run(tensors) -> bool`` for calls of ``prepared``'s signature on CUDA device
+    ``device_index`` (``tensors``: one such call, after its first launch), or None where this
+    configuration has no eager path (new keys appended in the call, no fast launcher)."""
+    layout = _launches_and_layout(prepared, tensors)
+    if layout is None:
+        return None
+    split, combine, rows, numel, lp_offset, lse_offset = layout
+    variant = prepared.variant
     full = prepared.split.full_seqlens
     full_ptr = full.data_ptr() if full is not None else 0
     workspaces = prepared.launcher.workspace.addresses
@@ -104,19 +117,11 @@ def host_program(prepared, tensors: DecodeTensors):
     alone. ``tensors``: one call of ``prepared``'s signature (which optional tensors it gives)."""
     from ..native import CONST, COUNTERS, STREAM, TENSOR, WORKSPACE
 
+    layout = _launches_and_layout(prepared, tensors)
+    if layout is None:
+        return None
+    split, combine, rows, numel, lp_offset, lse_offset = layout
     variant = prepared.variant
-    if variant.seqlen_new or _raw_stream is None:
-        return None
-    split = prepared.split.fixed()
-    combine = prepared.combine.fixed() if prepared.combine is not None else None
-    if split is None or (prepared.combine is not None and combine is None):
-        return None
-    batch, seqlen_q, num_heads, head_dim = tensors.q.shape
-    rows = batch * seqlen_q * num_heads
-    partial_rows = 0 if prepared.direct else prepared.num_splits * rows
-    numel = partial_rows * (head_dim + 1) + rows * (tensors.lse is None) or 1
-    lp_offset = partial_rows * head_dim * 4
-    lse_offset = lp_offset + partial_rows * 4
 
     def field(name: str):
         return TENSOR, DecodeTensors._fields.index(name), 0
