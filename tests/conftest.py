@@ -11,6 +11,7 @@ launching (``CUTE_DSL_ARCH``, which cutlass reads when it is first imported, whi
 imports it first).
 """
 
+import importlib.util
 import os
 import zlib
 
@@ -27,6 +28,14 @@ import flashsplit  # noqa: E402,F401  (its Triton kernels are defined once, with
 
 
 FULL_SKIP_REASON = "full CPU matrix: run with pytest --full"
+
+HAS_SM90 = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
+#: The marks of a module that launches the cute backend: a Hopper GPU and nvidia-cutlass-dsl.
+CUTE_GPU_MARKS = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not HAS_SM90, reason="needs a CUDA device of compute capability 9.0"),
+    pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="nvidia-cutlass-dsl is not installed"),
+]
 
 
 def pytest_addoption(parser):

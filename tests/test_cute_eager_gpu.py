@@ -8,8 +8,6 @@ Skipped cleanly without CUDA, compute capability 9.0 or nvidia-cutlass-dsl.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
@@ -17,12 +15,9 @@ import flashsplit
 from flashsplit import dispatch
 from flashsplit.testing import check_against_reference
 
-_HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not _HAS_SM90, reason="needs a CUDA device of compute capability 9.0"),
-    pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="nvidia-cutlass-dsl is not installed"),
-]
+from conftest import CUTE_GPU_MARKS
+
+pytestmark = CUTE_GPU_MARKS
 
 
 @pytest.fixture

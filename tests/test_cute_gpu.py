@@ -16,7 +16,6 @@ Run as a script for a small benchmark (device microseconds per call, CUDA-graph 
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import pytest
@@ -33,13 +32,9 @@ from flashsplit.testing import (
     make_inputs,
 )
 
-_HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-_HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not _HAS_SM90, reason="needs a CUDA device of compute capability 9.0"),
-    pytest.mark.skipif(not _HAS_CUTLASS, reason="nvidia-cutlass-dsl is not installed"),
-]
+from conftest import CUTE_GPU_MARKS
+
+pytestmark = CUTE_GPU_MARKS
 
 # One batch row per regime: empty, one key, a tile minus one, a tile plus one, many tiles.
 LENGTHS = (0, 1, 127, 129, 1000)
@@ -949,6 +944,21 @@ def _launch_switch_inputs(gen, batch, seqlen_k, heads, head_dim, seqlen_q, lengt
     return q, k, v, lens, caches, table
 
 
+def _same_bits_both_ways(monkeypatch, switch: str, decode_once) -> None:
+    """``decode_once(setting) -> (out, lse)`` with ``choice.<switch>`` False, then True (the
+    prepared launchers dropped around each): both outputs bitwise equal."""
+    from flashsplit.cute import choice
+    from flashsplit.registry import invalidate
+
+    results = []
+    for setting in (False, True):
+        monkeypatch.setattr(choice, switch, setting)
+        invalidate()
+        results.append(decode_once(setting))
+    invalidate()
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
 # CTAs launched KV heads first (choice.HEADS_FIRST): one split, merged splits (two CTAs per SM,
 # one per SM, swapped operands), splits past the merge (the combine), batch-invariant runs of
 # splits, TMA pages.
@@ -961,26 +971,22 @@ def test_heads_first_gives_the_same_bits(batch, seqlen_k, heads, num_splits, ext
     """The launch order changes which CTAs run together, never what each computes: out and lse
     are bitwise those of splits first, and right against the reference."""
     import flashsplit
-    from flashsplit.cute import choice
-    from flashsplit.registry import invalidate
 
     extra = dict(extra)
     gen = torch.Generator().manual_seed(5)
     q, k, v, lens, caches, table = _launch_switch_inputs(gen, batch, seqlen_k, heads, 128, 1,
                                                          [seqlen_k, seqlen_k // 3, 1][:batch],
                                                          extra.pop("page_size", 0))
-    results = []
-    for heads_first in (False, True):
-        monkeypatch.setattr(choice, "HEADS_FIRST", heads_first)
-        invalidate()
+
+    def decode_once(heads_first):
         out = torch.full_like(q, float("nan"))
         _, lse = flashsplit.decode(q, *caches, cache_seqlens=lens, block_table=table, num_splits=num_splits,
                                    out=out, return_lse=True, backend="cute", **extra)
         torch.cuda.synchronize()
         check_against_reference(out, lse, q, k, v, lens, False, 128 ** -0.5)
-        results.append((out, lse))
-    invalidate()
-    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+        return out, lse
+
+    _same_bits_both_ways(monkeypatch, "HEADS_FIRST", decode_once)
 
 
 # Splits merged through one thread-block cluster (choice.CLUSTER_MERGE): B = 1 and 2 at 32/8
@@ -996,8 +1002,6 @@ def test_cluster_merge_gives_the_same_bits(batch, seqlen_k, heads, head_dim, seq
     partials computes: out and lse bitwise equal, and right against the reference."""
     import flashsplit
     from flashsplit import dispatch
-    from flashsplit.cute import choice
-    from flashsplit.registry import invalidate
 
     extra = dict(extra)
     gen = torch.Generator().manual_seed(7)
@@ -1006,10 +1010,8 @@ def test_cluster_merge_gives_the_same_bits(batch, seqlen_k, heads, head_dim, seq
                                                          extra.pop("page_size", 0))
     sinks = torch.randn(heads[0], generator=gen).cuda() if extra.pop("sinks", False) else None
     causal = seqlen_q > 1
-    results = []
-    for cluster in (False, True):
-        monkeypatch.setattr(choice, "CLUSTER_MERGE", cluster)
-        invalidate()
+
+    def decode_once(cluster):
         out = torch.full_like(q, float("nan"))
         _, lse = flashsplit.decode(q, *caches, cache_seqlens=lens, block_table=table, num_splits=num_splits,
                                    causal=causal, sinks=sinks, out=out, return_lse=True, backend="cute")
@@ -1017,6 +1019,6 @@ def test_cluster_merge_gives_the_same_bits(batch, seqlen_k, heads, head_dim, seq
         assert dispatch._PREPARED.last[1].tile.cluster is cluster  # the launch the case is about
         check_against_reference(out, lse, q, k, v, lens, causal, head_dim ** -0.5,
                                 **({"sinks": sinks} if sinks is not None else {}))
-        results.append((out, lse))
-    invalidate()
-    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+        return out, lse
+
+    _same_bits_both_ways(monkeypatch, "CLUSTER_MERGE", decode_once)

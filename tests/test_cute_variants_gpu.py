@@ -16,7 +16,6 @@ default run takes one split path of each kind per parametrization (~2 minutes, m
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import pytest
@@ -28,13 +27,10 @@ from flashsplit.problem import Variant
 from flashsplit.reference import combine_ref, dequantize, split_partials_ref
 from flashsplit.testing import POISON, DecodeCase, check_against_reference, make_inputs, quantize_fp8, to_paged
 
-_HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-_HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not _HAS_SM90, reason="needs a CUDA device of compute capability 9.0"),
-    pytest.mark.skipif(not _HAS_CUTLASS, reason="nvidia-cutlass-dsl is not installed"),
-]
+from conftest import CUTE_GPU_MARKS
+
+pytestmark = CUTE_GPU_MARKS
+
 FULL = pytest.mark.full
 CAPACITY = 1024
 # Rows: a full cache, many tiles, 257 = 1 + 2 granules (window 128 at L_q 1 starts on a granule),
