@@ -110,12 +110,14 @@ def eager_path(prepared, tensors: DecodeTensors, device_index: int) -> Callable[
 
 def host_program(prepared, tensors: DecodeTensors):
     """What :func:`eager_path`'s ``run`` computes, as data for a native caller
-    (:class:`flashsplit.native.HostStep`): ``(workspace_numel, counter_count, launches)`` with
-    ``launches`` ``[(fixed launch, sources)]``, one source ``(kind, field, offset)`` per per-call
+    (:class:`flashsplit.native.HostStep`): a :class:`~flashsplit.native.steps.HostProgram` whose
+    launches are ``[(fixed launch, sources)]``, one source ``(kind, field, offset)`` per per-call
     value (kinds of :mod:`flashsplit.native`; ``field`` indexes :class:`DecodeTensors`), or None
     where this configuration has no eager path. The fixed launches are new ones, for the caller
     alone. ``tensors``: one call of ``prepared``'s signature (which optional tensors it gives)."""
     from ..native import CONST, COUNTERS, STREAM, TENSOR, WORKSPACE
+    from ..native.steps import HostProgram
+    from .fastcall import _raise_cuda
 
     layout = _launches_and_layout(prepared, tensors)
     if layout is None:
@@ -151,4 +153,5 @@ def host_program(prepared, tensors: DecodeTensors):
                          merge_out, merge_lse, arrivals, split_sinks, leftpad, stream))]
     if combine is not None:
         launches.append((combine, (o, lp, field("out"), lse, lse if no_sinks else field("sinks"), stream)))
-    return numel, rows if merge else 0, launches
+    return HostProgram(tensors.q.get_device(), _raw_stream, _capturing, prepared.launcher.workspace.addresses,
+                       prepared.launcher.arrivals.addresses, numel, rows if merge else 0, launches, _raise_cuda)

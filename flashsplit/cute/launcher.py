@@ -221,21 +221,13 @@ class PreparedCuteDecode:
             self.eager = eager_path(self, tensors, key[0]) or False
 
     def host_program(self, tensors: DecodeTensors):
-        """The eager path's launches for a native caller
-        (:class:`~flashsplit.native.steps.HostProgram`), or None before the eager path exists
-        (False where this configuration has none)."""
+        """The eager path's launches for a native caller (:func:`~flashsplit.cute.eager.host_program`),
+        or None before the eager path exists (False where this configuration has none)."""
         if not self.eager:
             return self.eager
-        from ..native.steps import HostProgram
-        from .eager import _capturing, _raw_stream, host_program
-        from .fastcall import _raise_cuda
+        from .eager import host_program
 
-        program = host_program(self, tensors)
-        if program is None:
-            return False
-        numel, counters, launches = program
-        return HostProgram(tensors.q.get_device(), _raw_stream, _capturing, self.launcher.workspace.addresses,
-                           self.launcher.arrivals.addresses, numel, counters, launches, _raise_cuda)
+        return host_program(self, tensors) or False
 
     def _first_launch_setup(self, q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, out, lse,
                             buffer, partial_rows, rows, sinks=None) -> None:
