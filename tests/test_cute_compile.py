@@ -488,8 +488,9 @@ def test_merge_configs():
 def test_heads_first_configs():
     """KV heads first is a launch order: each such configuration is its splits-first twin (one
     ``split_config`` builds) in every other field and in shared memory; the check builds it for
-    one split, partials, the merge on each tile and batch-invariant runs. Launches take it only
-    when asked (``choice.HEADS_FIRST`` off), batch-invariant ones included."""
+    one split, partials, the merge on each tile and batch-invariant runs. Launches take it by
+    :func:`~flashsplit.cute.choice.launches_heads_first` (32 KV heads, 16 batch rows) or when
+    asked, batch-invariant ones included."""
     from flashsplit.cute import choice
     from flashsplit.cute.config_lists import at_head_dim
 
@@ -503,11 +504,16 @@ def test_heads_first_configs():
     assert {"one per SM", "swap", "two CTAs"} <= {"one per SM" if _one_per_sm(c) else "swap" if c.swap_rows
                                                   else "two CTAs" for c in ordered if c.merge}
     assert any(c.invariant for c in ordered)
-    assert not choice.HEADS_FIRST
+    assert choice.HEADS_FIRST is None
     problem = DecodeProblem(batch=4, seqlen_q=1, seqlen_k=4096, num_heads=32, num_heads_kv=8, head_dim=128,
                             dtype=torch.bfloat16, causal=False, has_cache_seqlens=True, device_type="cuda")
     assert not choice.choose(problem, 8, 132).heads_first
     assert choice.choose(problem, 8, 132, heads_first=True).heads_first
+    mha = dataclasses.replace(problem, num_heads_kv=32)
+    for batch, expected in ((4, False), (15, False), (16, True), (64, True)):
+        assert choice.choose(dataclasses.replace(mha, batch=batch), 1, 132).heads_first is expected
+    assert not choice.choose(dataclasses.replace(problem, batch=64), 1, 132).heads_first  # 8 KV heads
+    assert not choice.choose(dataclasses.replace(mha, batch=64), 1, 132, heads_first=False).heads_first
     invariant = dataclasses.replace(problem, batch_invariant=True)
     assert choice.choose(invariant, 8, 132, heads_first=True).heads_first
 

@@ -252,6 +252,15 @@ def test_heads_first_launch_order_gives_the_same_bits(num_splits, page_size, gen
     assert torch.equal(results[True][1], results[False][1])
 
 
+def test_heads_first_rule():
+    """Split programs run KV heads first from 32 KV heads and 64 batch rows, unless forced."""
+    from flashsplit.triton.backend import TritonBackend, launches_heads_first
+
+    assert TritonBackend.heads_first is None
+    assert launches_heads_first(32, 64) and launches_heads_first(64, 128)
+    assert not launches_heads_first(32, 63) and not launches_heads_first(8, 64) and not launches_heads_first(16, 256)
+
+
 @triton.jit
 def _program_work_probe(VISITS, TILES, B, Z, HEADS_FIRST: tl.constexpr):
     """Counts each program's work item and records its row tile's counter index."""

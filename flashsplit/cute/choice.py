@@ -48,9 +48,18 @@ ONE_PER_SM_MIN_SPLIT_KEYS = 16384
 #: split kernel gains from the second split at 1k keys there: 20.4 vs 22.1 at B = 14.)
 UNSPLIT_MAX_SPAN = 1024
 
-#: Launch the split CTAs KV heads first (``SplitConfig.heads_first``) instead of splits first.
-#: Off until measured: :func:`choose` takes it for every launch, or as a caller forces it.
-HEADS_FIRST = False
+#: Launches of at least this many KV heads and batch rows run their split CTAs KV heads first
+#: (``SplitConfig.heads_first``): the CTAs of one batch row's heads then read the same key rows
+#: side by side. H200, bf16, d = 128, splits first -> KV heads first, us: 32/32 heads B = 64 x
+#: 1k / 4k / 16k 247.6 / 965.6 / 3837.8 -> 242.0 / 948.1 / 3793.8, B = 16 x 4k 244.2 -> 243.1;
+#: with 8 KV heads within 0.5% either way (B = 64 x 4k 243.3 -> 242.4, 16k 960.9 -> 960.2,
+#: B = 16 x 128k 1878.3 -> 1883.0), and B = 4 x 1k at 32/32 heads 18.59 -> 18.73.
+HEADS_FIRST_MIN_KV_HEADS = 32
+HEADS_FIRST_MIN_BATCH = 16
+
+#: Forces the launch order of every launch (True: KV heads first, False: splits first); None:
+#: :func:`launches_heads_first` decides.
+HEADS_FIRST: bool | None = None
 
 #: Merge a launch's splits through one thread-block cluster (``SplitConfig.cluster``) where
 #: :func:`clusters` allows it, instead of the arrival counter. Off until measured.
@@ -233,7 +242,7 @@ def choose(problem: DecodeProblem, num_splits: int, num_sms: int, max_splits: in
     two-CTA tile with the combine kernel, unswapped: each of these rules follows the launch's
     size, which follows the batch (its CTAs' runs of splits follow it too, but change no result)."""
     if heads_first is None:
-        heads_first = HEADS_FIRST
+        heads_first = launches_heads_first(problem) if HEADS_FIRST is None else HEADS_FIRST
     if problem.batch_invariant:
         ctas = invariant_split_ctas(problem.work_units(BLOCK_M), num_splits, configs.split_tile(problem.head_dim)[2],
                                     num_sms) if problem.head_dim in configs.HEAD_DIMS else 0
@@ -258,6 +267,12 @@ def choose(problem: DecodeProblem, num_splits: int, num_sms: int, max_splits: in
     if cluster:
         one_wave = heads_first = False
     return LaunchChoice(one_per_sm, one_wave, merge, swap, heads_first=heads_first, cluster=cluster)
+
+
+def launches_heads_first(problem: DecodeProblem) -> bool:
+    """Whether a launch runs its split CTAs KV heads first (``HEADS_FIRST_MIN_KV_HEADS`` and
+    ``HEADS_FIRST_MIN_BATCH``): wide key rows (many KV heads) read by many batch rows at once."""
+    return problem.num_heads_kv >= HEADS_FIRST_MIN_KV_HEADS and problem.batch >= HEADS_FIRST_MIN_BATCH
 
 
 def clusters(problem: DecodeProblem, num_splits: int, num_sms: int, merge: bool, swap: bool) -> bool:
