@@ -146,7 +146,7 @@ def report(seqlen_k: int, calls: int) -> None:
             continue
         whole = per_call_us(lambda name=name: flashsplit.decode(q, k, v, cache_seqlens=lens, backend=name), calls)
         step = dispatch.HOST_STEPS.step
-        native_note = f" (native host step: {native.status()})" if step is None else ""
+        native_note = f" (no native step; extension: {native.status()})" if step is None else ""
         python_path = whole
         if step is not None:  # the same calls on the Python path, for comparison
             dispatch._NATIVE, dispatch.HOST_STEPS.step = False, None

@@ -1,8 +1,10 @@
-"""The native host step on a Hopper GPU: after a signature's first ``decode()``, later calls with a
-fresh output launch through it, bit for bit what the Python path computes, on another stream
-too (declined there until that stream has a workspace), and never inside a CUDA graph capture.
+"""The native host step on a GPU, for both backends: after a signature's first ``decode()``,
+later calls with a fresh output launch through it, bit for bit what the Python path computes, on
+another stream too (declined there until that stream has a workspace, where the launch needs
+one), never inside a CUDA graph capture, and never while a Triton launch hook is set.
 
-Skipped cleanly without CUDA, compute capability 9.0 or nvidia-cutlass-dsl.
+Skipped cleanly without CUDA; the cute cases also need compute capability 9.0 and
+nvidia-cutlass-dsl.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from flashsplit.testing import check_against_reference
 
 from conftest import CUTE_GPU_MARKS
 
-pytestmark = CUTE_GPU_MARKS
+pytestmark = pytest.mark.gpu
+BACKENDS = [pytest.param("cute", marks=CUTE_GPU_MARKS[1:]), "triton"]
 
 
 def _inputs(case: str, gen: torch.Generator, batch: int, keys: int = 4096):
@@ -39,14 +42,16 @@ def _inputs(case: str, gen: torch.Generator, batch: int, keys: int = 4096):
     return k, v, k, v, extra
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case, batch, num_splits, return_lse", [
-    ("dense", 1, 0, False),    # B = 1: the in-kernel merge
+    ("dense", 1, 0, False),    # B = 1: cute's in-kernel merge, Triton's combine
     ("dense", 3, 1, True),     # one split writing the outputs
+    ("dense", 4, 3, False),    # three splits: merged in the split kernel
     ("dense", 2, 24, True),    # many splits: the combine kernel
     ("paged", 2, 0, False),
     ("sinks", 1, 0, True),
 ])
-def test_native_step_decodes_like_the_python_path(case, batch, num_splits, return_lse, monkeypatch):
+def test_native_step_decodes_like_the_python_path(backend, case, batch, num_splits, return_lse, monkeypatch):
     assert native.module() is not None, native.status()
     dispatch._PREPARED.clear()
     gen = torch.Generator().manual_seed(batch * 31 + num_splits)
@@ -60,7 +65,7 @@ def test_native_step_decodes_like_the_python_path(case, batch, num_splits, retur
         before = host_step.calls if host_step is not None else 0
         with torch.cuda.stream(stream or torch.cuda.current_stream()):
             got = flashsplit.decode(q, k_cache, v_cache, cache_seqlens=lens, num_splits=num_splits,
-                                    return_lse=return_lse, backend="cute", **extra)
+                                    return_lse=return_lse, backend=backend, **extra)
         torch.cuda.synchronize()
         steps_taken.append(host_step is not None and host_step.calls > before)
         out, lse = got if return_lse else (got, None)
@@ -70,7 +75,7 @@ def test_native_step_decodes_like_the_python_path(case, batch, num_splits, retur
         saved, dispatch.HOST_STEPS.step = dispatch.HOST_STEPS.step, None
         with torch.cuda.stream(stream or torch.cuda.current_stream()):
             again = flashsplit.decode(q, k_cache, v_cache, cache_seqlens=lens, num_splits=num_splits,
-                                      return_lse=return_lse, backend="cute", **extra)
+                                      return_lse=return_lse, backend=backend, **extra)
         torch.cuda.synchronize()
         dispatch.HOST_STEPS.step = saved
         monkeypatch.setattr(dispatch, "_NATIVE", True)
@@ -79,11 +84,16 @@ def test_native_step_decodes_like_the_python_path(case, batch, num_splits, retur
         if return_lse:
             assert torch.equal(lse, again_lse), f"step {step}"
     # The first call prepares; the second takes the step; the side stream's first call declines
-    # (no workspace there yet), its second takes it; back on the first stream it is taken.
-    assert steps_taken == [False, True, False, True, True], steps_taken
+    # where the launch needs a workspace (none there yet), its second takes it; back on the first
+    # stream it is taken. Triton's single split reads no workspace.
+    splits = num_splits or flashsplit.plan(batch, k.shape[1], 32, 8, 128, page_size=128 if case == "paged" else 0,
+                                           backend=backend).num_splits
+    needs_workspace = backend == "cute" or splits > 1
+    assert steps_taken == [False, True, not needs_workspace, True, True], steps_taken
 
 
-def test_native_step_declines_inside_a_graph_capture():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_native_step_declines_inside_a_graph_capture(backend):
     """Captured calls take the Python path (graph-owned workspace); replays are exact."""
     dispatch._PREPARED.clear()
     gen = torch.Generator().manual_seed(5)
@@ -91,18 +101,18 @@ def test_native_step_declines_inside_a_graph_capture():
     q = torch.randn(1, 1, 32, 128, generator=gen).to("cuda", torch.bfloat16)
     lens = torch.full((1,), 4000, dtype=torch.int32, device="cuda")
     for _ in range(2):  # prepare, then a native call: the step exists
-        flashsplit.decode(q, k_cache, v_cache, cache_seqlens=lens, backend="cute")
+        flashsplit.decode(q, k_cache, v_cache, cache_seqlens=lens, backend=backend)
     host_step = dispatch.HOST_STEPS.step
     assert host_step is not None and host_step.calls > 0
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream):
-        flashsplit.decode(q, k_cache, v_cache, cache_seqlens=lens, backend="cute")  # warm this stream
+        flashsplit.decode(q, k_cache, v_cache, cache_seqlens=lens, backend=backend)  # warm this stream
         torch.cuda.synchronize()
         before_capture = host_step.calls
         with torch.cuda.graph(graph, stream=stream):
-            out = flashsplit.decode(q, k_cache, v_cache, cache_seqlens=lens, backend="cute")
+            out = flashsplit.decode(q, k_cache, v_cache, cache_seqlens=lens, backend=backend)
     torch.cuda.current_stream().wait_stream(stream)
     assert host_step.calls == before_capture, "the step launched inside the capture"
     for length in (17, 4096, 1):
@@ -112,3 +122,29 @@ def test_native_step_declines_inside_a_graph_capture():
         graph.replay()
         torch.cuda.synchronize()
         check_against_reference(out, None, q, k, v, lens, what=f"replay, {length} keys")
+
+
+def test_triton_step_declines_while_a_launch_hook_is_set():
+    """A profiler's Triton launch hook sees every launch: with one set, calls take Triton's own path."""
+    import triton
+
+    dispatch._PREPARED.clear()
+    gen = torch.Generator().manual_seed(9)
+    k, v, k_cache, v_cache, _ = _inputs("dense", gen, 1)
+    q = torch.randn(1, 1, 32, 128, generator=gen).to("cuda", torch.bfloat16)
+    lens = torch.full((1,), 3000, dtype=torch.int32, device="cuda")
+    for _ in range(2):
+        flashsplit.decode(q, k_cache, v_cache, cache_seqlens=lens, backend="triton")
+    host_step = dispatch.HOST_STEPS.step
+    assert host_step is not None and host_step.calls > 0
+    seen = []
+    hook = seen.append
+    triton.knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        before = host_step.calls
+        out = flashsplit.decode(q, k_cache, v_cache, cache_seqlens=lens, backend="triton")
+        torch.cuda.synchronize()
+    finally:
+        triton.knobs.runtime.launch_enter_hook.remove(hook)
+    assert host_step.calls == before and len(seen) == 2  # the split kernel and the combine, through Triton
+    check_against_reference(out, None, q, k, v, lens, what="with a launch hook")

@@ -7,10 +7,13 @@
 // argument array, the block of 8-byte per-call slots that array points into, the slot of the
 // CUDA result the function writes, and where each per-call slot's value comes from (a tensor's
 // address, the stream's workspace or arrival counters plus an offset, the stream, a constant).
+// CuTe kernels come with compiled host functions; Triton kernels launch through
+// flashsplit_driver_launch (cuLaunchKernelEx on parameters packed once).
 //
 // step(*args) returns the output (or (out, lse)) after launching, or None where the call is not
 // one it can take (any fact, option or type differs, a CUDA graph is being captured, scratch is
-// transient, the stream has no large enough workspace yet): the caller then runs the Python
+// transient, the stream has no large enough workspace yet where the launches need one; for
+// Triton's, a launch hook is set: the program's capture probe says so): the caller then runs the Python
 // path, which validates and explains. It reads the same Python state the Python eager path
 // reads (the raw-stream and capture functions, the workspace and counter dicts, the transient
 // flag), so the two never disagree. The GIL is held throughout: launches of one step never
@@ -26,6 +29,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -186,8 +190,9 @@ PyObject* step_call(PyObject* self_obj, PyObject* const* args, size_t nargsf, Py
   Py_DECREF(stream_obj);
   if (key == nullptr) return decline();
   int64_t workspace_numel = 0, workspace = 0, counter_count = 0, counters = 0;
-  bool ready = stream_entry(PyTuple_GET_ITEM(state, 4), key, &workspace_numel, &workspace) &&
-               workspace_numel >= self->workspace_numel &&
+  bool ready = (self->workspace_numel == 0 ||
+                (stream_entry(PyTuple_GET_ITEM(state, 4), key, &workspace_numel, &workspace) &&
+                 workspace_numel >= self->workspace_numel)) &&
                (self->counter_count == 0 ||
                 (stream_entry(PyTuple_GET_ITEM(state, 5), key, &counter_count, &counters) &&
                  counter_count >= self->counter_count));
@@ -389,8 +394,29 @@ PyObject* no_launch_address(PyObject*, PyObject*) {
   return PyLong_FromVoidPtr(reinterpret_cast<void*>(&flashsplit_no_launch));
 }
 
+// CUlaunchConfig's hStream: after gridDim, blockDim (3 x uint32 each), sharedMemBytes and 4
+// bytes of padding (checked against the ctypes layout in flashsplit/triton/driver_launch.py).
+constexpr size_t kConfigStreamOffset = 32;
+
+// One kernel launch through the CUDA driver, for kernels that have no host function of their
+// own (Triton's). packed: [0] cuLaunchKernelEx, [1] the CUfunction, [2] its void* kernelParams[],
+// [3] the CUlaunchConfig, [4] the per-call slot that holds the stream, [5] the int32 CUresult.
+extern "C" void flashsplit_driver_launch(void** packed) {
+  using LaunchKernelEx = int (*)(const void* config, void* function, void** params, void** extra);
+  char* config = static_cast<char*>(packed[3]);
+  std::memcpy(config + kConfigStreamOffset, packed[4], sizeof(uint64_t));
+  *static_cast<int32_t*>(packed[5]) =
+      reinterpret_cast<LaunchKernelEx>(packed[0])(config, packed[1], static_cast<void**>(packed[2]), nullptr);
+}
+
+PyObject* driver_launch_address(PyObject*, PyObject*) {
+  return PyLong_FromVoidPtr(reinterpret_cast<void*>(&flashsplit_driver_launch));
+}
+
 PyMethodDef module_methods[] = {
     {"no_launch_address", no_launch_address, METH_NOARGS, "Address of a host function that does nothing."},
+    {"driver_launch_address", driver_launch_address, METH_NOARGS,
+     "Address of the host function that launches one kernel through cuLaunchKernelEx."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "flashsplit_host_step", "flashsplit's native host step.", -1,

@@ -78,7 +78,7 @@ class HostSteps:
             if program is None:  # not ready yet (its first launch has not run): try again next call
                 self.step = None
                 return
-            step = build_step(program, tensors, options) or False
+            step = (program and build_step(program, tensors, options)) or False  # False: none for this signature
             if len(self._steps) >= self._max_size:
                 self._steps.clear()
             self._steps[key] = step

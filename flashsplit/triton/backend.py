@@ -21,7 +21,7 @@ from ..registry import Backend
 from ..workspace import ARRIVALS, Workspace, stream_key
 from . import INTERPRETER_OFF, interpreter_active
 from .combine_kernel import combine_kernel
-from .launch import Relaunch, descale_strides, launch, strides_or_zeros
+from .launch import Relaunch, descale_strides, fast_relaunch_available, launch, strides_or_zeros
 from .new_keys import FP8_FORMATS
 from .split_kernel import LOG2E, split_kv_kernel
 
@@ -406,6 +406,15 @@ class PreparedDecode:
                 out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows=shortcut,
                 seqlen_k=cache_capacity(k_cache, block_table), after_split=True, sinks=sinks, variant=variant,
                 cache_leftpad=leftpad)
+
+    def host_program(self, tensors: DecodeTensors):
+        """This replay as a native host program (:func:`~flashsplit.triton.host_program.host_program`)
+        for calls like ``tensors``: None before the first launch, False where there is none."""
+        if self.split is None:
+            return None if fast_relaunch_available() else False
+        from .host_program import host_program
+
+        return host_program(self, tensors) or False
 
     def _size_partials(self, q: torch.Tensor) -> None:
         rows, self._partials_numel = _partials_size(q, self.num_splits)

@@ -69,6 +69,20 @@ class Relaunch:
         """The CUDA device index the launch was compiled and first launched on."""
         return self._device
 
+    @property
+    def compiled(self):
+        """The compiled kernel (triton's ``CompiledKernel``)."""
+        return self._compiled
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return self._grid
+
+    @property
+    def tail(self) -> tuple:
+        """The fixed arguments after the pointers, constexprs included."""
+        return self._tail
+
     def __call__(self, pointers: Sequence[int | None], stream: int | None = None) -> None:
         """Launch on ``stream`` (a raw handle of this launch's device; default: its current stream)."""
         if stream is None:
