@@ -521,7 +521,7 @@ def test_heads_first_configs():
 def test_cluster_configs():
     """A cluster merge is a merging swapped-operand configuration at d = 64 or 128 of 2-16 splits
     per cluster, one CTA per SM, whose shared memory holds the leader's slots; launches take it
-    only when asked (``choice.CLUSTER_MERGE`` off) and where every CTA fits one wave."""
+    up to ``choice.CLUSTER_MAX_CTAS`` CTAs or when asked, and only where every CTA fits one wave."""
     from flashsplit.cute import choice, configs
 
     clustered = [c for c in compile_check_configs() if c.cluster]
@@ -540,10 +540,15 @@ def test_cluster_configs():
             configs.split_config("bfloat16", 128, False, True, **kwargs)
     with pytest.raises(ValueError, match="cluster"):
         configs.split_config("bfloat16", 256, False, True, merge=True, swap_rows=swap, cluster=4)
-    assert not choice.CLUSTER_MERGE
+    assert choice.CLUSTER_MERGE is None
     b1 = DecodeProblem(batch=1, seqlen_q=1, seqlen_k=4096, num_heads=32, num_heads_kv=8, head_dim=128,
                        dtype=torch.bfloat16, causal=False, has_cache_seqlens=True, device_type="cuda")
-    assert not choice.choose(b1, 16, 132).cluster
+    assert not choice.choose(b1, 16, 132).cluster  # 128 CTAs
+    short = dataclasses.replace(b1, seqlen_k=1024)
+    assert choice.choose(short, 8, 132).cluster  # 64 CTAs
+    assert not choice.choose(dataclasses.replace(short, batch=2), 8, 132).cluster  # 128 CTAs
+    assert not choice.choose(dataclasses.replace(short, seqlen_k=1100), 8, 132).cluster  # a longer span
+    assert not choice.choose(short, 8, 132, cluster=False).cluster
     tile = choice.choose(b1, 16, 132, cluster=True)
     assert tile.cluster and tile.merge and tile.swap and not tile.heads_first and not tile.one_wave
     b4 = dataclasses.replace(b1, batch=4)  # 512 CTAs: more than one wave at one per SM

@@ -248,10 +248,12 @@ def test_no_program_where_the_packing_would_not_reproduce_the_launch(extension, 
         split.device = 0
     elif change == "not_launched":
         prepared.split = None
-    assert prepared.host_program(tensors) is False
-    if change == "not_launched":  # where launches replay, the next call asks again
-        monkeypatch.setattr("flashsplit.triton.backend.fast_relaunch_available", lambda: True)
-        assert prepared.host_program(tensors) is None
+    if change == "not_launched":  # asked again after the next call, where launches replay
+        for replays in (False, True):
+            monkeypatch.setattr("flashsplit.triton.backend.fast_relaunch_available", lambda: replays)
+            assert prepared.host_program(tensors) is (None if replays else False)
+    else:
+        assert prepared.host_program(tensors) is False
 
 
 def test_a_signature_that_disagrees_with_the_sources_gives_no_program(extension, generator, monkeypatch):

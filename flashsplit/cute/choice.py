@@ -61,9 +61,19 @@ HEADS_FIRST_MIN_BATCH = 16
 #: :func:`launches_heads_first` decides.
 HEADS_FIRST: bool | None = None
 
-#: Merge a launch's splits through one thread-block cluster (``SplitConfig.cluster``) where
-#: :func:`clusters` allows it, instead of the arrival counter. Off until measured.
-CLUSTER_MERGE = False
+#: Launches of at most this many CTAs merge their splits through one thread-block cluster per
+#: row tile (``SplitConfig.cluster``) where :func:`clusters` allows it, instead of the arrival
+#: counter. H200, bf16, B = 1 x 1k keys, 8 splits (64 CTAs), counter -> cluster, us: 32/8 heads
+#: d = 128 7.14 -> 6.56 (another run 7.10 -> 6.54), 64/8 7.96 -> 7.30, 32/8 d = 64 6.21 -> 5.81.
+#: Every launch of 128 CTAs measured was 1.38-1.54x slower with it: 32/8 heads B = 1 x 2k / 4k /
+#: 16k / 128k at 16 splits, B = 2 x 1k / 4k at 8, 32/32 heads B = 1 x 1k at 4. Longer spans
+#: at 64 CTAs or fewer (a requested split count) were not measured: they keep the counter.
+CLUSTER_MAX_CTAS = 64
+CLUSTER_MAX_SPAN = 1024
+
+#: Forces the merge of every launch that :func:`clusters` allows (True: through a cluster,
+#: False: the arrival counter); None: ``CLUSTER_MAX_CTAS`` and ``CLUSTER_MAX_SPAN`` decide.
+CLUSTER_MERGE: bool | None = None
 
 #: Packed q rows per KV head up to which the swapped-operand kernel planned at one CTA per SM
 #: may merge its splits in the kernel (:func:`swaps_one_per_sm`: with 5-8 rows it lost).
@@ -262,7 +272,9 @@ def choose(problem: DecodeProblem, num_splits: int, num_sms: int, max_splits: in
         swap = swaps(problem.packed_rows, kv_dtype_name(problem), problem.page_size or None, problem.head_dim, ctas,
                      tile_units, num_sms)
     if cluster is None:
-        cluster = CLUSTER_MERGE
+        ctas = problem.batch * problem.num_heads_kv * num_splits
+        cluster = (ctas <= CLUSTER_MAX_CTAS and problem.span <= CLUSTER_MAX_SPAN) if CLUSTER_MERGE is None \
+            else CLUSTER_MERGE
     cluster = cluster and clusters(problem, num_splits, num_sms, merge, swap)
     if cluster:
         one_wave = heads_first = False
