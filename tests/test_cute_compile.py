@@ -548,6 +548,14 @@ def test_cluster_configs():
     assert choice.choose(short, 8, 132).cluster  # 64 CTAs
     assert not choice.choose(dataclasses.replace(short, batch=2), 8, 132).cluster  # 128 CTAs
     assert not choice.choose(dataclasses.replace(short, seqlen_k=1100), 8, 132).cluster  # a longer span
+    # Attention the cluster merge's GPU tests do not cover keeps the counter, and so does a
+    # launch whose caller forces one-wave stages or the launch order.
+    for untested in (dict(window_left=256), dict(softcap=30.0), dict(has_leftpad=True),
+                     dict(kv_dtype=torch.float8_e4m3fn)):
+        assert not choice.choose(dataclasses.replace(short, **untested), 8, 132).cluster, untested
+    assert choice.choose(dataclasses.replace(short, has_sinks=True), 8, 132).cluster
+    assert not choice.choose(short, 8, 132, one_wave=True).cluster
+    assert not choice.choose(short, 8, 132, heads_first=True).cluster
     assert not choice.choose(short, 8, 132, cluster=False).cluster
     tile = choice.choose(b1, 16, 132, cluster=True)
     assert tile.cluster and tile.merge and tile.swap and not tile.heads_first and not tile.one_wave

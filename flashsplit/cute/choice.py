@@ -72,7 +72,7 @@ CLUSTER_MAX_CTAS = 64
 CLUSTER_MAX_SPAN = 1024
 
 #: Forces the merge of every launch that :func:`clusters` allows (True: through a cluster,
-#: False: the arrival counter); None: ``CLUSTER_MAX_CTAS`` and ``CLUSTER_MAX_SPAN`` decide.
+#: False: the arrival counter); None: :func:`merges_in_cluster` decides.
 CLUSTER_MERGE: bool | None = None
 
 #: Packed q rows per KV head up to which the swapped-operand kernel planned at one CTA per SM
@@ -251,6 +251,7 @@ def choose(problem: DecodeProblem, num_splits: int, num_sms: int, max_splits: in
     operands are judged on the tile's CTAs per SM. A batch-invariant decode always takes the
     two-CTA tile with the combine kernel, unswapped: each of these rules follows the launch's
     size, which follows the batch (its CTAs' runs of splits follow it too, but change no result)."""
+    forced_order = one_wave is True or heads_first is True  # a rule's cluster never overrides these
     if heads_first is None:
         heads_first = launches_heads_first(problem) if HEADS_FIRST is None else HEADS_FIRST
     if problem.batch_invariant:
@@ -272,13 +273,24 @@ def choose(problem: DecodeProblem, num_splits: int, num_sms: int, max_splits: in
         swap = swaps(problem.packed_rows, kv_dtype_name(problem), problem.page_size or None, problem.head_dim, ctas,
                      tile_units, num_sms)
     if cluster is None:
-        ctas = problem.batch * problem.num_heads_kv * num_splits
-        cluster = (ctas <= CLUSTER_MAX_CTAS and problem.span <= CLUSTER_MAX_SPAN) if CLUSTER_MERGE is None \
+        cluster = (not forced_order and merges_in_cluster(problem, num_splits)) if CLUSTER_MERGE is None \
             else CLUSTER_MERGE
     cluster = cluster and clusters(problem, num_splits, num_sms, merge, swap)
     if cluster:
         one_wave = heads_first = False
     return LaunchChoice(one_per_sm, one_wave, merge, swap, heads_first=heads_first, cluster=cluster)
+
+
+def merges_in_cluster(problem: DecodeProblem, num_splits: int) -> bool:
+    """Whether a launch that :func:`clusters` allows merges through the cluster by the rule:
+    ``CLUSTER_MAX_CTAS`` and ``CLUSTER_MAX_SPAN``, for the attention the cluster merge's GPU tests
+    run bit for bit against the counter (a 16-bit cache, causal or not, sinks, pages; no window,
+    softcap, ``cache_leftpad`` or ``cache_batch_idx``)."""
+    v = problem.variant
+    tested = (kv_dtype_name(problem) == "same" and v.window_left < 0 and v.window_right < 0 and not v.softcap
+              and not v.has_leftpad and not v.has_batch_idx)
+    return (tested and problem.batch * problem.num_heads_kv * num_splits <= CLUSTER_MAX_CTAS
+            and problem.span <= CLUSTER_MAX_SPAN)
 
 
 def launches_heads_first(problem: DecodeProblem) -> bool:
