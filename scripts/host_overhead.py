@@ -10,6 +10,8 @@ Python path); ``torch.empty_like(q)`` (the output allocation)
 for scale; and torch SDPA (cuDNN) as the peer a user would otherwise call.
 
     python scripts/host_overhead.py          # on a GPU: B=1, 32/8 heads, d=128, 4k and 16k keys
+                                             # (last line per size: decode() per backend and cuDNN
+                                             # SDPA, their bursts interleaved)
     python scripts/host_overhead.py --layer  # any machine: the call layer alone, Python vs native
 """
 
@@ -45,6 +47,27 @@ def per_call_us(fn, calls: int, rounds: int = 7) -> float:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return best / calls * 1e6
+
+
+def interleaved_us(fns: dict, calls: int, rounds: int = 21) -> dict:
+    """:func:`per_call_us` of each of ``fns`` (label -> call), their bursts interleaved (each round
+    times one burst of each, in an order that rotates): a host's slow spell then costs every
+    contender alike, and the fastest burst of each is its call's own cost."""
+    for fn in fns.values():
+        for _ in range(5):
+            fn()
+    labels, best = list(fns), dict.fromkeys(fns, float("inf"))
+    for r in range(rounds):
+        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            for _ in range(calls):
+                fns[label]()
+            best[label] = min(best[label], time.perf_counter() - started)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return {label: t / calls * 1e6 for label, t in best.items()}
 
 
 def api_layer_us(q, k, v, lens, backend: str, calls: int) -> float:
@@ -169,10 +192,20 @@ def report(seqlen_k: int, calls: int) -> None:
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            sdpa = per_call_us(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True),
-                               calls)
-        print(f"  SDPA cuDNN (enable_gqa)                  {sdpa:8.1f}")
+        def sdpa():
+            torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+
+        fns = {name: (lambda name=name: flashsplit.decode(q, k, v, cache_seqlens=lens, backend=name))
+               for name in ("triton", "cute") if name in flashsplit.registry.names()}
+        fns["SDPA cuDNN (enable_gqa)"] = sdpa
+        try:
+            flashsplit.decode(q, k, v, cache_seqlens=lens, backend="cute")
+        except ValueError:  # no cutlass-dsl here
+            fns.pop("cute", None)
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):  # (flashsplit never calls SDPA)
+            times = interleaved_us(fns, calls)
+        print("  interleaved, fastest of 21 bursts each: "
+              + ", ".join(f"{label} {us:.1f}" for label, us in times.items()))
 
 
 if __name__ == "__main__":
