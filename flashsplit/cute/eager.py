@@ -19,13 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
-
 from ..call import DecodeTensors
-from ..workspace import _SCRATCH, _capturing
-
-#: The current raw stream of a CUDA device index (what :func:`flashsplit.workspace.stream_key` reads).
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+from ..workspace import _SCRATCH, _capturing, _raw_stream
 
 
 def _launches_and_layout(prepared, tensors: DecodeTensors):

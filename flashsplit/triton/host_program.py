@@ -13,22 +13,15 @@ from __future__ import annotations
 
 import ctypes
 
-import torch
-import triton
-
 from ..call import DecodeTensors
-from ..workspace import _capturing
-
-_RUNTIME_KNOBS = triton.knobs.runtime
-#: The current raw stream of a CUDA device index (absent from CPU builds of torch).
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+from ..workspace import _capturing, _raw_stream
+from .launch import launch_hooks_set
 
 
 def capturing_or_hooked() -> bool:
     """Whether the native step must decline: the current stream is capturing a CUDA graph, or a
     Triton launch enter/exit hook is set (an unknown hook object counts as set)."""
-    return bool(_capturing() or getattr(_RUNTIME_KNOBS.launch_enter_hook, "calls", True)
-                or getattr(_RUNTIME_KNOBS.launch_exit_hook, "calls", True))
+    return bool(_capturing() or launch_hooks_set())
 
 
 def raise_driver_error(code: int) -> None:

@@ -88,7 +88,7 @@ class Relaunch:
         if stream is None:
             stream = current_stream(self._device)
         enter, leave = _RUNTIME_KNOBS.launch_enter_hook, _RUNTIME_KNOBS.launch_exit_hook
-        if getattr(enter, "calls", True) or getattr(leave, "calls", True):  # see _active_hooks (inline here)
+        if getattr(enter, "calls", True) or getattr(leave, "calls", True):  # launch_hooks_set(), inline here
             enter, leave = _active_hooks()
             if enter is not None or leave is not None:  # a profiler's hooks: Triton's own path, with the launch metadata
                 args = (*pointers, *self._tail)
@@ -102,6 +102,13 @@ class Relaunch:
 _RUNTIME_KNOBS = triton.knobs.runtime
 
 
+def launch_hooks_set() -> bool:
+    """Whether a Triton launch enter or exit hook is registered (an unknown hook object counts
+    as set)."""
+    return bool(getattr(_RUNTIME_KNOBS.launch_enter_hook, "calls", True)
+                or getattr(_RUNTIME_KNOBS.launch_exit_hook, "calls", True))
+
+
 def _active_hooks():
     """Triton's launch enter/exit hooks, or (None, None) when none is registered.
 
@@ -109,9 +116,8 @@ def _active_hooks():
     builds the launch metadata (a dict over the ~60 arguments) and calls both empty chains on
     every launch; the C launcher skips a None hook, so an empty chain is passed as None.
     """
-    enter, leave = _RUNTIME_KNOBS.launch_enter_hook, _RUNTIME_KNOBS.launch_exit_hook
-    if getattr(enter, "calls", True) or getattr(leave, "calls", True):  # a hook is set (or an unknown type)
-        return enter, leave
+    if launch_hooks_set():
+        return _RUNTIME_KNOBS.launch_enter_hook, _RUNTIME_KNOBS.launch_exit_hook
     return None, None
 
 
