@@ -15,11 +15,13 @@ import pytest
 import torch
 import triton
 
-from flashsplit import dispatch, native
+from flashsplit import dispatch
 from flashsplit.call import DecodeOptions, DecodeTensors
 from flashsplit.native import steps
 from flashsplit.triton import driver_launch as driver, host_program as triton_program
 from flashsplit.triton.backend import PreparedDecode, TritonBackend
+
+from test_native_step import extension, no_stand_in_steps_after  # noqa: F401  (fixtures)
 
 DEVICE = "cpu"  # stand-in launches: CPU tensors on any machine
 _LAUNCH_EX = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
@@ -28,20 +30,6 @@ _ARRIVALS = 0x7F0000040000  # the counters' address the stand-ins hand out
 #: A launch's fixed arguments after its pointers: (signature type, value); constexprs take no parameter.
 _TAIL = (("i32", 48), ("i32", -3), ("fp32", 0.088388), ("constexpr", 64), ("i1", True), ("i64", 1 << 40),
          ("constexpr", None), ("i32", 7))
-
-
-@pytest.fixture(scope="module")
-def extension():
-    module = native.module()
-    assert module is not None, f"the native host step did not build: {native.status()}"
-    return module
-
-
-@pytest.fixture(autouse=True)
-def no_stand_in_steps_after():
-    """A step with stand-in launches must never serve a later test's decode()."""
-    yield
-    dispatch.HOST_STEPS.clear()
 
 
 class DriverRecorder:
