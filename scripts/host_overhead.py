@@ -89,7 +89,7 @@ def layer_us(calls: int = 2000, rounds: int = 31) -> tuple[float, float]:
     (host function: the extension's no-op), fastest of ``rounds`` bursts of ``calls``."""
     import ctypes
 
-    from flashsplit.cute.eager import _capturing, _raw_stream
+    from flashsplit.workspace import _capturing, _raw_stream
     from flashsplit.native import STREAM, TENSOR, steps
 
     cuda = torch.cuda.is_available()
