@@ -13,7 +13,7 @@ import torch
 
 import flashsplit
 from flashsplit import dispatch
-from flashsplit.testing import check_against_reference
+from flashsplit.testing import check_against_reference, to_paged
 
 from conftest import CUTE_GPU_MARKS
 
@@ -35,18 +35,11 @@ def combine_every_split_count(monkeypatch):
 def _steps(num_splits, return_lse, paged=False, sinks=False, batch=3, keys=8192):
     gen = torch.Generator().manual_seed(num_splits * 7 + return_lse * 3 + paged + 2 * sinks)
     q_heads, kv_heads, dim = 32, 8, 128
-    page = 128
     k = torch.randn(batch, keys, kv_heads, dim, generator=gen).to("cuda", torch.bfloat16)
     v = torch.randn(batch, keys, kv_heads, dim, generator=gen).to("cuda", torch.bfloat16)
     head_sinks = torch.randn(q_heads, generator=gen).to("cuda") if sinks else None
     if paged:  # the rows' pages shuffled into one pool
-        pages = batch * keys // page
-        order = torch.randperm(pages, generator=gen)
-        k_pool = torch.empty(pages, page, kv_heads, dim, dtype=k.dtype, device="cuda")
-        v_pool = torch.empty_like(k_pool)
-        k_pool[order] = k.reshape(pages, page, kv_heads, dim)
-        v_pool[order] = v.reshape(pages, page, kv_heads, dim)
-        table = order.view(batch, keys // page).to("cuda", torch.int32)
+        k_pool, v_pool, table, _, _ = to_paged(k, v, [keys] * batch, 128, gen, share_first_page=False)
     side = torch.cuda.Stream()
     for step, stream in enumerate([None, None, side, None]):
         q = torch.randn(batch, 1, q_heads, dim, generator=gen).to("cuda", torch.bfloat16)

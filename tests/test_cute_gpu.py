@@ -47,6 +47,20 @@ def _backend():
     return CuteBackend()
 
 
+@pytest.fixture
+def counter_merge(monkeypatch):
+    """Splits merged through the counter at every launch size and span: the cluster rule
+    (``choice.merges_in_cluster``) takes a second kernel for small launches over short spans,
+    which a test of one kernel across runtime shapes must not count."""
+    from flashsplit.cute import choice
+    from flashsplit.registry import invalidate
+
+    monkeypatch.setattr(choice, "CLUSTER_MERGE", False)
+    invalidate()
+    yield
+    invalidate()
+
+
 def _decode(q, k, v, seqlens, num_splits, scale, causal, out, lse, block_table=None, k_descale=None,
             v_descale=None, backend=None, **tile):
     """What ``CuteBackend.decode`` runs (the two-CTA tile, merge and swapped operands as the rules
@@ -313,7 +327,7 @@ def _check_graph_replay_with_swapped_table(backend, page_size: int) -> None:
     check_against_reference(out, None, q, k.flip(0), v.flip(0), seqlens, False, 0.1)
 
 
-def test_compile_cache_reused_across_runtime_shapes():
+def test_compile_cache_reused_across_runtime_shapes(counter_merge):
     from flashsplit.cute import compile_cache_size
 
     backend = _backend()
@@ -634,7 +648,7 @@ def test_small_page_fp8_paged_decode_matches_reference(head_dim, page_size, fp8)
     _decode_fp8_paged_and_check(head_dim, page_size, fp8, lengths, page_size + head_dim, f"fp8 pages of {page_size}")
 
 
-def test_subtile_compile_cache_and_graph_replay_with_new_table():
+def test_subtile_compile_cache_and_graph_replay_with_new_table(counter_merge):
     """One kernel per sub-tile page size (page counts stay runtime values), and a captured decode
     follows a block_table / cache_seqlens rewritten between replays."""
     _check_one_kernel_across_pages([(16, (300, 70), 512), (16, (900, 5), 1024), (16, (1024, 0), 2048)], 8)

@@ -14,7 +14,7 @@ import torch
 
 import flashsplit
 from flashsplit import dispatch, native
-from flashsplit.testing import check_against_reference
+from flashsplit.testing import check_against_reference, to_paged
 
 from conftest import CUTE_GPU_MARKS
 
@@ -27,15 +27,8 @@ def _inputs(case: str, gen: torch.Generator, batch: int, keys: int = 4096):
     k = torch.randn(batch, keys, kv_heads, dim, generator=gen).to("cuda", torch.bfloat16)
     v = torch.randn(batch, keys, kv_heads, dim, generator=gen).to("cuda", torch.bfloat16)
     extra = {}
-    if case == "paged":
-        page = 128
-        pages = batch * keys // page
-        order = torch.randperm(pages, generator=gen)
-        k_pool = torch.empty(pages, page, kv_heads, dim, dtype=k.dtype, device="cuda")
-        v_pool = torch.empty_like(k_pool)
-        k_pool[order] = k.reshape(pages, page, kv_heads, dim)
-        v_pool[order] = v.reshape(pages, page, kv_heads, dim)
-        extra["page_table"] = order.view(batch, keys // page).to("cuda", torch.int32)
+    if case == "paged":  # the rows' pages shuffled into one pool
+        k_pool, v_pool, extra["page_table"], _, _ = to_paged(k, v, [keys] * batch, 128, gen, share_first_page=False)
         return k, v, k_pool, v_pool, extra
     if case == "sinks":
         extra["sinks"] = torch.randn(q_heads, generator=gen).to("cuda")
