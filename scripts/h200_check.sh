@@ -10,7 +10,7 @@
 #   bash scripts/h200_check.sh [bench options...]
 # Logs and bench.json go to $OUT (default /tmp/out); each log names every test with its outcome as
 # it finishes (pytest -v), so a process stopped by its timeout still says what failed. Time: tests
-# up to PYTEST_TIMEOUT (default 420 s), SASS ~10 s, the bench until 575 s from the start.
+# up to PYTEST_TIMEOUT (default 500 s), SASS ~10 s, the bench until 575 s from the start.
 set -o pipefail
 export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,nohead
 python -c "import torch, triton, cutlass; print('torch', torch.__version__, 'triton', triton.__version__, 'cutlass-dsl', cutlass.__version__)"
 start=$(date +%s)
 P="python -m pytest -v --full -p no:cacheprovider -n 0 -rfE --tb=short --durations=5"  # (-n: the lines that want workers)
-T=${PYTEST_TIMEOUT:-420}
+T=${PYTEST_TIMEOUT:-500}
 # The GPU matrix is the long part: each backend's half again split by dtype.
 timeout "$T" $P tests/test_gpu.py -k "triton and bfloat16" > "$OUT/pytest-gpu-triton-bf16.log" 2>&1 &
 timeout "$T" $P tests/test_gpu.py -k "triton and not bfloat16" > "$OUT/pytest-gpu-triton-rest.log" 2>&1 &
@@ -33,14 +33,17 @@ PP=${P/ --full/}; [ -n "${PROPERTY_FULL:-}" ] && PP=$P
 for f in kvcache_properties properties; do
   timeout "$T" $PP -s --hypothesis-verbosity=verbose tests/test_$f.py > "$OUT/pytest-$f.log" 2>&1 &
 done
-timeout "$T" $P -n ${REST_WORKERS:-6} tests --ignore=tests/test_gpu.py --ignore=tests/test_cute_gpu.py \
+timeout "$T" $P -n ${REST_WORKERS:-8} tests --ignore=tests/test_gpu.py --ignore=tests/test_cute_gpu.py \
   --ignore=tests/test_cute_compile.py --ignore=tests/test_triton_compile.py \
   --ignore=tests/test_kvcache_properties.py --ignore=tests/test_properties.py > "$OUT/pytest-rest.log" 2>&1 &
 wait
 for f in "$OUT"/pytest-*.log; do
   echo "== $f: $(grep -c ' PASSED' "$f") passed, $(grep -c ' FAILED\| ERROR' "$f") lines with FAILED or ERROR"
   grep -E "(^| )(FAILED|ERROR)( |$)" "$f" | sed -E 's/\[gw[0-9]+\] \[ *[0-9]+%\] //; s/ +\[ *[0-9]+%\]$//' \
-    | sort -u | head -8; tail -1 "$f"
+    | sort -u | head -8
+  # pytest's summary line, or the timeout's mark: a process it stopped ran only part of its tests.
+  grep -E "^=+ .*(passed|failed|error).* in [0-9.]+s" "$f" | tail -1 | grep . \
+    || echo "   STOPPED by the $T s timeout before its summary: the tests after the last PASSED line did not run"
 done
 # The first drawn example whose run raised: the lines from its "Test case" header to the error.
 for f in "$OUT"/pytest-kvcache_properties.log "$OUT"/pytest-properties.log; do
