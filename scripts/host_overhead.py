@@ -34,19 +34,7 @@ def per_call_us(fn, calls: int, rounds: int = 7) -> float:
     """Host microseconds per call: the fastest of ``rounds`` bursts of ``calls`` back-to-back
     calls (a shared host only ever adds time, so the minimum is the call's own cost; the GPU is
     synchronized between bursts, so a burst never waits on a full launch queue)."""
-    for _ in range(5):
-        fn()
-    best = float("inf")
-    for _ in range(rounds):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, time.perf_counter() - started)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return best / calls * 1e6
+    return interleaved_us({"": fn}, calls, rounds)[""]
 
 
 def interleaved_us(fns: dict, calls: int, rounds: int = 21) -> dict:
