@@ -416,6 +416,13 @@ class PreparedDecode:
 
         return host_program(self, tensors) or False
 
+    def partials_layout(self, q: torch.Tensor) -> tuple[int, int]:
+        """(fp32 elements, byte offset of lse_partial) of the partials in the stream's workspace
+        for calls with ``q``'s shape (``__call__`` reads the same two fields inline)."""
+        if not self._partials_numel:
+            self._size_partials(q)
+        return self._partials_numel, self._lse_offset
+
     def _size_partials(self, q: torch.Tensor) -> None:
         rows, self._partials_numel = _partials_size(q, self.num_splits)
         self._lse_offset = rows * q.shape[3] * 4

@@ -63,10 +63,8 @@ def host_program(prepared, tensors: DecodeTensors):
     if prepared.num_splits == 1:
         pointers = [(prepared.split, (*inputs, None, None, out, lse, None, sinks, *rows))]
     else:
-        if not prepared._partials_numel:
-            prepared._size_partials(q)
-        workspace_numel = prepared._partials_numel
-        op, lp = (WORKSPACE, 0, 0), (WORKSPACE, 0, prepared._lse_offset)
+        workspace_numel, lse_offset = prepared.partials_layout(q)
+        op, lp = (WORKSPACE, 0, 0), (WORKSPACE, 0, lse_offset)
         if prepared.merge:
             counter_count = batch * seqlen_q * num_heads  # ArrivalCounters.address_for's bound
             pointers = [(prepared.split, (*inputs, op, lp, out, lse, (COUNTERS, 0, 0), sinks, *rows))]
