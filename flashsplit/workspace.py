@@ -21,19 +21,20 @@ import threading
 import torch
 
 
+#: The current raw stream of a CUDA device index (absent from CPU builds of torch): the one
+#: probe that :func:`stream_key`, the eager hot paths and the native host programs read per call.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def stream_key(index: int) -> tuple[int, int]:
     """(CUDA device index, raw handle of its current stream): what the per-stream caches key on,
     and the stream the backends' prepared launches of that call go to."""
-    return index, torch._C._cuda_getCurrentRawStream(index)
+    return index, _raw_stream(index)
 
 
 def _stream_key(device: torch.device) -> tuple[int, int]:
     return stream_key(device.index if device.index is not None else torch.cuda.current_device())
 
-
-#: The current raw stream of a CUDA device index, as :func:`stream_key` reads it (absent from CPU
-#: builds of torch): what the eager hot paths and the native host programs read per call.
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 #: ``torch.cuda.is_current_stream_capturing`` without its Python wrapper (0.34 us per call on the
 #: H200's host: it runs on every eager decode step); the wrapper where torch lacks CUDA.

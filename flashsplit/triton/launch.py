@@ -16,6 +16,7 @@ from typing import Sequence
 import torch
 import triton
 
+from ..workspace import _raw_stream
 from . import interpreter_active
 
 _RUN_SIGNATURE_VERSIONS = ("3.6.",)  # CompiledKernel.run(gx, gy, gz, stream, function, packed_metadata,
@@ -28,7 +29,7 @@ def fast_relaunch_available() -> bool:
 
 def current_stream(device: int) -> int:
     """The raw handle of ``device``'s current torch stream (a cheap call)."""
-    return torch._C._cuda_getCurrentRawStream(device)
+    return _raw_stream(device)
 
 
 class Relaunch:
