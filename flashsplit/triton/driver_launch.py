@@ -42,11 +42,20 @@ assert LaunchConfig.stream.offset == 32  # host_step.cpp's kConfigStreamOffset
 
 
 @functools.lru_cache(maxsize=1)
+def libcuda() -> ctypes.CDLL | None:
+    """The CUDA driver library, or None where it is absent."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
 def launch_kernel_ex() -> int | None:
     """The address of the driver's ``cuLaunchKernelEx``, or None where libcuda is absent."""
     try:
-        return ctypes.cast(ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx, ctypes.c_void_p).value
-    except (OSError, AttributeError):
+        return ctypes.cast(libcuda().cuLaunchKernelEx, ctypes.c_void_p).value
+    except AttributeError:  # no library (None), or a driver without the entry point
         return None
 
 

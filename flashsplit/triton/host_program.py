@@ -15,6 +15,7 @@ import ctypes
 
 from ..call import DecodeTensors
 from ..workspace import _capturing, _raw_stream
+from .driver_launch import driver_launch, libcuda
 from .launch import launch_hooks_set
 
 
@@ -28,8 +29,8 @@ def raise_driver_error(code: int) -> None:
     """Raise what Triton's launcher raises for a failed ``cuLaunchKernelEx``."""
     name = ctypes.c_char_p()
     try:
-        ctypes.CDLL("libcuda.so.1").cuGetErrorName(code, ctypes.byref(name))
-    except (OSError, AttributeError):
+        libcuda().cuGetErrorName(code, ctypes.byref(name))
+    except AttributeError:  # no library (None), or no such entry point
         pass
     text = name.value.decode() if name.value else f"CUresult {code}"
     raise RuntimeError(f"Triton Error [CUDA]: {text}")
@@ -43,7 +44,6 @@ def host_program(prepared, tensors: DecodeTensors):
     from .. import native
     from ..native import COUNTERS, STREAM, TENSOR, WORKSPACE
     from ..native.steps import HostProgram
-    from .driver_launch import driver_launch
 
     module = native.module()
     q = tensors.q
