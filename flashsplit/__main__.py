@@ -2,10 +2,10 @@
 flashsplit tune`` and ``python -m flashsplit native`` (also installed as the ``flashsplit`` script).
 
 Exit codes: 0 on success; 1 when a check failed (``demo``: the output disagrees with the float64
-reference; ``bench``: a contender was wrong, or an output file could not be written; ``tune``: a backend
-was wrong in a cell; ``native``: the native host step is off or did not build); 2 when nothing could run as asked (argparse's errors for unusable options,
-a backend this machine cannot run, ``bench`` or ``tune`` without a CUDA GPU, ``--plot`` without
-matplotlib).
+reference; ``bench``: a contender was wrong, or an output file could not be written; ``tune``: a
+backend was wrong in a cell; ``native``: the native host step is off or did not build); 2 when
+nothing could run as asked (argparse's errors for unusable options, a backend this machine cannot
+run, ``bench`` or ``tune`` without a CUDA GPU, ``--plot`` without matplotlib).
 """
 
 from __future__ import annotations
@@ -85,8 +85,9 @@ def _native(args: argparse.Namespace) -> int:
     from . import native
 
     native.module()
-    print(f"native host step: {native.status()}")
-    return 0 if native.status() == "ready" else 1
+    status = native.status()
+    print(f"native host step: {status}")
+    return 0 if status == "ready" else 1
 
 
 def _demo(args: argparse.Namespace) -> int:

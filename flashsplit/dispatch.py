@@ -116,18 +116,19 @@ class SignatureCache(dict):
     def __setitem__(self, key, value):
         super().__setitem__(key, value)
         self.last = key, value
-        if self._on_change is not None:
-            self._on_change()
+        self._changed()
 
     def __delitem__(self, key):
         super().__delitem__(key)
         self.last = self._EMPTY
-        if self._on_change is not None:
-            self._on_change()
+        self._changed()
 
     def clear(self):
         super().clear()
         self.last = self._EMPTY
+        self._changed()
+
+    def _changed(self) -> None:
         if self._on_change is not None:
             self._on_change()
 
