@@ -9,15 +9,18 @@ with optional parts joined by ``:``:
     sN        num_splits=N instead of the plan's count
     merge     the split kernel's last CTA merges the partials at any split count (no combine kernel)
     combine   a combine kernel at any split count
+    stN       cute: N K+V stages on the swapped-operand kernel, one CTA per SM (scripts/cute_overrides.py)
 
     python scripts/b1_latency.py                              # on a GPU: the default cells and variants
     python scripts/b1_latency.py --keys 1k 4k --variants triton cute cute:s8 cute:s8:combine
     python scripts/b1_latency.py --keys 4k 128k --fp8 --variants triton triton:s16 triton:noseq
+    python scripts/b1_latency.py --keys 4k 16k --variants cute cute:st4 cute:st6
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import torch
 
@@ -28,6 +31,7 @@ from flashsplit.bench.timing import TimingConfig, capture_graph, replay_calls, t
 from flashsplit.cute.backend import CuteBackend
 from flashsplit.plan import MAX_SPLITS
 from flashsplit.triton.backend import TritonBackend
+from cute_overrides import swapped_stages
 from read_floor import time_read
 
 DEFAULT_KEYS = ["128", "1k", "4k", "16k", "128k"]
@@ -61,7 +65,7 @@ def capture_variant(spec: str, sets, lens, fp8: bool, calls: int) -> torch.cuda.
     """The graph of ``calls`` decode calls of one variant, captured with its merge bound set
     (a prepared launcher keeps the bound it was made with)."""
     backend, *parts = spec.split(":")
-    merge, seqlens, splits = None, lens, 0
+    merge, seqlens, splits, stages = None, lens, 0, 0
     for part in parts:
         if part in ("merge", "combine"):
             merge = part == "merge"
@@ -69,6 +73,8 @@ def capture_variant(spec: str, sets, lens, fp8: bool, calls: int) -> torch.cuda.
             seqlens = None
         elif part.startswith("s") and part[1:].isdigit():
             splits = int(part[1:])
+        elif part.startswith("st") and part[2:].isdigit():
+            stages = int(part[2:])
         else:
             raise SystemExit(f"b1_latency: unknown variant part {part!r} in {spec!r}")
     one = torch.ones(1, device="cuda") if fp8 else None
@@ -80,7 +86,8 @@ def capture_variant(spec: str, sets, lens, fp8: bool, calls: int) -> torch.cuda.
 
     set_merge(merge)
     try:
-        graph = capture_graph(run, len(sets), calls)
+        with swapped_stages(stages) if stages else contextlib.nullcontext():
+            graph = capture_graph(run, len(sets), calls)
         for _ in range(3):
             graph.replay()
         torch.cuda.synchronize()

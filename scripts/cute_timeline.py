@@ -9,6 +9,7 @@ clock64 deltas, exact within an SM). Prints one table per cell. GPU only.
 
     python scripts/cute_timeline.py --keys 1k 4k 16k 128k
     python scripts/cute_timeline.py --keys 1k 4k --merge cluster   # splits merged through a cluster
+    python scripts/cute_timeline.py --keys 4k --stages 6   # 6 K+V stages on the swapped-operand kernel
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def main() -> None:
     parser.add_argument("--merge", choices=("counter", "cluster"), default="counter",
                         help="how merging launches merge: the arrival counter, or one thread-block cluster "
                              "(flashsplit.cute.choice.CLUSTER_MERGE) where the launch allows it")
+    parser.add_argument("--stages", type=int, default=0,
+                        help="K+V stages of the swapped-operand kernel at one CTA per SM (scripts/cute_overrides.py)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("cute_timeline: no CUDA device; this script measures the GPU.")
@@ -45,6 +48,10 @@ def main() -> None:
     from flashsplit.cute import choice
 
     choice.CLUSTER_MERGE = args.merge == "cluster"
+    if args.stages:
+        from cute_overrides import swapped_stages
+
+        swapped_stages(args.stages).__enter__()  # for the whole process
 
     for spec in args.keys:
         seqlen = parse_seqlen(spec)

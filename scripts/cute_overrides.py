@@ -1,0 +1,38 @@
+"""Development overrides of the cute backend's compile keys, for measuring a tile before a rule
+takes it (``scripts/b1_latency.py`` and ``scripts/cute_timeline.py`` use them).
+
+    with swapped_stages(5):     # launches on the swapped-operand kernel: 5 K+V stages, one CTA per SM
+        graph = capture(...)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import flashsplit.registry
+from flashsplit.cute import configs
+
+
+@contextlib.contextmanager
+def swapped_stages(stages: int):
+    """Every split config with swapped operands that compiles or is prepared inside the block
+    takes ``stages`` K+V stages at one CTA per SM (the shared memory of more than three d = 128
+    stages leaves room for one); prepared launchers are dropped on entry and exit, so the next
+    call builds its config again."""
+    original = configs.split_config
+
+    def deeper(*args, **kwargs):
+        config = original(*args, **kwargs)
+        if config.swap_rows:
+            config = dataclasses.replace(config, stages=stages, units_per_sm=1)
+            configs.check_smem(config)
+        return config
+
+    configs.split_config = deeper
+    flashsplit.registry.invalidate()
+    try:
+        yield
+    finally:
+        configs.split_config = original
+        flashsplit.registry.invalidate()
