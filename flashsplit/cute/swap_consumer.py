@@ -96,6 +96,10 @@ class SwapConsumer:
                                     lambda: work.row_block * R + (lane % 4) * 2 + c, work.window_left,
                                     work.leftpad)
 
+        # Where the epilogue writes, computed while the first tile is in flight: after the last
+        # tile only the sums, the normalizer and the stores remain.
+        out_rows = self.output_rows(mO, mLSE, work, lane)
+
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         for i in cutlass.range(work.num_tiles, unroll=1):
             tile_start = (work.first_tile + i) * N
@@ -133,9 +137,28 @@ class SwapConsumer:
             timeline.stamp("tiles_done")
         if cutlass.const_expr(self.signals_combine):
             cute.arch.griddepcontrol_launch_dependents()  # every tile done: only the stores remain
-        self.epilogue(acc_o, row_max, row_sum, mO, mLSE, sRed, work, row_sink)
+        self.epilogue(acc_o, row_max, row_sum, out_rows, sRed, work, row_sink)
         if tidx == 0:
             timeline.stamp("epilogue")
+
+    @cute.jit
+    def output_rows(self, mO, mLSE, work, lane):
+        """For each of the thread's two columns (packed q rows): whether it is a real row, its
+        output row (``(D,)``: the split's partial slot, or the final output) and its LSE slot
+        (``(1,)``). Address arithmetic only (the integer division by the group, the 64-bit
+        offsets): nothing is loaded or stored."""
+        R = self.block_m
+        out_split = work.split_idx
+        if cutlass.const_expr(not self.write_partials):
+            out_split = 0
+        rows = []
+        for c in cutlass.range_constexpr(2):
+            packed = work.row_block * R + (lane % 4) * 2 + c
+            m = packed // work.group
+            hq = work.kvh * work.group + packed % work.group
+            g_lse = cute.local_tile(mLSE[out_split, work.batch_idx, hq, None], (1,), (m,))
+            rows.append((packed < work.seqlen_q * work.group, mO[out_split, work.batch_idx, m, hq, None], g_lse))
+        return rows
 
     @cute.jit
     def column_sums_across_warps(self, x, sRed, lane, warp, reduce):
@@ -193,39 +216,31 @@ class SwapConsumer:
             acc_o[j] = acc_o[j] * rescale[j % 2]
 
     @cute.jit
-    def epilogue(self, acc_o, row_max, row_sum, mO, mLSE, sRed, work, row_sink=None):
+    def epilogue(self, acc_o, row_max, row_sum, out_rows, sRed, work, row_sink=None):
         """The columns' sums over all threads, then O (= O^T's columns, normalized) and the
-        natural-log LSE of each real q row, straight from registers. Partials of an empty split
-        are never read: only their LSE is written. ``row_sink`` (one split: the final result):
-        the thread's two columns' sinks, each joins its q row's softmax (:func:`softmax.add_sink`)."""
-        R = self.block_m
-        tidx, batch_idx, kvh, group = work.tidx, work.batch_idx, work.kvh, work.group
+        natural-log LSE of each real q row, straight from registers into ``out_rows``
+        (:meth:`output_rows`). Partials of an empty split are never read: only their LSE is
+        written. ``row_sink`` (one split: the final result): the thread's two columns' sinks,
+        each joins its q row's softmax (:func:`softmax.add_sink`)."""
+        tidx = work.tidx
         lane = tidx % 32
         warp = tidx // 32
         # sRed's last readers (the last tile's column max) are past the barrier before its P V.
         self.column_sums_across_warps(row_sum, sRed, lane, warp, lambda x, y: x + y)
-        num_rows = work.seqlen_q * group
-        out_split = work.split_idx
-        if cutlass.const_expr(not self.write_partials):
-            out_split = 0
         for c in cutlass.range_constexpr(2):
+            real, g_out, g_lse = out_rows[c]
             lse, inv = softmax.finalize(row_max, c, row_sum[c])
-            packed = work.row_block * R + (lane % 4) * 2 + c
-            if packed < num_rows:
-                m = packed // group
-                hq = kvh * group + packed % group
+            if real:
                 if cutlass.const_expr(row_sink is not None):
                     lse, factor = softmax.add_sink(lse, row_sink[c])
                     inv = inv * factor
                 if tidx < 4:
-                    mLSE[out_split, batch_idx, hq, m] = lse
+                    g_lse[0] = lse
                 # (acc_o element c + 2 j: this column's j-th value)
                 if cutlass.const_expr(self.write_partials):
                     if work.num_tiles > 0:
                         for j in cutlass.range_constexpr(cute.size(acc_o) // 2):
-                            d = acc_row(c + 2 * j, warp, lane)
-                            mO[out_split, batch_idx, m, hq, d] = acc_o[c + 2 * j] * inv
+                            g_out[acc_row(c + 2 * j, warp, lane)] = acc_o[c + 2 * j] * inv
                 else:
                     for j in cutlass.range_constexpr(cute.size(acc_o) // 2):
-                        d = acc_row(c + 2 * j, warp, lane)
-                        mO[out_split, batch_idx, m, hq, d] = (acc_o[c + 2 * j] * inv).to(mO.element_type)
+                        g_out[acc_row(c + 2 * j, warp, lane)] = (acc_o[c + 2 * j] * inv).to(g_out.element_type)
