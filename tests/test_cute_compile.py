@@ -319,6 +319,17 @@ def _check_merge(ptx: str, config) -> None:
         loads = len(re.findall(rf"ld\.global\.v{vec}\.b32", tail)) if vec > 1 else None
         assert loads == 2 * merge.chunk * merge.cols_per_lane // vec, loads
     _check_row_offsets_hoisted(tail)
+    if config.swap_rows:
+        _check_swap_epilogue_hoisted(ptx, atomics[0])
+
+
+def _check_swap_epilogue_hoisted(ptx: str, atomic: str) -> None:
+    """The swapped consumer computes its output rows (the division by the GQA group) before
+    its first tile: from its last pipeline wait to the arrival count no integer division runs
+    (they cost ~0.6 us of a B = 1 call on the H200)."""
+    last_wait = ptx.rindex("mbarrier.try_wait", 0, ptx.index(atomic))
+    between = ptx[last_wait:ptx.index(atomic)]
+    assert not re.findall(r"\b(?:div|rem)\.[su]32", between), re.findall(r"\b(?:div|rem)\.[su]32", between)
 
 
 def _check_cluster_merge(ptx: str, config, atomics) -> None:
