@@ -10,11 +10,14 @@ with optional parts joined by ``:``:
     merge     the split kernel's last CTA merges the partials at any split count (no combine kernel)
     combine   a combine kernel at any split count
     stN       cute: N K+V stages on the swapped-operand kernel, one CTA per SM (scripts/cute_overrides.py)
+    cluster   cute: splits merged through one thread-block cluster where the launch allows it
+              (flashsplit.cute.choice.CLUSTER_MERGE; "counter": the arrival counter)
 
     python scripts/b1_latency.py                              # on a GPU: the default cells and variants
     python scripts/b1_latency.py --keys 1k 4k --variants triton cute cute:s8 cute:s8:combine
     python scripts/b1_latency.py --keys 4k 128k --fp8 --variants triton triton:s16 triton:noseq
     python scripts/b1_latency.py --keys 4k 16k --variants cute cute:st4 cute:st6
+    python scripts/b1_latency.py --keys 4k --variants cute cute:s8:cluster cute:s12:cluster cute:s16:cluster
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import flashsplit
 import flashsplit.registry
 from flashsplit.bench.cases import parse_seqlen, rotation_count
 from flashsplit.bench.timing import TimingConfig, capture_graph, replay_calls, time_interleaved
+from flashsplit.cute import choice
 from flashsplit.cute.backend import CuteBackend
 from flashsplit.plan import MAX_SPLITS
 from flashsplit.triton.backend import TritonBackend
@@ -65,10 +69,12 @@ def capture_variant(spec: str, sets, lens, fp8: bool, calls: int) -> torch.cuda.
     """The graph of ``calls`` decode calls of one variant, captured with its merge bound set
     (a prepared launcher keeps the bound it was made with)."""
     backend, *parts = spec.split(":")
-    merge, seqlens, splits, stages = None, lens, 0, 0
+    merge, seqlens, splits, stages, cluster = None, lens, 0, 0, None
     for part in parts:
         if part in ("merge", "combine"):
             merge = part == "merge"
+        elif part in ("cluster", "counter"):
+            cluster = part == "cluster"
         elif part == "noseq":
             seqlens = None
         elif part.startswith("s") and part[1:].isdigit():
@@ -84,6 +90,7 @@ def capture_variant(spec: str, sets, lens, fp8: bool, calls: int) -> torch.cuda.
         flashsplit.decode(q, k, v, cache_seqlens=seqlens, backend=backend, num_splits=splits, k_descale=one,
                           v_descale=one)
 
+    choice.CLUSTER_MERGE = cluster  # (set_merge drops the prepared launchers, which embed it)
     set_merge(merge)
     try:
         with swapped_stages(stages) if stages else contextlib.nullcontext():
@@ -93,6 +100,7 @@ def capture_variant(spec: str, sets, lens, fp8: bool, calls: int) -> torch.cuda.
         torch.cuda.synchronize()
         return graph
     finally:
+        choice.CLUSTER_MERGE = None
         set_merge(None)
 
 
