@@ -5,7 +5,8 @@ CTA writes ``%globaltimer`` and ``%clock64`` at each step), then decodes 32/8 he
 bf16, one query, full-length rows, over inputs rotated out of L2, each call alone (a sync
 between calls). For each step: when CTAs reach it, in us after the first CTA's entry (earliest,
 median, latest CTA), and the median per-CTA time since its own entry in SM cycles (the
-clock64 deltas, exact within an SM). Prints one table per cell. GPU only.
+clock64 deltas, exact within an SM). Prints one table per cell, then which SMs finished their
+last tiles earliest and latest and whether the same SMs are late call after call. GPU only.
 
     python scripts/cute_timeline.py --keys 1k 4k 16k 128k
     python scripts/cute_timeline.py --keys 1k 4k --merge cluster   # splits merged through a cluster
@@ -39,8 +40,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("cute_timeline: no CUDA device; this script measures the GPU.")
         return
-    events = len(timeline.EVENTS)
-    slots = torch.zeros(MAX_CTAS * events * 2, dtype=torch.int64, device="cuda")
+    events, pairs = len(timeline.EVENTS), timeline.PAIRS_PER_CTA
+    slots = torch.zeros(MAX_CTAS * pairs * 2, dtype=torch.int64, device="cuda")
     timeline.ADDRESS = slots.data_ptr()  # before any split kernel compiles in this process
 
     import flashsplit
@@ -68,6 +69,7 @@ def main() -> None:
         per_step: dict[str, list[list[float]]] = {name: [[], [], [], []] for name in timeline.EVENTS}
         reached_by: dict[str, int] = {}  # CTAs that reached each step, in the last call
         spans = []
+        last_tile_by_sm: dict[int, list[float]] = {}  # SM id -> its CTAs' last-tile times, every call
         for call in range(args.calls + 3):
             q, k, v = sets[call % len(sets)]
             slots.fill_(-1)
@@ -75,9 +77,13 @@ def main() -> None:
             torch.cuda.synchronize()
             if call < 3:
                 continue
-            t = slots[: ctas * events * 2].view(ctas, events, 2).cpu()
+            t = slots[: ctas * pairs * 2].view(ctas, pairs, 2).cpu()
             t0 = int(t[:, 0, 0].min())
             last = 0
+            done = timeline.EVENTS.index("tiles_done")
+            for cta in range(ctas):
+                if t[cta, done, 0] >= 0:
+                    last_tile_by_sm.setdefault(int(t[cta, events, 0]), []).append((int(t[cta, done, 0]) - t0) / 1000.0)
             for e, name in enumerate(timeline.EVENTS):
                 reached = t[:, e, 0] >= 0
                 reached_by[name] = int(reached.sum())
@@ -100,6 +106,23 @@ def main() -> None:
                 continue
             print(f"{name:<12} {reached_by[name]:>5} {statistics.median(lo):>9.2f} {statistics.median(mid):>9.2f} "
                   f"{statistics.median(hi):>9.2f} {statistics.median(cyc):>19.0f}")
+        report_sms(last_tile_by_sm)
+
+
+def report_sms(last_tile_by_sm: dict[int, list[float]]) -> None:
+    """Whether the same SMs finish their last tiles late call after call: each SM's median time
+    over the calls' first and second halves, and how well the two halves' orders agree."""
+    halves = {sm: (statistics.median(x[: len(x) // 2]), statistics.median(x[len(x) // 2:]))
+              for sm, x in last_tile_by_sm.items() if len(x) >= 2}
+    if len(halves) < 3:
+        return
+    first, second = (torch.tensor([h[i] for h in halves.values()], dtype=torch.float64) for i in (0, 1))
+    rank = lambda x: x.argsort().argsort().double()  # noqa: E731
+    agreement = float(torch.corrcoef(torch.stack([rank(first), rank(second)]))[0, 1])
+    order = sorted(halves, key=lambda sm: sum(halves[sm]))
+    fmt = lambda sms: ", ".join(f"{sm} ({sum(halves[sm]) / 2:.2f})" for sm in sms)  # noqa: E731
+    print(f"last tile by SM ({len(halves)} SMs, median us): earliest {fmt(order[:4])}; latest {fmt(order[-4:])}; "
+          f"rank agreement of the calls' two halves {agreement:.2f} (1: the same SMs are late every call)")
 
 
 if __name__ == "__main__":

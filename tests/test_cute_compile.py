@@ -1202,6 +1202,8 @@ def test_timeline_probe_compiles_only_when_switched_on(tmp_path, monkeypatch):
     probe_ptx = _compiled_ptx(cute_compile.compile_split, config, tmp_path / "probe")
     assert len(re.findall(r"mov\.u64\s+%rd\d+,\s*%globaltimer;", probe_ptx)) == len(timeline.EVENTS)
     assert len(re.findall(r"mov\.u64\s+%rd\d+,\s*%clock64;", probe_ptx)) == len(timeline.EVENTS)
+    assert len(re.findall(r"mov\.u32\s+%r\d+,\s*%smid;", probe_ptx)) == 1
+    assert "%smid" not in default_ptx
 
 
 @pytest.mark.parametrize("cluster", [False, True])
