@@ -16,6 +16,7 @@ last tiles earliest and latest and whether the same SMs are late call after call
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 
 import torch
@@ -40,73 +41,77 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("cute_timeline: no CUDA device; this script measures the GPU.")
         return
-    events, pairs = len(timeline.EVENTS), timeline.PAIRS_PER_CTA
-    slots = torch.zeros(MAX_CTAS * pairs * 2, dtype=torch.int64, device="cuda")
+    slots = torch.zeros(MAX_CTAS * timeline.PAIRS_PER_CTA * 2, dtype=torch.int64, device="cuda")
     timeline.ADDRESS = slots.data_ptr()  # before any split kernel compiles in this process
 
-    import flashsplit
-    from flashsplit.bench.cases import parse_seqlen, rotation_count
+    from cute_overrides import swapped_stages
     from flashsplit.cute import choice
 
     choice.CLUSTER_MERGE = args.merge == "cluster"
-    if args.stages:
-        from cute_overrides import swapped_stages
+    with swapped_stages(args.stages) if args.stages else contextlib.nullcontext():
+        for spec in args.keys:
+            report_cell(spec, args, slots)
 
-        swapped_stages(args.stages).__enter__()  # for the whole process
 
-    for spec in args.keys:
-        seqlen = parse_seqlen(spec)
-        plan = flashsplit.plan(args.batch, seqlen, HEADS, HEADS_KV, DIM, backend="cute")
-        ctas = plan.grid[0] * plan.grid[1] * plan.grid[2]
-        if ctas > MAX_CTAS:  # the kernels would write past the probe's buffer
-            raise SystemExit(f"cute_timeline: {spec} keys at B = {args.batch} launch {ctas} CTAs, over {MAX_CTAS}")
-        kv_bytes = 2 * args.batch * seqlen * HEADS_KV * DIM * 2
-        sets = [(torch.randn(args.batch, 1, HEADS, DIM, device="cuda", dtype=torch.bfloat16),
-                 torch.randn(args.batch, seqlen, HEADS_KV, DIM, device="cuda", dtype=torch.bfloat16),
-                 torch.randn(args.batch, seqlen, HEADS_KV, DIM, device="cuda", dtype=torch.bfloat16))
-                for _ in range(rotation_count(kv_bytes))]
-        lens = torch.full((args.batch,), seqlen, dtype=torch.int32, device="cuda")
-        per_step: dict[str, list[list[float]]] = {name: [[], [], [], []] for name in timeline.EVENTS}
-        reached_by: dict[str, int] = {}  # CTAs that reached each step, in the last call
-        spans = []
-        last_tile_by_sm: dict[int, list[float]] = {}  # SM id -> its CTAs' last-tile times, every call
-        for call in range(args.calls + 3):
-            q, k, v = sets[call % len(sets)]
-            slots.fill_(-1)
-            flashsplit.decode(q, k, v, cache_seqlens=lens, backend="cute")
-            torch.cuda.synchronize()
-            if call < 3:
+def report_cell(spec: str, args: argparse.Namespace, slots: torch.Tensor) -> None:
+    """Decode one cell ``args.calls`` times (after 3 warm-up calls) with the probe on; print its
+    table and which SMs finished late."""
+    import flashsplit
+    from flashsplit.bench.cases import parse_seqlen, rotation_count
+
+    events, pairs = len(timeline.EVENTS), timeline.PAIRS_PER_CTA
+    done = timeline.EVENTS.index("tiles_done")
+    seqlen = parse_seqlen(spec)
+    plan = flashsplit.plan(args.batch, seqlen, HEADS, HEADS_KV, DIM, backend="cute")
+    ctas = plan.grid[0] * plan.grid[1] * plan.grid[2]
+    if ctas > MAX_CTAS:  # the kernels would write past the probe's buffer
+        raise SystemExit(f"cute_timeline: {spec} keys at B = {args.batch} launch {ctas} CTAs, over {MAX_CTAS}")
+    kv_bytes = 2 * args.batch * seqlen * HEADS_KV * DIM * 2
+    sets = [(torch.randn(args.batch, 1, HEADS, DIM, device="cuda", dtype=torch.bfloat16),
+             torch.randn(args.batch, seqlen, HEADS_KV, DIM, device="cuda", dtype=torch.bfloat16),
+             torch.randn(args.batch, seqlen, HEADS_KV, DIM, device="cuda", dtype=torch.bfloat16))
+            for _ in range(rotation_count(kv_bytes))]
+    lens = torch.full((args.batch,), seqlen, dtype=torch.int32, device="cuda")
+    per_step: dict[str, list[list[float]]] = {name: [[], [], [], []] for name in timeline.EVENTS}
+    reached_by: dict[str, int] = {}  # CTAs that reached each step, in the last call
+    spans = []
+    last_tile_by_sm: dict[int, list[float]] = {}  # SM id -> its CTAs' last-tile times, every call
+    for call in range(args.calls + 3):
+        q, k, v = sets[call % len(sets)]
+        slots.fill_(-1)
+        flashsplit.decode(q, k, v, cache_seqlens=lens, backend="cute")
+        torch.cuda.synchronize()
+        if call < 3:
+            continue
+        t = slots[: ctas * pairs * 2].view(ctas, pairs, 2).cpu()
+        t0 = int(t[:, 0, 0].min())
+        last = 0
+        finished = t[:, done, 0] >= 0
+        for sm, us in zip(t[finished, events, 0].tolist(), ((t[finished, done, 0] - t0) / 1000.0).tolist()):
+            last_tile_by_sm.setdefault(sm, []).append(us)
+        for e, name in enumerate(timeline.EVENTS):
+            reached = t[:, e, 0] >= 0
+            reached_by[name] = int(reached.sum())
+            if not reached_by[name]:
                 continue
-            t = slots[: ctas * pairs * 2].view(ctas, pairs, 2).cpu()
-            t0 = int(t[:, 0, 0].min())
-            last = 0
-            done = timeline.EVENTS.index("tiles_done")
-            for cta in range(ctas):
-                if t[cta, done, 0] >= 0:
-                    last_tile_by_sm.setdefault(int(t[cta, events, 0]), []).append((int(t[cta, done, 0]) - t0) / 1000.0)
-            for e, name in enumerate(timeline.EVENTS):
-                reached = t[:, e, 0] >= 0
-                reached_by[name] = int(reached.sum())
-                if not reached_by[name]:
-                    continue
-                us = ((t[reached, e, 0] - t0).double() / 1000.0).tolist()
-                cycles = (t[reached, e, 1] - t[reached, 0, 1]).double().tolist()
-                per_step[name][0].append(min(us))
-                per_step[name][1].append(statistics.median(us))
-                per_step[name][2].append(max(us))
-                per_step[name][3].append(statistics.median(cycles))
-                last = max(last, max(us))
-            spans.append(last)
-        print(f"\n{spec} keys: {plan.backend} {plan.num_splits} splits, grid {plan.grid}, {ctas} CTAs, "
-              f"rule {plan.rule}; median of {args.calls} calls, first entry to last step "
-              f"{statistics.median(spans):.2f} us")
-        print(f"{'step':<12} {'CTAs':>5} {'earliest':>9} {'median':>9} {'latest':>9} {'cycles since entry':>19}")
-        for name, (lo, mid, hi, cyc) in per_step.items():
-            if not lo:
-                continue
-            print(f"{name:<12} {reached_by[name]:>5} {statistics.median(lo):>9.2f} {statistics.median(mid):>9.2f} "
-                  f"{statistics.median(hi):>9.2f} {statistics.median(cyc):>19.0f}")
-        report_sms(last_tile_by_sm)
+            us = ((t[reached, e, 0] - t0).double() / 1000.0).tolist()
+            cycles = (t[reached, e, 1] - t[reached, 0, 1]).double().tolist()
+            per_step[name][0].append(min(us))
+            per_step[name][1].append(statistics.median(us))
+            per_step[name][2].append(max(us))
+            per_step[name][3].append(statistics.median(cycles))
+            last = max(last, max(us))
+        spans.append(last)
+    print(f"\n{spec} keys: {plan.backend} {plan.num_splits} splits, grid {plan.grid}, {ctas} CTAs, "
+          f"rule {plan.rule}; median of {args.calls} calls, first entry to last step "
+          f"{statistics.median(spans):.2f} us")
+    print(f"{'step':<12} {'CTAs':>5} {'earliest':>9} {'median':>9} {'latest':>9} {'cycles since entry':>19}")
+    for name, (lo, mid, hi, cyc) in per_step.items():
+        if not lo:
+            continue
+        print(f"{name:<12} {reached_by[name]:>5} {statistics.median(lo):>9.2f} {statistics.median(mid):>9.2f} "
+              f"{statistics.median(hi):>9.2f} {statistics.median(cyc):>19.0f}")
+    report_sms(last_tile_by_sm)
 
 
 def report_sms(last_tile_by_sm: dict[int, list[float]]) -> None:
