@@ -27,6 +27,11 @@ from .q_tile import QTile
 from .warp_roles import NUM_CONSUMER_WARPS, ElementTypes, consumer_barrier, publish_smem_writes
 
 
+def column_row(work, rows, lane, c):
+    """The packed q row (of the CTA's ``rows``-row tile) of a thread's column ``c`` (0 or 1)."""
+    return work.row_block * rows + (lane % 4) * 2 + c
+
+
 def acc_row(i, warp, lane):
     """Row of a thread's wgmma accumulator element ``i`` = ``(c, r, t)`` = ``(i % 2, i // 2 % 2,
     i // 4)`` when N is 8: ``64 t + 16 warp + lane / 4 + 8 r``, the ``t``-th 64-row M block."""
@@ -85,15 +90,15 @@ class SwapConsumer:
             row_sink = cute.make_rmem_tensor((2,), Float32)
         for c in cutlass.range_constexpr(2):
             if cutlass.const_expr(mSinks is not None):  # (packed % group: a real head of this KV head)
-                packed = work.row_block * R + (lane % 4) * 2 + c
+                packed = column_row(work, R, lane, c)
                 row_sink[c] = mSinks[work.kvh * work.group + packed % work.group].to(Float32)
             row_max[c] = -Float32.inf
             row_sum[c] = 0.0
             self.mask.set_limit(key_limit, c, end, work.n_keys, work.seqlen_q, work.group,
-                                lambda: work.row_block * R + (lane % 4) * 2 + c, work.window_right)
+                                lambda: column_row(work, R, lane, c), work.window_right)
             if cutlass.const_expr(self.first_bound):
                 self.mask.set_first(key_first, c, work.n_keys, work.seqlen_q, work.group,
-                                    lambda: work.row_block * R + (lane % 4) * 2 + c, work.window_left,
+                                    lambda: column_row(work, R, lane, c), work.window_left,
                                     work.leftpad)
 
         # Where the epilogue writes, computed while the first tile is in flight: after the last
@@ -153,7 +158,7 @@ class SwapConsumer:
             out_split = 0
         rows = []
         for c in cutlass.range_constexpr(2):
-            packed = work.row_block * R + (lane % 4) * 2 + c
+            packed = column_row(work, R, lane, c)
             m = packed // work.group
             hq = work.kvh * work.group + packed % work.group
             g_lse = cute.local_tile(mLSE[out_split, work.batch_idx, hq, None], (1,), (m,))
