@@ -233,13 +233,15 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
     _check_grid_extents(ptx, config)
     if config.staged:
         # The converted (fp8) or copied (gathered) K and V tiles reach their operand buffers in
-        # 16-byte stores; 2-byte stores are left only in q's one-time load (64 rows x d over 128
-        # threads).
+        # 16-byte stores; 2-byte stores are left only in q's one-time load (8 per 8-element chunk
+        # a thread takes: rows x d / 8 chunks over 128 threads) and the swapped consumer's P^T
+        # (its share of the keys x rows scores).
         assert "st.shared.v4.b32" in ptx
         from flashsplit.cute.q_tile import QTile
 
-        q_stores = config.rows * QTile(config).lanes_per_row * 8 // 128  # (d = 96, fp16 operands: 16 lanes a row)
-        assert ptx.count("st.shared.b16") <= q_stores, "staged tiles stored 2 bytes at a time"
+        chunks = config.rows * QTile(config).lanes_per_row  # (d = 96, fp16 operands: 16 lanes a row)
+        b16_stores = -(-chunks // 128) * 8 + (config.tile_n * config.rows // 128 if config.swap_rows else 0)
+        assert ptx.count("st.shared.b16") <= b16_stores, "staged tiles stored 2 bytes at a time"
 
 
 def _entry_params(ptx: str) -> str:
@@ -729,9 +731,10 @@ def test_batch_invariant_runs_of_splits():
 
 
 def test_swap_rule():
-    """The swapped-operand kernel takes 1-8 packed rows of a 16-bit cache (dense, whole-tile or
-    sub-tile pages) in one wave of the tile's CTAs per SM; not 9+ rows, fp8, gathered pages or two
-    waves; ``split_config`` refuses what it cannot build."""
+    """The swapped-operand kernel takes 1-8 packed rows of a 16-bit or fp8 cache (dense, whole-tile
+    or sub-tile pages) in one wave of the tile's CTAs per SM; not 9+ rows, gathered pages or two
+    waves; ``split_config`` refuses what it cannot build. fp8 runs its staging slots at the
+    64-row kernel's CTAs per SM."""
     from flashsplit.cute import configs
 
     from flashsplit.cute import choice
@@ -739,17 +742,24 @@ def test_swap_rule():
     assert configs.swap_ab_applies(8, "same", None, 128) and configs.swap_ab_applies(1, "same", 16, 128)
     assert configs.swap_ab_applies(4, "same", 128, 128)
     assert not configs.swap_ab_applies(9, "same", None, 128)
-    assert not configs.swap_ab_applies(4, "float8_e4m3fn", None, 128)
+    assert configs.swap_ab_applies(4, "float8_e4m3fn", None, 128) and configs.swap_ab_applies(8, "float8_e5m2", 16, 64)
     assert not configs.swap_ab_applies(4, "same", 48, 128)  # gathered pages
+    assert not configs.swap_ab_applies(4, "float8_e4m3fn", 48, 128)
     assert choice.swaps(4, "same", None, 128, 264, 2, 132)
     assert not choice.swaps(4, "same", None, 128, 265, 2, 132)
     assert not choice.swaps(4, "same", None, 128, 133, 1, 132)
-    for kw in (dict(kv_dtype="float8_e4m3fn"), dict(swap_rows=16), dict(paged=True, page_size=48)):
+    for kw in (dict(swap_rows=16), dict(paged=True, page_size=48),
+               dict(paged=True, page_size=48, kv_dtype="float8_e5m2")):
         with pytest.raises(ValueError, match="swap_rows"):
             configs.split_config("bfloat16", 128, False, True, swap_rows=kw.pop("swap_rows", 8), **kw)
     c = configs.split_config("bfloat16", 128, False, True, swap_rows=8)
     assert c.rows == 8 and c.stages == configs.SWAP_AB_STAGES and c.units_per_sm == 2
     configs.check_smem(c)
+    for head_dim in (64, 128, 256):
+        c = configs.split_config("bfloat16", head_dim, False, True, kv_dtype="float8_e4m3fn", swap_rows=8)
+        assert c.fp16_operands and c.staged and c.stages == configs.fp8_stages(head_dim)
+        assert c.units_per_sm == configs.split_tile(head_dim)[2]
+        configs.check_smem(c)
     # d = 96: O^T's M (the head dim) is not whole 64-row wgmma blocks, so the 64-row consumer runs.
     assert not configs.swap_ab_applies(4, "same", None, 96) and not choice.swaps(4, "same", None, 96, 8, 2, 132)
     with pytest.raises(ValueError, match="swap_rows: .*head_dim 96"):

@@ -465,19 +465,24 @@ def _check_fp8(out, lse, q, k8, v8, k_descale, v_descale, seqlens, causal, scale
     check_against_reference(out, lse, q, k_ref, v_ref, seqlens, causal, scale, what=what)
 
 
-def _decode_fp8_and_check(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits) -> None:
+def _decode_fp8_and_check(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits, **tile) -> None:
     """Dense fp8 K/V (NaN past each row's length, including the converted tail of the last
-    tile), lengths 0/1/tile-1/tile+1/many, against attention over ``cache * descale``."""
+    tile), lengths 0/1/tile-1/tile+1/many, against attention over ``cache * descale``; with
+    ``tile`` (:func:`_decode`'s), that kernel variant."""
     lengths = (0, 1, 63, 65, 127, 129, 1000)
     case = DecodeCase(len(lengths), seqlen_q, SEQLEN_K, 2, group, head_dim, dtype, lengths, num_splits, causal)
     q, k8, v8, k_descale, v_descale, seqlens, _ = _fp8_inputs(case, fp8, per_head, head_dim + num_splits)
     scale = 1.0 / math.sqrt(head_dim)
     out = torch.full_like(q, float("nan"))
     lse = torch.full((case.batch, case.num_heads, case.seqlen_q), float("nan"), device="cuda")
-    _backend().decode(q, k8, v8, seqlens, num_splits, scale, causal, out, lse,
-                      k_descale=k_descale, v_descale=v_descale)
+    if tile:
+        _decode(q, k8, v8, seqlens, num_splits, scale, causal, out, lse, k_descale=k_descale, v_descale=v_descale,
+                **tile)
+    else:
+        _backend().decode(q, k8, v8, seqlens, num_splits, scale, causal, out, lse,
+                          k_descale=k_descale, v_descale=v_descale)
     torch.cuda.synchronize()
-    _check_fp8(out, lse, q, k8, v8, k_descale, v_descale, seqlens, causal, scale, f"fp8 {fp8} {case}")
+    _check_fp8(out, lse, q, k8, v8, k_descale, v_descale, seqlens, causal, scale, f"fp8 {fp8} {case} {tile}")
 
 
 @pytest.mark.parametrize("head_dim,dtype,fp8,per_head,seqlen_q,group,causal", FP8_CASES, ids=str)
@@ -485,6 +490,17 @@ def _decode_fp8_and_check(head_dim, dtype, fp8, per_head, seqlen_q, group, causa
 def test_fp8_decode_matches_reference(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits):
     """e4m3/e5m2 with bf16 q (fp16 wgmma operands: q rows scaled by powers of two) and fp16 q."""
     _decode_fp8_and_check(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits)
+
+
+@pytest.mark.parametrize("head_dim,dtype,fp8,per_head,seqlen_q,group,causal",
+                         [c for c in FP8_CASES if c[0] % 64 == 0 and c[4] * c[5] <= 8], ids=str)
+@pytest.mark.parametrize("num_splits", [1, 3, 17])
+def test_fp8_few_rows_on_both_consumers(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits):
+    """1-8 packed rows of an fp8 cache on the swapped-operand consumer (what a one-wave launch
+    runs: staged tiles converted into its operand buffers, a bf16 q's row scales per column) and
+    on the 64-row kernel (what a launch of several waves runs)."""
+    _decode_fp8_and_check(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits, swap=True)
+    _decode_fp8_and_check(head_dim, dtype, fp8, per_head, seqlen_q, group, causal, num_splits, swap=False)
 
 
 @pytest.mark.parametrize("head_dim,page_size", [(128, 64), (64, 128), (256, 128), (96, 64)])
@@ -511,11 +527,13 @@ def _decode_fp8_paged_and_check(head_dim, page_size, fp8, lengths, seed, what) -
     _check_fp8(out, None, q, k8, v8, k_descale, v_descale, seqlens, False, scale, what)
 
 
-@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
-def test_fp16_operands_scale_q_rows_of_any_magnitude(head_dim):
+@pytest.mark.parametrize("head_dim,swap", [(64, True), (128, True), (256, True), (64, False), (96, False),
+                                           (128, False), (256, False)])
+def test_fp16_operands_scale_q_rows_of_any_magnitude(head_dim, swap):
     """Rows of q far above and below 1 (2^12, 2^-12, beyond fp16's range unscaled: 3e5 * d^0.5
     scores), and an all-zero row, through the per-row power-of-two scaling of the fp16 operands
-    (bf16 q, e4m3 cache)."""
+    (bf16 q, e4m3 cache), on the swapped-operand consumer (8 packed rows: each column its own
+    scale) and on the 64-row kernel."""
     case = DecodeCase(3, 2, 1024, 2, 4, head_dim, torch.bfloat16, (1024, 300, 65), 3)
     q, k8, v8, k_descale, v_descale, seqlens, _ = _fp8_inputs(case, torch.float8_e4m3fn, True, 7)
     q[:, :, 0] *= 4096.0
@@ -525,9 +543,9 @@ def test_fp16_operands_scale_q_rows_of_any_magnitude(head_dim):
     scale = 1.0 / math.sqrt(head_dim) / 64.0  # keep the 3e5 row's softmax finite in the reference
     out = torch.full_like(q, float("nan"))
     lse = torch.full((case.batch, case.num_heads, case.seqlen_q), float("nan"), device="cuda")
-    _backend().decode(q, k8, v8, seqlens, 3, scale, False, out, lse, k_descale=k_descale, v_descale=v_descale)
+    _decode(q, k8, v8, seqlens, 3, scale, False, out, lse, k_descale=k_descale, v_descale=v_descale, swap=swap)
     torch.cuda.synchronize()
-    _check_fp8(out, lse, q, k8, v8, k_descale, v_descale, seqlens, False, scale, "fp16 operands, scaled rows")
+    _check_fp8(out, lse, q, k8, v8, k_descale, v_descale, seqlens, False, scale, f"fp16 operands, scaled rows, {swap=}")
 
 
 @pytest.mark.parametrize("head_dim,page_size", [(128, 64), (128, 16), (64, 24), (256, 5), (96, 16), (96, 24)])

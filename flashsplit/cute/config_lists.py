@@ -120,6 +120,15 @@ def _check_configs(head_dims: tuple[int, ...]) -> list[SplitConfig]:
                 for j, (head_dim, p) in enumerate((d, p) for d in head_dims for p in (split_tile(d)[0], 16))]
     configs += [split_config(DTYPES[j % 2], head_dim, j % 2 == 1, True, merge=True, swap_rows=swap)
                 for j, head_dim in enumerate(head_dims)]
+    # fp8 caches on the swapped consumer (staged, converted): each fp8 type at each head dim, dense
+    # with dtype, causal and output cycled (bf16 q: fp16 operands), merging, and in TMA pages.
+    fp8_types = [kv for kv in KV_DTYPES if kv != "same"]
+    configs += [split_config(DTYPES[(j + 1) % 2], head_dim, j % 3 == 0, j % 3 != 2, False, kv_dtype, swap_rows=swap)
+                for j, (kv_dtype, head_dim) in enumerate((kv, d) for kv in fp8_types for d in head_dims)]
+    configs += [split_config("bfloat16", head_dim, False, True, False, fp8_types[0], merge=True, swap_rows=swap)
+                for head_dim in head_dims]
+    configs += [split_config("bfloat16", 128, True, True, True, fp8_types[0], p, merge=True, swap_rows=swap)
+                for p in (split_tile(128)[0], 16)]
     configs.append(split_config("bfloat16", 128, False, True, merge=True, one_wave=True, swap_rows=swap))
     configs += [split_config("float16", 128, True, wp, one_per_sm=True, swap_rows=swap) for wp in (False, True)]
     configs.append(split_config("bfloat16", 128, False, True, True, page_size=16, merge=True, one_per_sm=True,

@@ -74,7 +74,8 @@ class SplitConfig:
     #: V^T as A (M = head dim) and P^T from shared memory as B. The tensor work of a tile is 8/64
     #: of the 64-row kernel's (which pads 1-8 rows to wgmma's M = 64); the softmax runs down the
     #: columns, its max shared across the four consumer warps through shared memory once per
-    #: tile. 16-bit TMA loads (dense or TMA pages).
+    #: tile. TMA loads (dense or TMA pages) of 16-bit tiles, or of fp8 tiles that the consumer
+    #: converts into one 16-bit operand buffer per tile, as the 64-row kernel does.
     swap_rows: int = 0
     #: Sliding window (runtime bounds ``window_left`` / ``window_right``): query ``m`` at position
     #: ``p = n - L_q + m`` of a row of ``n`` keys sees keys ``p - window_left .. p + window_right``.
@@ -272,7 +273,7 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
     dense or in TMA pages): :data:`ONE_PER_SM_TILE` instead of :func:`split_tile`'s.
     ``one_wave`` (merging launches of dense 16-bit caches at d = 128 on the two-CTA tile):
     :data:`ONE_WAVE_STAGES`. ``swap_rows`` (0 or ``SWAP_AB_ROWS``): the swapped-operand consumer
-    (``SplitConfig.swap_rows``), for 16-bit caches read by whole TMA tiles or sub-tile boxes.
+    (``SplitConfig.swap_rows``), for caches read by whole TMA tiles or sub-tile boxes.
     ``left_bound``, ``right_bound``, ``softcap``, ``sinks``, ``invariant``, ``leftpad``: the
     attention variants (:class:`SplitConfig`'s fields of those names); ``heads_first``: the CTAs'
     launch order (``SplitConfig.heads_first``); ``cluster``: splits merged through one cluster
@@ -314,9 +315,8 @@ def split_config(dtype: str, head_dim: int, causal: bool, write_partials: bool, 
     if swap_rows and head_dim % 64 != 0:
         raise ValueError(f"swap_rows: the swapped consumer's O^T = V^T P^T takes the head dim as wgmma's M, in "
                          f"blocks of 64; head_dim {head_dim} is not a multiple of 64")
-    if swap_rows and (kv_dtype != "same" or gather):
-        raise ValueError(f"swap_rows: only for 16-bit caches in TMA tiles, got kv_dtype {kv_dtype}, gathered pages "
-                         f"{gather}")
+    if swap_rows and gather:
+        raise ValueError(f"swap_rows: only for caches read in TMA tiles, got gathered pages of {page_size} keys")
     if cluster:
         _check_cluster(cluster, merge, swap_rows, head_dim, one_wave, heads_first)
         units = 1  # the leader's slots leave room for one CTA per SM
@@ -372,16 +372,16 @@ SWAP_AB_STAGES = 3
 
 def swap_ab_applies(packed_rows: int, kv_dtype: str, page_size: int | None, head_dim: int) -> bool:
     """Whether a problem of ``packed_rows`` rows per KV head (L_q x group) can take the swapped-
-    operand kernel: at most ``SWAP_AB_ROWS`` rows, a 16-bit cache, dense (``page_size`` None) or
-    in pages the TMA reads as whole tiles or sub-tile boxes, and a head dim in whole 64-row wgmma
-    M blocks (``O^T``'s rows; d = 96 runs the 64-row consumer).
+    operand kernel: at most ``SWAP_AB_ROWS`` rows, a 16-bit or fp8 cache, dense (``page_size``
+    None) or in pages the TMA reads as whole tiles or sub-tile boxes, and a head dim in whole
+    64-row wgmma M blocks (``O^T``'s rows; d = 96 runs the 64-row consumer).
 
     >>> swap_ab_applies(4, "same", None, 128), swap_ab_applies(16, "same", None, 128)
     (True, False)
-    >>> swap_ab_applies(4, "same", None, 96)
-    False
+    >>> swap_ab_applies(4, "float8_e4m3fn", None, 128), swap_ab_applies(4, "same", None, 96)
+    (True, False)
     """
-    if packed_rows > SWAP_AB_ROWS or kv_dtype != "same" or head_dim % 64 != 0:
+    if packed_rows > SWAP_AB_ROWS or kv_dtype not in KV_DTYPES or head_dim % 64 != 0:
         return False
     return page_size is None or tma_pages(page_size, head_dim)
 

@@ -95,15 +95,12 @@ class QTile:
                 for o in cutlass.range_constexpr(lanes_per_row.bit_length() - 1):  # offsets 1, 2, ...
                     amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1 << o))
                 scale, inverse = pow2_scale(amax)
-                if cutlass.const_expr(lanes_per_row != chunks_per_row):
-                    if col < D:
-                        for j in cutlass.range_constexpr(8):
-                            sQ[row, col + j, 0] = (frag[j].to(Float32) * scale).to(self.op_dtype)
+                # (Every lane took part in the shuffles; only the tile's chunks store.)
+                if cutlass.const_expr(chunks % T != 0):
+                    if chunk < chunks:
+                        self.store_scaled(sQ, sRowScale, frag, row, col, chunk, scale, inverse)
                 else:
-                    for j in cutlass.range_constexpr(8):
-                        sQ[row, col + j, 0] = (frag[j].to(Float32) * scale).to(self.op_dtype)
-                if chunk % lanes_per_row == 0:
-                    sRowScale[row] = inverse
+                    self.store_scaled(sQ, sRowScale, frag, row, col, chunk, scale, inverse)
             elif cutlass.const_expr(chunks % T != 0):
                 if chunk < chunks:
                     for j in cutlass.range_constexpr(8):
@@ -112,3 +109,18 @@ class QTile:
                 for j in cutlass.range_constexpr(8):
                     sQ[row, col + j, 0] = frag[j]
         publish_smem_writes()
+
+    @cute.jit
+    def store_scaled(self, sQ, sRowScale, frag, row, col, chunk, scale, inverse):
+        """fp16 operands: a chunk of 8 q values times its row's power of two into ``sQ`` (a
+        padding lane of d = 96's 16-lane runs stores nothing), and the row's first lane stores
+        the inverse into ``sRowScale``."""
+        if cutlass.const_expr(self.lanes_per_row != self.head_dim // 8):
+            if col < self.head_dim:
+                for j in cutlass.range_constexpr(8):
+                    sQ[row, col + j, 0] = (frag[j].to(Float32) * scale).to(self.op_dtype)
+        else:
+            for j in cutlass.range_constexpr(8):
+                sQ[row, col + j, 0] = (frag[j].to(Float32) * scale).to(self.op_dtype)
+        if chunk % self.lanes_per_row == 0:
+            sRowScale[row] = inverse

@@ -449,6 +449,12 @@ class SplitKVDecodeKernel:
             if cutlass.const_expr(self.cluster_merge is not None):
                 ClusterMerge.before_stores()  # (its phase: the consumers wait before their stores)
         if warp_idx < PRODUCER_WARP:
+            # fp8: k_descale folds into the (log2) softmax scale, v_descale into the output.
+            qk_scale = softmax_scale_log2
+            v_scale = None
+            if cutlass.const_expr(self.fp8):
+                qk_scale = softmax_scale_log2 * mKDescale[batch_idx, kvh]
+                v_scale = mVDescale[batch_idx, kvh]
             if cutlass.const_expr(self.swap_rows > 0):
                 sP = storage.sP.get_tensor(p_layout.outer, swizzle=p_layout.inner)
                 sRed = storage.red.get_tensor(cute.make_layout((NUM_CONSUMER_WARPS * self.block_m,)))
@@ -456,16 +462,10 @@ class SplitKVDecodeKernel:
                 if cutlass.const_expr(self.cluster_merge is not None):
                     partials_o, partials_lse = self.cluster_merge.partials(storage, work)  # this CTA's slots
                 self.consumer.run(qk_mma, pv_mma, partials_o, partials_lse, sQ, sK, sV, sP, sRed, kv_pipeline, work,
-                                  softmax_scale_log2, softcap_log2, final_sinks)
+                                  qk_scale, softcap_log2, final_sinks, sK_load, sV_load, v_scale, sRowScale)
                 if cutlass.const_expr(self.cluster_merge is not None):
                     self.cluster_merge.send(storage, work)  # the slot to the leader's
             else:
-                # fp8: k_descale folds into the (log2) softmax scale, v_descale into the output.
-                qk_scale = softmax_scale_log2
-                v_scale = None
-                if cutlass.const_expr(self.fp8):
-                    qk_scale = softmax_scale_log2 * mKDescale[batch_idx, kvh]
-                    v_scale = mVDescale[batch_idx, kvh]
                 self.consumer.run(qk_mma, pv_mma, mO, mLSE, sQ, sK, sV, kv_pipeline, work, qk_scale, sK_load,
                                   sV_load, v_scale, sRowScale, softcap_log2, final_sinks)
             if cutlass.const_expr(self.merge and self.cluster_merge is None):

@@ -3,7 +3,10 @@
 Per KV tile ``S^T = K Q^T`` (wgmma M = keys, N = R: the K tile is the A operand), the softmax
 down each column (a q row), P^T into shared memory, ``O^T += V^T P^T`` (M = head dim, N = R:
 the V stage read as a transposed A), then the epilogue. The tensor work of a tile is 8/64 of
-the 64-row consumer's, which pads 1-8 rows to wgmma's M = 64.
+the 64-row consumer's, which pads 1-8 rows to wgmma's M = 64. An fp8 cache's tiles land in
+staging slots and are converted into one 16-bit K and V operand buffer
+(:meth:`~flashsplit.cute.kv_operands.KVOperands.convert`), with q's rows scaled into fp16 as
+for the 64-row consumer (:mod:`~flashsplit.cute.q_tile`).
 
 Accumulator element ``i`` of a thread sits at row :func:`acc_row` (a key of S^T, a head-dim
 index of O^T) and column ``2 (lane % 4) + i % 2`` (a q row): each thread holds two columns,
@@ -39,7 +42,7 @@ def acc_row(i, warp, lane):
 
 
 class SwapConsumer:
-    """The swapped-operand consumer of one configuration (16-bit TMA stages)."""
+    """The swapped-operand consumer of one configuration (16-bit TMA stages, or staged fp8)."""
 
     def __init__(self, config: SplitConfig):
         self.head_dim = config.head_dim
@@ -49,6 +52,8 @@ class SwapConsumer:
         self.write_partials = config.write_partials
         self.signals_combine = config.signals_combine
         self.op_dtype = ElementTypes(config).op
+        self.staged = config.staged
+        self.scaled_q = config.fp16_operands  # per-row q scale in sRowScale
         self.q_tile = QTile(config)
         self.kv_operands = KVOperands(config)
         self.mask = KeyMask(config.causal, config.left_bound, config.right_bound)
@@ -57,8 +62,11 @@ class SwapConsumer:
 
     @cute.jit
     def run(self, qk_mma, pv_mma, mO, mLSE, sQ, sK, sV, sP, sRed, kv_pipeline, work, softmax_scale_log2,
-            softcap_log2=None, mSinks=None):
-        """Every KV tile of the split (q is already in ``sQ``), then O and the LSE.
+            softcap_log2=None, mSinks=None, sK8=None, sV8=None, v_scale=None, sRowScale=None):
+        """Every KV tile of the split (q is already in ``sQ``, with fp16 operands its row scales
+        in ``sRowScale``), then O and the LSE. ``sK``/``sV``: the operand stages, or (staged) the
+        one operand buffer the staging slots ``sK8``/``sV8`` are converted into; an fp8 cache's
+        ``softmax_scale_log2`` already holds k_descale and ``v_scale`` is v_descale.
         ``softcap_log2`` (softcap configs) caps the scores, ``mSinks`` (sinks configs, one split)
         joins the final softmax."""
         D, N, R = self.head_dim, self.tile_n, self.block_m
@@ -88,7 +96,12 @@ class SwapConsumer:
         row_sink = None  # each column's (q row's) sink, loaded ahead of the keys
         if cutlass.const_expr(mSinks is not None):
             row_sink = cute.make_rmem_tensor((2,), Float32)
+        column_scale = None  # fp16 operands: each column's score scale (1 / its q row's power of two)
+        if cutlass.const_expr(self.scaled_q):
+            column_scale = cute.make_rmem_tensor((2,), Float32)
         for c in cutlass.range_constexpr(2):
+            if cutlass.const_expr(self.scaled_q):
+                column_scale[c] = softmax_scale_log2 * sRowScale[(lane % 4) * 2 + c]
             if cutlass.const_expr(mSinks is not None):  # (packed % group: a real head of this KV head)
                 packed = column_row(work, R, lane, c)
                 row_sink[c] = mSinks[work.kvh * work.group + packed % work.group].to(Float32)
@@ -111,18 +124,31 @@ class SwapConsumer:
             kv_pipeline.consumer_wait(state)
             if i == 0 and tidx == 0:
                 timeline.stamp("first_tile")
-            self.kv_operands.zero_invisible_v(sV, state.index, tile_start, end, work.cta_first, tidx)
+            op_stage = state.index
+            if cutlass.const_expr(self.staged):
+                op_stage = 0
+                # Every consumer warp has waited on its wgmmas of the previous tile (they read
+                # the operand buffers) before any overwrites them.
+                consumer_barrier()
+                head = None  # V rows before the CTA's first visible key (left window bound, left padding)
+                if cutlass.const_expr(self.first_bound):
+                    head = work.cta_first - tile_start
+                self.kv_operands.convert(sK8, sV8, sK, sV, state.index, end - tile_start, tidx, head)
+                # The staging slot is consumed: hand it back to the producer now.
+                kv_pipeline.consumer_release(state)
+            else:
+                self.kv_operands.zero_invisible_v(sV, state.index, tile_start, end, work.cta_first, tidx)
 
             acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
             warpgroup.fence()
             for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
                 qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                cute.gemm(qk_mma, acc_s, tSrK[None, None, kb, state.index], tSrQ[None, None, kb, 0], acc_s)
+                cute.gemm(qk_mma, acc_s, tSrK[None, None, kb, op_stage], tSrQ[None, None, kb, 0], acc_s)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
 
             self.softmax_columns(acc_s, acc_o, row_max, row_sum, key_limit, sRed, softmax_scale_log2, tile_start,
-                                 lane, warp, key_first, softcap_log2, cap_k)
+                                 lane, warp, key_first, softcap_log2, cap_k, column_scale)
             # P^T -> the B operand in shared memory. Every warp has passed the column-max barrier
             # in softmax_columns, so all are done with the previous tile's P V wgmma (reading sP).
             for j in cutlass.range_constexpr(cute.size(acc_s)):
@@ -132,17 +158,18 @@ class SwapConsumer:
             warpgroup.fence()
             pv_mma.set(warpgroup.Field.ACCUMULATE, True)
             for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-                cute.gemm(pv_mma, acc_o, tOrV[None, None, kb, state.index], tOrP[None, None, kb, 0], acc_o)
+                cute.gemm(pv_mma, acc_o, tOrV[None, None, kb, op_stage], tOrP[None, None, kb, 0], acc_o)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
-            kv_pipeline.consumer_release(state)
+            if cutlass.const_expr(not self.staged):
+                kv_pipeline.consumer_release(state)
             state.advance()
 
         if tidx == 0:
             timeline.stamp("tiles_done")
         if cutlass.const_expr(self.signals_combine):
             cute.arch.griddepcontrol_launch_dependents()  # every tile done: only the stores remain
-        self.epilogue(acc_o, row_max, row_sum, out_rows, sRed, work, row_sink)
+        self.epilogue(acc_o, row_max, row_sum, out_rows, sRed, work, row_sink, v_scale)
         if tidx == 0:
             timeline.stamp("epilogue")
 
@@ -185,17 +212,21 @@ class SwapConsumer:
 
     @cute.jit
     def softmax_columns(self, acc_s, acc_o, row_max, row_sum, key_limit, sRed, softmax_scale_log2, tile_start,
-                        lane, warp, key_first=None, softcap_log2=None, cap_k=None):
-        """One S^T tile: scale, cap (softcap), mask keys at or past each column's limit (or
-        before its first key), the columns' new max over all four warps, ``acc_s`` -> P, this
-        thread's partial sums and ``acc_o`` rescaled."""
+                        lane, warp, key_first=None, softcap_log2=None, cap_k=None, column_scale=None):
+        """One S^T tile: scale (by ``column_scale[c]`` where each column has its own), cap
+        (softcap), mask keys at or past each column's limit (or before its first key), the
+        columns' new max over all four warps, ``acc_s`` -> P, this thread's partial sums and
+        ``acc_o`` rescaled."""
         tile_max = cute.make_rmem_tensor((2,), Float32)
         for c in cutlass.range_constexpr(2):
             tile_max[c] = -Float32.inf
         for j in cutlass.range_constexpr(cute.size(acc_s)):
             c = j % 2
             key = tile_start + acc_row(j, warp, lane)
-            s = acc_s[j] * softmax_scale_log2
+            scale = softmax_scale_log2
+            if cutlass.const_expr(column_scale is not None):
+                scale = column_scale[c]
+            s = acc_s[j] * scale
             if cutlass.const_expr(cap_k is not None):
                 s = softmax.cap_score(s, softcap_log2, cap_k)
             first = None
@@ -221,12 +252,12 @@ class SwapConsumer:
             acc_o[j] = acc_o[j] * rescale[j % 2]
 
     @cute.jit
-    def epilogue(self, acc_o, row_max, row_sum, out_rows, sRed, work, row_sink=None):
-        """The columns' sums over all threads, then O (= O^T's columns, normalized) and the
-        natural-log LSE of each real q row, straight from registers into ``out_rows``
-        (:meth:`output_rows`). Partials of an empty split are never read: only their LSE is
-        written. ``row_sink`` (one split: the final result): the thread's two columns' sinks,
-        each joins its q row's softmax (:func:`softmax.add_sink`)."""
+    def epilogue(self, acc_o, row_max, row_sum, out_rows, sRed, work, row_sink=None, v_scale=None):
+        """The columns' sums over all threads, then O (= O^T's columns, normalized; an fp8 cache:
+        times ``v_scale``, the V descale) and the natural-log LSE of each real q row, straight
+        from registers into ``out_rows`` (:meth:`output_rows`). Partials of an empty split are
+        never read: only their LSE is written. ``row_sink`` (one split: the final result): the
+        thread's two columns' sinks, each joins its q row's softmax (:func:`softmax.add_sink`)."""
         tidx = work.tidx
         lane = tidx % 32
         warp = tidx // 32
@@ -234,7 +265,7 @@ class SwapConsumer:
         self.column_sums_across_warps(row_sum, sRed, lane, warp, lambda x, y: x + y)
         for c in cutlass.range_constexpr(2):
             real, g_out, g_lse = out_rows[c]
-            lse, inv = softmax.finalize(row_max, c, row_sum[c])
+            lse, inv = softmax.finalize(row_max, c, row_sum[c], v_scale)
             if real:
                 if cutlass.const_expr(row_sink is not None):
                     lse, factor = softmax.add_sink(lse, row_sink[c])

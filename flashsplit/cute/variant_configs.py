@@ -57,6 +57,8 @@ def variant_check_configs() -> list[SplitConfig]:
     configs += [
         c("bfloat16", 128, True, False, **pad), c("float16", 64, False, True, True, page_size=gather, **pad),
         c("bfloat16", 128, True, True, True, page_size=16, merge=True, swap_rows=swap, **pad),
+        c("bfloat16", 128, False, True, kv_dtype="float8_e4m3fn", merge=True, swap_rows=swap, left_bound=True,
+          **pad),
         c("bfloat16", 128, False, True, kv_dtype="float8_e4m3fn", invariant=True, **pad),
         c("float16", 128, True, True, True, page_size=128, left_bound=True, **pad),
         c("bfloat16", 128, True, True, merge=True, one_per_sm=True, **pad),
@@ -67,6 +69,8 @@ def variant_check_configs() -> list[SplitConfig]:
     configs += [
         c("bfloat16", 128, True, False, sinks="bfloat16", **every),
         c("float16", 128, True, True, merge=True, swap_rows=swap, sinks="float32", **every),
+        c("bfloat16", 64, False, False, kv_dtype="float8_e5m2", swap_rows=swap, sinks="bfloat16", right_bound=True,
+          **every),
         c("bfloat16", 64, False, True, True, "float8_e4m3fn", 16, right_bound=True, invariant=True, **every),
         c("float16", 128, False, True, True, page_size=128, right_bound=True, invariant=True, **every),
     ]
