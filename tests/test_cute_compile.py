@@ -299,7 +299,8 @@ def _check_swap_wgmmas(ptx: str, config) -> None:
 def _check_merge(ptx: str, config) -> None:
     """Only a merging kernel counts arrivals: one acq_rel atomic add per CTA (gpu scope, PTX's
     default), after which the last CTA loads the partials as vectors (a lane's D / 32 columns),
-    a whole chunk of splits before the first use, and again in the loop over further chunks."""
+    a whole chunk of splits before the first use: on the one-chunk path, on the chunked path,
+    and again in its loop over further chunks."""
     from flashsplit.cute.merge_tail import MergeTail
 
     atomics = re.findall(r"atom\.[\w.:]*", ptx)
@@ -315,11 +316,11 @@ def _check_merge(ptx: str, config) -> None:
     tail = ptx[ptx.index(atomics[0]):]
     if merge.strided:  # d = 96: a lane's 3 columns are 32 apart, scalar loads (and the LSEs')
         assert not re.findall(r"ld\.global\.v\d", tail)
-        assert len(re.findall(r"ld\.global\.b32", tail)) >= 2 * merge.chunk * merge.cols_per_lane
+        assert len(re.findall(r"ld\.global\.b32", tail)) >= 3 * merge.chunk * merge.cols_per_lane
     else:
         vec = min(merge.cols_per_lane, 4)
         loads = len(re.findall(rf"ld\.global\.v{vec}\.b32", tail)) if vec > 1 else None
-        assert loads == 2 * merge.chunk * merge.cols_per_lane // vec, loads
+        assert loads == 3 * merge.chunk * merge.cols_per_lane // vec, loads
     _check_row_offsets_hoisted(tail)
     if config.swap_rows:
         _check_swap_epilogue_hoisted(ptx, atomics[0])

@@ -14,7 +14,9 @@ first loads before anything waits on memory:
 
 The warp then reduces the row's LSE on its own with shuffles (max, then the sum of
 ``exp(lse_s - max)``; exp/log as FAST_MATH says), weights its splits by ``exp(lse_s - lse)`` and sums them;
-further chunks cost one more round trip each. A split of weight 0 (LSE ``-inf``: empty, its
+further chunks cost one more round trip each. A warp that owns its row alone and finds every
+split in its first chunk (the last-CTA merge of up to ``chunk`` splits) loads only that chunk
+and reduces the row's LSE in registers (:meth:`RowMerge.one_chunk_sum`). A split of weight 0 (LSE ``-inf``: empty, its
 ``out_partial`` slice never written and maybe NaN) is dropped by selection, never multiplied by 0.
 A row whose splits are all ``-inf`` gets LSE ``-inf`` and a zero sum.
 """
@@ -84,13 +86,50 @@ class RowMerge:
     def warp_sum(self, mOp, mLp, acc, num_splits, b, m, h, warp, lane):
         """``acc`` (``cols_per_lane`` fp32) = this warp's share of ``sum_s exp(lse_s - lse) O_s``
         over the lane's columns; returns the row's LSE (``-inf`` when every split is empty)."""
-        C, NW, K = self.cols_per_lane, self.num_warps, self.lse_regs
         # The row's views, sliced once: each load below adds only its split's offset. Indexing
         # the 4-5 mode tensors per load recomputed the row's 64-bit offset every time (~4 64-bit
         # multiplies per load before the loads were all issued): H200, a bare combine of 32
         # splits 2.37 -> 2.02 us, B = 1 x 4k 11.45 -> 10.87, B = 4 x 4k (in-kernel merge) 22.15 -> 21.71.
         gL = mLp[None, b, h, m]
         gO = mOp[None, b, m, h, None]
+        lse = -Float32.inf
+        if cutlass.const_expr(self.num_warps == 1):
+            if num_splits <= self.chunk:  # (warp-uniform)
+                lse = self.one_chunk_sum(gO, gL, acc, num_splits, lane)
+            else:
+                lse = self.chunked_sum(gO, gL, acc, num_splits, warp, lane)
+        else:
+            lse = self.chunked_sum(gO, gL, acc, num_splits, warp, lane)
+        return lse
+
+    @cute.jit
+    def one_chunk_sum(self, gO, gL, acc, num_splits, lane):
+        """:meth:`warp_sum` of a row whose splits all fit one chunk of a warp that owns the row:
+        every lane loads every split's LSE with its columns, so the row's max and sum need no
+        shuffles and no second set of LSE loads (the last-CTA merge's path from the arrival
+        count to the stores)."""
+        lse_c = cute.make_rmem_tensor((self.chunk,), Float32)
+        part = cute.make_rmem_tensor((self.cols_per_lane, self.chunk), Float32)
+        self.load_chunk(gO, gL, lse_c, part, 0, num_splits, lane)
+        row_max = _tree([lse_c[u] for u in range(self.chunk)], cute.arch.fmax)
+        safe_max = row_max
+        if row_max == -Float32.inf:
+            safe_max = Float32(0.0)
+        total = _tree([cute.math.exp(lse_c[u] - safe_max, fastmath=FAST_MATH) for u in range(self.chunk)],
+                      lambda x, y: x + y)
+        lse = -Float32.inf
+        safe_lse = Float32(0.0)  # all splits empty: every weight is exp(-inf - 0) = 0
+        if total > 0.0:
+            lse = safe_max + cute.math.log(total, fastmath=FAST_MATH)
+            safe_lse = lse
+        acc.fill(0.0)
+        self.accumulate_chunk(acc, lse_c, part, safe_lse)
+        return lse
+
+    @cute.jit
+    def chunked_sum(self, gO, gL, acc, num_splits, warp, lane):
+        """:meth:`warp_sum` in chunks (see the module docstring)."""
+        C, NW, K = self.cols_per_lane, self.num_warps, self.lse_regs
 
         # 1. Issue the loads: the row's LSEs (lane l: splits l + 32 k), then this warp's first
         #    chunk of splits. All are independent of each other.
@@ -134,3 +173,11 @@ class RowMerge:
             self.load_chunk(gO, gL, lse_c, part, first, num_splits, lane)
             self.accumulate_chunk(acc, lse_c, part, safe_lse)
         return lse
+
+
+def _tree(values, op):
+    """``op`` over ``values`` as a balanced tree (trace-time Python): log2(n) dependent steps."""
+    while len(values) > 1:
+        values = [op(values[i], values[i + 1]) if i + 1 < len(values) else values[i]
+                  for i in range(0, len(values), 2)]
+    return values[0]
