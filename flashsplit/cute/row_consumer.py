@@ -129,6 +129,8 @@ class RowConsumer:
 
         warp_uniform = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         rows_here = tile_rows(work.seqlen_q, work.group, work.row_block, M)
+        # Where the epilogue writes, computed before the split's first tile arrives.
+        out_rows = self.output_rows(mO, mLSE, work, lane, warp)
         for i in cutlass.range(work.num_tiles, unroll=1):
             tile_start = (work.first_tile + i) * N
             kv_pipeline.consumer_wait(state)
@@ -180,8 +182,26 @@ class RowConsumer:
 
         if cutlass.const_expr(self.signals_combine and not self.invariant):
             cute.arch.griddepcontrol_launch_dependents()  # every tile done: only the stores remain
-        self.epilogue(acc_o, row_max, row_sum, mO, mLSE, work, v_scale, row_sink)
+        self.epilogue(acc_o, row_max, row_sum, out_rows, work, v_scale, row_sink)
         return state
+
+    @cute.jit
+    def output_rows(self, mO, mLSE, work, lane, warp):
+        """For each of the thread's two rows: whether it is a real packed q row, its output row
+        (``(D,)``: the split's partial slot, or the final output) and its LSE slot (``(1,)``).
+        Address arithmetic only (the division by the GQA group, the 64-bit offsets)."""
+        M = self.block_m
+        out_split = work.split_idx
+        if cutlass.const_expr(not self.write_partials):
+            out_split = 0
+        rows = []
+        for r in cutlass.range_constexpr(2):
+            packed = work.row_block * M + warp * 16 + lane // 4 + 8 * r
+            m = packed // work.group
+            hq = work.kvh * work.group + packed % work.group
+            g_lse = cute.local_tile(mLSE[out_split, work.batch_idx, hq, None], (1,), (m,))
+            rows.append((packed < work.seqlen_q * work.group, mO[out_split, work.batch_idx, m, hq, None], g_lse))
+        return rows
 
     @cute.jit
     def softmax_rows(self, acc_s, acc_o, row_max, row_sum, row_qk_scale, key_limit, r, tile_start, lane,
@@ -232,43 +252,32 @@ class RowConsumer:
         )
 
     @cute.jit
-    def epilogue(self, acc_o, row_max, row_sum, mO, mLSE, work, v_scale, row_sink=None):
-        """Normalize and write O and the natural-log LSE straight from registers (an fp8 cache:
-        O times ``v_scale``, the V descale). Partials of an empty split are never read: only
-        their LSE is written. ``row_sink`` (one split: the final result): the thread's two rows'
-        sinks, each joins its row's softmax (:func:`softmax.add_sink`)."""
-        D, M = self.head_dim, self.block_m
-        tidx, batch_idx, kvh, group = work.tidx, work.batch_idx, work.kvh, work.group
-        lane = tidx % 32
-        warp = tidx // 32
-        num_rows = work.seqlen_q * group
+    def epilogue(self, acc_o, row_max, row_sum, out_rows, work, v_scale, row_sink=None):
+        """Normalize and write O and the natural-log LSE straight from registers into
+        ``out_rows`` (:meth:`output_rows`; an fp8 cache: O times ``v_scale``, the V descale).
+        Partials of an empty split are never read: only their LSE is written. ``row_sink`` (one
+        split: the final result): the thread's two rows' sinks, each joins its row's softmax
+        (:func:`softmax.add_sink`)."""
+        D = self.head_dim
+        lane = work.tidx % 32
         for r in cutlass.range_constexpr(2):
             total = row_sum[r]
             total += cute.arch.shuffle_sync_bfly(total, offset=1)
             total += cute.arch.shuffle_sync_bfly(total, offset=2)
             lse, inv = softmax.finalize(row_max, r, total, v_scale)  # (v_scale: None unless fp8)
-            packed = work.row_block * M + warp * 16 + lane // 4 + 8 * r
-            if packed < num_rows:
-                m = packed // group
-                hq = kvh * group + packed % group
-                out_split = work.split_idx
-                if cutlass.const_expr(not self.write_partials):
-                    out_split = 0
+            real, g_out, g_lse = out_rows[r]
+            if real:
                 if cutlass.const_expr(row_sink is not None):
                     lse, factor = softmax.add_sink(lse, row_sink[r])
                     inv = inv * factor
                 if lane % 4 == 0:
-                    mLSE[out_split, batch_idx, hq, m] = lse
+                    g_lse[0] = lse
                 if cutlass.const_expr(self.write_partials):
                     if work.num_tiles > 0:
                         for v in cutlass.range_constexpr(D // 8):
                             for c in cutlass.range_constexpr(2):
-                                col = (lane % 4) * 2 + c + 8 * v
-                                mO[out_split, batch_idx, m, hq, col] = acc_o[c + 2 * r + 4 * v] * inv
+                                g_out[(lane % 4) * 2 + c + 8 * v] = acc_o[c + 2 * r + 4 * v] * inv
                 else:
                     for v in cutlass.range_constexpr(D // 8):
                         for c in cutlass.range_constexpr(2):
-                            col = (lane % 4) * 2 + c + 8 * v
-                            mO[out_split, batch_idx, m, hq, col] = (acc_o[c + 2 * r + 4 * v] * inv).to(
-                                mO.element_type
-                            )
+                            g_out[(lane % 4) * 2 + c + 8 * v] = (acc_o[c + 2 * r + 4 * v] * inv).to(g_out.element_type)
