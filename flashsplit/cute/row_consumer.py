@@ -26,6 +26,16 @@ from .q_tile import QTile, tile_rows
 from .warp_roles import ElementTypes, consumer_barrier
 
 
+def tile_row(warp, lane, r):
+    """The row of the 64-row tile of a thread's row ``r`` (0 or 1): the wgmma C layout's."""
+    return warp * 16 + lane // 4 + 8 * r
+
+
+def thread_row(work, rows, warp, lane, r):
+    """The packed q row of a thread's row ``r`` in the CTA's ``rows``-row tile."""
+    return work.row_block * rows + tile_row(warp, lane, r)
+
+
 class RowConsumer:
     """The 64-row consumer of one configuration (16-bit TMA stages, or staged fp8 / gathered)."""
 
@@ -84,14 +94,14 @@ class RowConsumer:
             row_sink = cute.make_rmem_tensor((2,), Float32)
         for r in cutlass.range_constexpr(2):
             if cutlass.const_expr(mSinks is not None):  # (packed % group: a real head of this KV head)
-                packed = work.row_block * M + warp * 16 + lane // 4 + 8 * r
+                packed = thread_row(work, M, warp, lane, r)
                 row_sink[r] = mSinks[work.kvh * work.group + packed % work.group].to(Float32)
             row_qk_scale[r] = softmax_scale_log2
             if cutlass.const_expr(self.scaled_q):  # times 1 / the q row's power of two
-                row_qk_scale[r] = softmax_scale_log2 * sRowScale[warp * 16 + lane // 4 + 8 * r]
+                row_qk_scale[r] = softmax_scale_log2 * sRowScale[tile_row(warp, lane, r)]
             if cutlass.const_expr(self.first_bound):
                 self.mask.set_first(key_first, r, work.n_keys, work.seqlen_q, work.group,
-                                    lambda: work.row_block * M + warp * 16 + lane // 4 + 8 * r, work.window_left,
+                                    lambda: thread_row(work, M, warp, lane, r), work.window_left,
                                     work.leftpad)
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -125,7 +135,7 @@ class RowConsumer:
             row_max[r] = -Float32.inf
             row_sum[r] = 0.0
             self.mask.set_limit(key_limit, r, end, work.n_keys, work.seqlen_q, work.group,
-                                lambda: work.row_block * M + warp * 16 + lane // 4 + 8 * r, work.window_right)
+                                lambda: thread_row(work, M, warp, lane, r), work.window_right)
 
         warp_uniform = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         rows_here = tile_rows(work.seqlen_q, work.group, work.row_block, M)
@@ -196,7 +206,7 @@ class RowConsumer:
             out_split = 0
         rows = []
         for r in cutlass.range_constexpr(2):
-            packed = work.row_block * M + warp * 16 + lane // 4 + 8 * r
+            packed = thread_row(work, M, warp, lane, r)
             m = packed // work.group
             hq = work.kvh * work.group + packed % work.group
             g_lse = cute.local_tile(mLSE[out_split, work.batch_idx, hq, None], (1,), (m,))
