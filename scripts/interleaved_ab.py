@@ -11,6 +11,8 @@ against the float64 reference on fresh random inputs, its output poisoned with N
         --variant auto --variant cute:splits=16 --variant cute:splits=32,one_wave=0 --variant cudnn
     python scripts/interleaved_ab.py --heads 32/8 --batch 16 --seqlen 64k --page-size 128 \\
         --variant auto --variant cute:splits=1,one_per_sm=1 --variant cute:splits=2,one_per_sm=0
+    python scripts/interleaved_ab.py --heads 32/8 --batch 1 --seqlen 128k --kv-dtype fp8e4m3 \\
+        --variant triton --variant cute:splits=32,swap=1 --variant cute:splits=32,swap=0
 
 Variants: ``auto``, ``triton``, ``cute`` (``flashsplit.decode`` with that backend; append
 ``:splits=N`` for a split count), ``cute:splits=N[,one_per_sm=0|1][,one_wave=0|1][,swap=0|1]
@@ -31,7 +33,7 @@ import argparse
 import torch
 
 import flashsplit
-from flashsplit.bench.cases import Case, rotation_count
+from flashsplit.bench.cases import KV_DTYPES, Case, rotation_count
 from flashsplit.bench.check import check_output
 from flashsplit.bench.contenders import SdpaContender
 from flashsplit.bench.inputs import make_inputs
@@ -69,6 +71,13 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, fields
 
 
+def tensors(inputs, outs, i: int) -> DecodeTensors:
+    """Input set ``i`` and its output as one launch's tensors (block table, fp8 descales)."""
+    cache = inputs.cache_kwargs(i)
+    return DecodeTensors(inputs.q[i], inputs.k[i], inputs.v[i], outs[i], None, inputs.cache_seqlens,
+                         cache.get("block_table"), cache.get("k_descale"), cache.get("v_descale"))
+
+
 def make_run(name: str, fields: dict, inputs, outs, cute: CuteBackend):
     """(``run(i)``: one call on input set ``i``, returning SDPA's ``[B, H, L_q, D]`` output or
     None when it wrote ``outs[i]``; a label of what it launches)."""
@@ -78,14 +87,12 @@ def make_run(name: str, fields: dict, inputs, outs, cute: CuteBackend):
     if name == "cute" and any(k in fields for k in FORCED_FLAGS):
         splits = fields["splits"]
         forced = {k: fields[k] for k in FORCED_FLAGS if k in fields}
-        table = inputs.block_table
-        first = DecodeTensors(inputs.q[0], inputs.k[0], inputs.v[0], outs[0], None, inputs.cache_seqlens, table)
-        problem = check_decode_inputs(first, DecodeOptions(num_splits=splits, causal=case.causal))
+        problem = check_decode_inputs(tensors(inputs, outs, 0), DecodeOptions(num_splits=splits, causal=case.causal))
         tile = choice.choose(problem, splits, problem.num_sms, **forced)
         prepared = PreparedCuteDecode(cute.launcher, tile, splits, case.head_dim ** -0.5, case.causal, problem.variant)
 
         def forced_run(i):
-            prepared(DecodeTensors(inputs.q[i], inputs.k[i], inputs.v[i], outs[i], None, inputs.cache_seqlens, table))
+            prepared(tensors(inputs, outs, i))
         return forced_run, f"cute, {splits} splits, {tile}"
     splits = fields.get("splits", 0)
     if "heads_first" in fields:  # a launch of its own, whatever the class attribute says later
@@ -95,10 +102,9 @@ def make_run(name: str, fields: dict, inputs, outs, cute: CuteBackend):
                                            case.head_dim, seqlen_q=case.seqlen_q, causal=case.causal,
                                            page_size=case.page_size, backend="triton").num_splits
         prepared = PreparedDecode(backend, splits, case.head_dim ** -0.5, case.causal)
-        table = inputs.block_table
 
         def ordered_run(i):
-            prepared(DecodeTensors(inputs.q[i], inputs.k[i], inputs.v[i], outs[i], None, inputs.cache_seqlens, table))
+            prepared(tensors(inputs, outs, i))
         order = "KV heads first" if fields["heads_first"] else "splits first"
         return ordered_run, f"triton, {splits} splits, programs {order}"
 
@@ -120,12 +126,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seqlen", type=parse_seqlen, default=4096, help="keys per row, e.g. 4k")
     ap.add_argument("--seqlen-q", type=int, default=1, help="queries per row (> 1: causal)")
     ap.add_argument("--page-size", type=int, default=0, help="0: a dense cache")
+    ap.add_argument("--kv-dtype", choices=list(KV_DTYPES), default="same",
+                    help="the cache's dtype (fp8: per-(row, KV head) descales; default: q's)")
     ap.add_argument("--variant", type=parse_variant, action="append", required=True)
     ap.add_argument("--rounds", type=int, default=30)
     args = ap.parse_args(argv)
     heads, heads_kv = map(int, args.heads.split("/"))
     case = Case(args.batch, args.seqlen, num_heads=heads, num_heads_kv=heads_kv, head_dim=args.head_dim,
-                seqlen_q=args.seqlen_q, page_size=args.page_size)
+                seqlen_q=args.seqlen_q, page_size=args.page_size, kv_dtype=args.kv_dtype)
     num_sets = rotation_count(case.kv_bytes, mem_cap_bytes=60e9)
     inputs = make_inputs(case, num_sets)
     outs = [torch.full_like(q, float("nan")) for q in inputs.q]
@@ -145,7 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     calls = replay_calls(num_sets, case.kv_bytes)
     first = next(iter(times))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: {args.heads} heads, d = {args.head_dim}, "
-          f"B = {args.batch} x {args.seqlen} keys, L_q = {args.seqlen_q}, page size {args.page_size}; "
+          f"B = {args.batch} x {args.seqlen} keys, L_q = {args.seqlen_q}, page size {args.page_size}, "
+          f"cache {args.kv_dtype}; "
           f"{case.kv_bytes / 1e6:.1f} MB of KV, {num_sets} input sets, {calls} calls per graph, "
           f"{args.rounds} rounds")
     for key, us in times.items():
