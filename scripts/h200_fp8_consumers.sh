@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # fp8 (e4m3) caches on cute's two consumers timed side by side (scripts/interleaved_ab.py, one
 # process per cell): the swapped-operand consumer (what a one-wave launch of 1-8 packed rows per
-# KV head runs) and the 64-row kernel, each at the split count the plan gives cute, beside auto
-# (Triton for fp8) and Triton at its own plan.
+# KV head runs) and the 64-row kernel, each at the split count the plan gives cute (the swapped
+# one also at half of it: up to 16 splits merge in the kernel), beside auto (Triton for fp8) and
+# Triton at its own plan.
 # Usage, from the repo root on an sm_90 GPU (flashsplit importable, cutlass-dsl):
 #   bash scripts/h200_fp8_consumers.sh
 # Logs go to $OUT (default /tmp/out); about 3 minutes.
@@ -19,7 +20,8 @@ print(flashsplit.plan($batch, parse_seqlen('$seqlen'), h, kv, $dim, backend='cut
     2>/dev/null)
   python scripts/interleaved_ab.py --heads "$heads" --head-dim "$dim" --batch "$batch" --seqlen "$seqlen" \
     --kv-dtype fp8e4m3 --rounds 30 --variant auto --variant triton --variant "cute:splits=$splits,swap=1" \
-    --variant "cute:splits=$splits,swap=0" 2>&1 | tail -n 5 | tee -a "$OUT/fp8-consumers.log"
+    --variant "cute:splits=$splits,swap=0" --variant "cute:splits=$(( (splits + 1) / 2 )),swap=1" 2>&1 \
+    | tail -n 6 | tee -a "$OUT/fp8-consumers.log"
 }
 for c in "32/8 128 1 1k" "32/8 128 1 4k" "32/8 128 1 16k" "32/8 128 1 128k" "32/8 128 4 16k" "32/8 128 16 128k" \
          "28/4 128 1 128k" "32/8 64 1 16k" "16/2 256 1 16k"; do
