@@ -10,13 +10,14 @@ with optional parts joined by ``:``:
     merge     the split kernel's last CTA merges the partials at any split count (no combine kernel)
     combine   a combine kernel at any split count
     stN       cute: N K+V stages on the swapped-operand kernel, one CTA per SM (scripts/cute_overrides.py)
+    tN        cute, with stN: tiles of N keys (64 or 128)
     cluster   cute: splits merged through one thread-block cluster where the launch allows it
               (flashsplit.cute.choice.CLUSTER_MERGE; "counter": the arrival counter)
 
     python scripts/b1_latency.py                              # on a GPU: the default cells and variants
     python scripts/b1_latency.py --keys 1k 4k --variants triton cute cute:s8 cute:s8:combine
     python scripts/b1_latency.py --keys 4k 128k --fp8 --variants triton triton:s16 triton:noseq
-    python scripts/b1_latency.py --keys 4k 16k --variants cute cute:st4 cute:st6
+    python scripts/b1_latency.py --keys 4k 16k --variants cute cute:st4 cute:st6 cute:st3:t128
     python scripts/b1_latency.py --keys 4k --variants cute cute:s8:cluster cute:s12:cluster cute:s16:cluster
 """
 
@@ -69,7 +70,7 @@ def capture_variant(spec: str, sets, lens, fp8: bool, calls: int) -> torch.cuda.
     """The graph of ``calls`` decode calls of one variant, captured with its merge bound set
     (a prepared launcher keeps the bound it was made with)."""
     backend, *parts = spec.split(":")
-    merge, seqlens, splits, stages, cluster = None, lens, 0, 0, None
+    merge, seqlens, splits, stages, tile_n, cluster = None, lens, 0, 0, 0, None
     for part in parts:
         if part in ("merge", "combine"):
             merge = part == "merge"
@@ -81,8 +82,12 @@ def capture_variant(spec: str, sets, lens, fp8: bool, calls: int) -> torch.cuda.
             splits = int(part[1:])
         elif part.startswith("st") and part[2:].isdigit():
             stages = int(part[2:])
+        elif part.startswith("t") and part[1:].isdigit():
+            tile_n = int(part[1:])
         else:
             raise SystemExit(f"b1_latency: unknown variant part {part!r} in {spec!r}")
+    if tile_n and not stages:
+        raise SystemExit(f"b1_latency: {spec!r}: a tile size (tN) goes with a stage count (stN)")
     one = torch.ones(1, device="cuda") if fp8 else None
 
     def run(i):
@@ -93,7 +98,7 @@ def capture_variant(spec: str, sets, lens, fp8: bool, calls: int) -> torch.cuda.
     choice.CLUSTER_MERGE = cluster  # (set_merge drops the prepared launchers, which embed it)
     set_merge(merge)
     try:
-        with swapped_stages(stages) if stages else contextlib.nullcontext():
+        with swapped_stages(stages, tile_n) if stages else contextlib.nullcontext():
             graph = capture_graph(run, len(sets), calls)
         for _ in range(3):
             graph.replay()

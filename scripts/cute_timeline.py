@@ -11,6 +11,7 @@ last tiles earliest and latest and whether the same SMs are late call after call
     python scripts/cute_timeline.py --keys 1k 4k 16k 128k
     python scripts/cute_timeline.py --keys 1k 4k --merge cluster   # splits merged through a cluster
     python scripts/cute_timeline.py --keys 4k --stages 6   # 6 K+V stages on the swapped-operand kernel
+    python scripts/cute_timeline.py --keys 16k --stages 3 --tile-n 128   # ... 3 stages of 128-key tiles
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def main() -> None:
                              "(flashsplit.cute.choice.CLUSTER_MERGE) where the launch allows it")
     parser.add_argument("--stages", type=int, default=0,
                         help="K+V stages of the swapped-operand kernel at one CTA per SM (scripts/cute_overrides.py)")
+    parser.add_argument("--tile-n", type=int, default=0, help="with --stages: keys per tile (64 or 128)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("cute_timeline: no CUDA device; this script measures the GPU.")
@@ -48,7 +50,7 @@ def main() -> None:
     from flashsplit.cute import choice
 
     choice.CLUSTER_MERGE = args.merge == "cluster"
-    with swapped_stages(args.stages) if args.stages else contextlib.nullcontext():
+    with swapped_stages(args.stages, args.tile_n) if args.stages else contextlib.nullcontext():
         for spec in args.keys:
             report_cell(spec, args, slots)
 
