@@ -14,7 +14,7 @@ import cutlass
 import cutlass.cute as cute
 
 from .configs import SplitConfig
-from .warp_roles import NUM_CONSUMER_THREADS, ElementTypes, publish_smem_writes
+from .warp_roles import NUM_CONSUMER_THREADS, ElementTypes, consumer_barrier, publish_smem_writes
 
 
 class KVOperands:
@@ -23,8 +23,31 @@ class KVOperands:
     def __init__(self, config: SplitConfig):
         self.head_dim = config.head_dim
         self.tile_n = config.tile_n
+        self.staged = config.staged
+        self.first_bound = config.first_bound  # a left window bound or left padding
         types = ElementTypes(config)
         self.kv_dtype, self.op_dtype = types.kv, types.op
+
+    @cute.jit
+    def ready(self, kv_pipeline, state, sK8, sV8, sK, sV, tile_start, work, tidx):
+        """The K/V operand stage a consumer's wgmmas read for the tile of pipeline stage
+        ``state`` (already waited on), made clean: staged, the tile converted (or copied) into the
+        one operand buffer (stage 0) and its staging slot handed back to the producer at once;
+        else the TMA stage itself, with the V rows no query of the CTA sees zeroed."""
+        op_stage = state.index
+        if cutlass.const_expr(self.staged):
+            op_stage = 0
+            # Every consumer warp has waited on its wgmmas of the previous tile (they read the
+            # operand buffers) before any overwrites them.
+            consumer_barrier()
+            head = None  # V rows before the CTA's first visible key (left window bound, left padding)
+            if cutlass.const_expr(self.first_bound):
+                head = work.cta_first - tile_start
+            self.convert(sK8, sV8, sK, sV, state.index, work.end - tile_start, tidx, head)
+            kv_pipeline.consumer_release(state)
+        else:
+            self.zero_invisible_v(sV, state.index, tile_start, work.end, work.cta_first, tidx)
+        return op_stage
 
     @cute.jit
     def zero_tail_v(self, sV, stage, valid, tidx):

@@ -117,11 +117,7 @@ class RowMerge:
             safe_max = Float32(0.0)
         total = _tree([cute.math.exp(lse_c[u] - safe_max, fastmath=FAST_MATH) for u in range(self.chunk)],
                       lambda x, y: x + y)
-        lse = -Float32.inf
-        safe_lse = Float32(0.0)  # all splits empty: every weight is exp(-inf - 0) = 0
-        if total > 0.0:
-            lse = safe_max + cute.math.log(total, fastmath=FAST_MATH)
-            safe_lse = lse
+        lse, safe_lse = row_lse(safe_max, total)
         acc.fill(0.0)
         self.accumulate_chunk(acc, lse_c, part, safe_lse)
         return lse
@@ -160,11 +156,7 @@ class RowMerge:
         for s in cutlass.range(lane + 32 * K, num_splits, 32, unroll=1):
             total += cute.math.exp(gL[s] - safe_max, fastmath=FAST_MATH)
         total = cute.arch.warp_reduction(total, lambda x, y: x + y)
-        lse = -Float32.inf
-        safe_lse = Float32(0.0)  # all splits empty: every weight is exp(-inf - 0) = 0
-        if total > 0.0:
-            lse = safe_max + cute.math.log(total, fastmath=FAST_MATH)
-            safe_lse = lse
+        lse, safe_lse = row_lse(safe_max, total)
 
         # 3. This warp's weighted sum: the chunk in registers, then any further chunks.
         acc.fill(0.0)
@@ -181,3 +173,16 @@ def _tree(values, op):
         values = [op(values[i], values[i + 1]) if i + 1 < len(values) else values[i]
                   for i in range(0, len(values), 2)]
     return values[0]
+
+
+@cute.jit
+def row_lse(safe_max, total):
+    """``(lse, safe_lse)`` of a row from its max (0 where every split is empty) and its sum of
+    ``exp(lse_s - max)``: the natural-log LSE (``-inf`` when the sum is 0) and the shift its
+    splits' weights ``exp(lse_s - safe_lse)`` take (0 then: every weight is ``exp(-inf)``)."""
+    lse = -Float32.inf
+    safe_lse = Float32(0.0)
+    if total > 0.0:
+        lse = safe_max + cute.math.log(total, fastmath=FAST_MATH)
+        safe_lse = lse
+    return lse, safe_lse

@@ -23,7 +23,7 @@ from .cta_work import split_work
 from .kv_operands import KVOperands
 from .mask import KeyMask
 from .q_tile import QTile, tile_rows
-from .warp_roles import ElementTypes, consumer_barrier
+from .warp_roles import ElementTypes
 
 
 def tile_row(warp, lane, r):
@@ -144,20 +144,7 @@ class RowConsumer:
         for i in cutlass.range(work.num_tiles, unroll=1):
             tile_start = (work.first_tile + i) * N
             kv_pipeline.consumer_wait(state)
-            op_stage = state.index
-            if cutlass.const_expr(self.staged):
-                op_stage = 0
-                # Every consumer warp has waited on its wgmmas of the previous tile (they read
-                # the operand buffers) before any overwrites them.
-                consumer_barrier()
-                head = None  # V rows before the CTA's first visible key (left window bound, left padding)
-                if cutlass.const_expr(self.first_bound):
-                    head = work.cta_first - tile_start
-                self.kv_operands.convert(sK8, sV8, sK, sV, state.index, end - tile_start, tidx, head)
-                # The staging slot is consumed: hand it back to the producer now.
-                kv_pipeline.consumer_release(state)
-            else:
-                self.kv_operands.zero_invisible_v(sV, state.index, tile_start, end, work.cta_first, tidx)
+            op_stage = self.kv_operands.ready(kv_pipeline, state, sK8, sV8, sK, sV, tile_start, work, tidx)
 
             acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
             warpgroup.fence()
