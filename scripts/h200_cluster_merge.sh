@@ -12,9 +12,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 cell() {  # heads head_dim batch seqlen
   local heads=$1 dim=$2 batch=$3 seqlen=$4
   local splits
-  splits=$(python -c "import flashsplit; from flashsplit.bench.options import parse_seqlen
-h, kv = map(int, '$heads'.split('/'))
-print(flashsplit.plan($batch, parse_seqlen('$seqlen'), h, kv, $dim, backend='cute').num_splits)" 2>/dev/null)
+  splits=$(python scripts/cute_splits.py "$heads" "$dim" "$batch" "$seqlen" 2>/dev/null)
   python scripts/interleaved_ab.py --heads "$heads" --head-dim "$dim" --batch "$batch" --seqlen "$seqlen" \
     --rounds 30 --variant auto --variant "cute:splits=$splits,cluster=0" --variant "cute:splits=$splits,cluster=1" \
     --variant triton --variant cudnn 2>&1 | tail -n 6 | tee -a "$OUT/cluster-merge.log"

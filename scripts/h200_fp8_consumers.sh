@@ -13,11 +13,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 cell() {  # heads head_dim batch seqlen
   local heads=$1 dim=$2 batch=$3 seqlen=$4
   local splits
-  splits=$(python -c "import flashsplit; from flashsplit.bench.options import parse_seqlen
-h, kv = map(int, '$heads'.split('/'))
-import torch
-print(flashsplit.plan($batch, parse_seqlen('$seqlen'), h, kv, $dim, backend='cute', kv_dtype=torch.float8_e4m3fn, gpu='h200').num_splits)" \
-    2>/dev/null)
+  splits=$(python scripts/cute_splits.py "$heads" "$dim" "$batch" "$seqlen" --kv-dtype fp8e4m3 2>/dev/null)
   python scripts/interleaved_ab.py --heads "$heads" --head-dim "$dim" --batch "$batch" --seqlen "$seqlen" \
     --kv-dtype fp8e4m3 --rounds 30 --variant auto --variant triton --variant "cute:splits=$splits,swap=1" \
     --variant "cute:splits=$splits,swap=0" --variant "cute:splits=$(( (splits + 1) / 2 )),swap=1" 2>&1 \
