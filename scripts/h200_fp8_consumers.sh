@@ -5,7 +5,8 @@
 # one also at half of it: up to 16 splits merge in the kernel), beside auto (Triton for fp8) and
 # Triton at its own plan.
 # Usage, from the repo root on an sm_90 GPU (flashsplit importable, cutlass-dsl):
-#   bash scripts/h200_fp8_consumers.sh
+#   bash scripts/h200_fp8_consumers.sh                              # the default cells
+#   bash scripts/h200_fp8_consumers.sh "32/8 128 1 4k" "32/8 128 16 128k"   # heads, head dim, batch, keys
 # Logs go to $OUT (default /tmp/out); about 3 minutes.
 set -o pipefail
 export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1
@@ -19,7 +20,9 @@ cell() {  # heads head_dim batch seqlen
     --variant "cute:splits=$splits,swap=0" --variant "cute:splits=$(( (splits + 1) / 2 )),swap=1" 2>&1 \
     | tail -n 6 | tee -a "$OUT/fp8-consumers.log"
 }
-for c in "32/8 128 1 1k" "32/8 128 1 4k" "32/8 128 1 16k" "32/8 128 1 128k" "32/8 128 4 16k" "32/8 128 16 128k" \
-         "28/4 128 1 128k" "32/8 64 1 16k" "16/2 256 1 16k"; do
+cells=("$@")
+[ ${#cells[@]} -gt 0 ] || cells=("32/8 128 1 1k" "32/8 128 1 4k" "32/8 128 1 16k" "32/8 128 1 128k" "32/8 128 4 16k"
+                                 "32/8 128 16 128k" "28/4 128 1 128k" "32/8 64 1 16k" "16/2 256 1 16k")
+for c in "${cells[@]}"; do
   cell $c
 done
