@@ -746,7 +746,7 @@ def test_swap_rule():
     assert configs.swap_ab_applies(4, "float8_e4m3fn", None, 128) and configs.swap_ab_applies(8, "float8_e5m2", 16, 64)
     assert not configs.swap_ab_applies(4, "same", 48, 128)  # gathered pages
     assert not configs.swap_ab_applies(4, "float8_e4m3fn", 48, 128)
-    assert choice.swaps(4, "same", None, 128, 264, 2, 132)
+    assert choice.swaps(4, "same", None, 128, 264, 2, 132) and choice.swaps(4, "float8_e5m2", 16, 128, 264, 2, 132)
     assert not choice.swaps(4, "same", None, 128, 265, 2, 132)
     assert not choice.swaps(4, "same", None, 128, 133, 1, 132)
     for kw in (dict(swap_rows=16), dict(paged=True, page_size=48),
