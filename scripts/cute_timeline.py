@@ -12,6 +12,7 @@ last tiles earliest and latest and whether the same SMs are late call after call
     python scripts/cute_timeline.py --keys 1k 4k --merge cluster   # splits merged through a cluster
     python scripts/cute_timeline.py --keys 4k --stages 6   # 6 K+V stages on the swapped-operand kernel
     python scripts/cute_timeline.py --keys 16k --stages 3 --tile-n 128   # ... 3 stages of 128-key tiles
+    python scripts/cute_timeline.py --keys 4k 128k --fp8                 # an e4m3 cache (descales of 1)
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def main() -> None:
     parser.add_argument("--stages", type=int, default=0,
                         help="K+V stages of the swapped-operand kernel at one CTA per SM (scripts/cute_overrides.py)")
     parser.add_argument("--tile-n", type=int, default=0, help="with --stages: keys per tile (64 or 128)")
+    parser.add_argument("--fp8", action="store_true", help="an e4m3 cache (one descale of 1)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("cute_timeline: no CUDA device; this script measures the GPU.")
@@ -64,15 +66,20 @@ def report_cell(spec: str, args: argparse.Namespace, slots: torch.Tensor) -> Non
     events, pairs = len(timeline.EVENTS), timeline.PAIRS_PER_CTA
     done = timeline.EVENTS.index("tiles_done")
     seqlen = parse_seqlen(spec)
-    plan = flashsplit.plan(args.batch, seqlen, HEADS, HEADS_KV, DIM, backend="cute")
+    fp8 = torch.float8_e4m3fn if args.fp8 else None
+    plan = flashsplit.plan(args.batch, seqlen, HEADS, HEADS_KV, DIM, backend="cute", kv_dtype=fp8)
     ctas = plan.grid[0] * plan.grid[1] * plan.grid[2]
     if ctas > MAX_CTAS:  # the kernels would write past the probe's buffer
         raise SystemExit(f"cute_timeline: {spec} keys at B = {args.batch} launch {ctas} CTAs, over {MAX_CTAS}")
-    kv_bytes = 2 * args.batch * seqlen * HEADS_KV * DIM * 2
-    sets = [(torch.randn(args.batch, 1, HEADS, DIM, device="cuda", dtype=torch.bfloat16),
-             torch.randn(args.batch, seqlen, HEADS_KV, DIM, device="cuda", dtype=torch.bfloat16),
-             torch.randn(args.batch, seqlen, HEADS_KV, DIM, device="cuda", dtype=torch.bfloat16))
+    kv_bytes = 2 * args.batch * seqlen * HEADS_KV * DIM * (1 if fp8 else 2)
+
+    def cache():
+        x = torch.randn(args.batch, seqlen, HEADS_KV, DIM, device="cuda", dtype=torch.bfloat16)
+        return x.to(fp8) if fp8 else x
+
+    sets = [(torch.randn(args.batch, 1, HEADS, DIM, device="cuda", dtype=torch.bfloat16), cache(), cache())
             for _ in range(rotation_count(kv_bytes))]
+    descale = torch.ones(1, device="cuda") if fp8 else None
     lens = torch.full((args.batch,), seqlen, dtype=torch.int32, device="cuda")
     per_step: dict[str, list[list[float]]] = {name: [[], [], [], []] for name in timeline.EVENTS}
     reached_by: dict[str, int] = {}  # CTAs that reached each step, in the last call
@@ -81,7 +88,7 @@ def report_cell(spec: str, args: argparse.Namespace, slots: torch.Tensor) -> Non
     for call in range(args.calls + 3):
         q, k, v = sets[call % len(sets)]
         slots.fill_(-1)
-        flashsplit.decode(q, k, v, cache_seqlens=lens, backend="cute")
+        flashsplit.decode(q, k, v, cache_seqlens=lens, backend="cute", k_descale=descale, v_descale=descale)
         torch.cuda.synchronize()
         if call < 3:
             continue
