@@ -50,6 +50,13 @@ class KVOperands:
         return op_stage
 
     @cute.jit
+    def release(self, kv_pipeline, state):
+        """After the tile's last wgmma has completed: hand a TMA stage back to the producer (a
+        staged slot went back in :meth:`ready`, once converted)."""
+        if cutlass.const_expr(not self.staged):
+            kv_pipeline.consumer_release(state)
+
+    @cute.jit
     def zero_tail_v(self, sV, stage, valid, tidx):
         """Zero V rows ``>= valid`` of one stage (a TMA stage read in place)."""
         D, N = self.head_dim, self.tile_n

@@ -45,7 +45,6 @@ class RowConsumer:
         self.block_m = config.rows
         self.stages = config.stages
         self.write_partials = config.write_partials
-        self.staged = config.staged
         self.scaled_q = config.fp16_operands  # per-row q scale in sRowScale
         self.signals_combine = config.signals_combine
         self.op_dtype = ElementTypes(config).op
@@ -173,8 +172,7 @@ class RowConsumer:
                 cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, op_stage], acc_o)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
-            if cutlass.const_expr(not self.staged):
-                kv_pipeline.consumer_release(state)
+            self.kv_operands.release(kv_pipeline, state)
             state.advance()
 
         if cutlass.const_expr(self.signals_combine and not self.invariant):

@@ -52,7 +52,6 @@ class SwapConsumer:
         self.write_partials = config.write_partials
         self.signals_combine = config.signals_combine
         self.op_dtype = ElementTypes(config).op
-        self.staged = config.staged
         self.scaled_q = config.fp16_operands  # per-row q scale in sRowScale
         self.q_tile = QTile(config)
         self.kv_operands = KVOperands(config)
@@ -148,8 +147,7 @@ class SwapConsumer:
                 cute.gemm(pv_mma, acc_o, tOrV[None, None, kb, op_stage], tOrP[None, None, kb, 0], acc_o)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
-            if cutlass.const_expr(not self.staged):
-                kv_pipeline.consumer_release(state)
+            self.kv_operands.release(kv_pipeline, state)
             state.advance()
 
         if tidx == 0:
