@@ -71,3 +71,16 @@ def split_work(work: CtaWork, split: Int32, tile_n: int) -> CtaWork:
     start, end, first_tile, num_tiles = split_rule.split_tiles(work.n_keys, work.first, split, work.num_splits,
                                                                work.cta_first, tile_n, True)
     return replace(work, split_idx=split, start=start, end=end, first_tile=first_tile, num_tiles=num_tiles)
+
+
+def output_row(mO, mLSE, work: CtaWork, packed, write_partials: bool):
+    """Where the epilogue writes packed q row ``packed`` of ``work``'s row tile: ``(real, out,
+    lse)``, whether it is a real row (not padding), its ``(D,)`` row of ``mO`` (the split's
+    partial slot, or with ``write_partials`` off the final output) and its ``(1,)`` slot of
+    ``mLSE``. Address arithmetic only (the division by the GQA group, the 64-bit offsets), which
+    the consumers run before their first tile."""
+    out_split = work.split_idx if write_partials else 0
+    m = packed // work.group
+    hq = work.kvh * work.group + packed % work.group
+    lse = cute.local_tile(mLSE[out_split, work.batch_idx, hq, None], (1,), (m,))
+    return packed < work.seqlen_q * work.group, mO[out_split, work.batch_idx, m, hq, None], lse

@@ -19,7 +19,7 @@ from cutlass.cute.nvgpu import warpgroup
 
 from . import softmax
 from .configs import SplitConfig
-from .cta_work import split_work
+from .cta_work import output_row, split_work
 from .kv_operands import KVOperands
 from .mask import KeyMask
 from .q_tile import QTile, tile_rows
@@ -182,20 +182,11 @@ class RowConsumer:
 
     @cute.jit
     def output_rows(self, mO, mLSE, work, lane, warp):
-        """For each of the thread's two rows: whether it is a real packed q row, its output row
-        (``(D,)``: the split's partial slot, or the final output) and its LSE slot (``(1,)``).
-        Address arithmetic only (the division by the GQA group, the 64-bit offsets)."""
-        M = self.block_m
-        out_split = work.split_idx
-        if cutlass.const_expr(not self.write_partials):
-            out_split = 0
+        """For each of the thread's two rows, where the epilogue writes it
+        (:func:`~flashsplit.cute.cta_work.output_row`)."""
         rows = []
         for r in cutlass.range_constexpr(2):
-            packed = thread_row(work, M, warp, lane, r)
-            m = packed // work.group
-            hq = work.kvh * work.group + packed % work.group
-            g_lse = cute.local_tile(mLSE[out_split, work.batch_idx, hq, None], (1,), (m,))
-            rows.append((packed < work.seqlen_q * work.group, mO[out_split, work.batch_idx, m, hq, None], g_lse))
+            rows.append(output_row(mO, mLSE, work, thread_row(work, self.block_m, warp, lane, r), self.write_partials))
         return rows
 
     @cute.jit

@@ -24,6 +24,7 @@ from cutlass.cute.nvgpu import warpgroup
 
 from . import softmax, timeline
 from .configs import SplitConfig
+from .cta_work import output_row
 from .kv_operands import KVOperands
 from .mask import KeyMask
 from .q_tile import QTile
@@ -160,21 +161,11 @@ class SwapConsumer:
 
     @cute.jit
     def output_rows(self, mO, mLSE, work, lane):
-        """For each of the thread's two columns (packed q rows): whether it is a real row, its
-        output row (``(D,)``: the split's partial slot, or the final output) and its LSE slot
-        (``(1,)``). Address arithmetic only (the integer division by the group, the 64-bit
-        offsets): nothing is loaded or stored."""
-        R = self.block_m
-        out_split = work.split_idx
-        if cutlass.const_expr(not self.write_partials):
-            out_split = 0
+        """For each of the thread's two columns (packed q rows), where the epilogue writes it
+        (:func:`~flashsplit.cute.cta_work.output_row`)."""
         rows = []
         for c in cutlass.range_constexpr(2):
-            packed = column_row(work, R, lane, c)
-            m = packed // work.group
-            hq = work.kvh * work.group + packed % work.group
-            g_lse = cute.local_tile(mLSE[out_split, work.batch_idx, hq, None], (1,), (m,))
-            rows.append((packed < work.seqlen_q * work.group, mO[out_split, work.batch_idx, m, hq, None], g_lse))
+            rows.append(output_row(mO, mLSE, work, column_row(work, self.block_m, lane, c), self.write_partials))
         return rows
 
     @cute.jit
