@@ -7,7 +7,9 @@ the two instructions the design rests on: ``wgmma.mma_async`` (warpgroup MMA) an
 ``cp.async.bulk.tensor`` (TMA loads); a paged kernel must also feed a page id it loaded from
 global memory (the block table) into its TMA coordinates, and a dense one must not. An fp8-cache
 kernel must still run 16-bit wgmma (q's dtype) and convert fp8 pairs in registers
-(``cvt.rn.f16x2.e4m3x2`` / ``e5m2x2``). Compile times are printed (``pytest -s -n 0``). The default
+(``cvt.rn.f16x2.e4m3x2`` / ``e5m2x2``). Where ``cuobjdump`` is at hand (triton's wheel ships
+one), each kernel's cubin must hold no stack frame or local memory: ptxas spilled nothing under
+the register cap of its CTAs per SM. Compile times are printed (``pytest -s -n 0``). The default
 run builds a subset that covers every load mode, head dim, cache type, output kind and tile
 (:func:`default_compile_configs`, 16 configurations); ``pytest --full`` builds all of them.
 """
@@ -19,6 +21,8 @@ import importlib.util
 import inspect
 import os
 import re
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -94,13 +98,39 @@ def _check_subtile_copies(config, ptx: str) -> None:
         assert re.search(rf"mov\.b32\s+{re.escape(reg)},\s*0;", ptx), f"slot coordinate {reg} is not 0"
 
 
+def _cuobjdump() -> str | None:
+    """A ``cuobjdump``: the CUDA toolkit's on the PATH, else the one triton's wheel ships."""
+    found = shutil.which("cuobjdump")
+    if found or importlib.util.find_spec("triton") is None:
+        return found
+    bundled = Path(importlib.util.find_spec("triton").origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return str(bundled) if bundled.is_file() else None
+
+
+def _check_no_spills(dump_dir: Path) -> None:
+    """The kernel's cubin has no stack frame and no local memory (``cuobjdump
+    --dump-resource-usage``): ptxas kept every value in registers."""
+    tool = _cuobjdump()
+    if tool is None:
+        return
+    cubins = [str(f) for f in dump_dir.glob("*.cubin")]
+    assert cubins, f"no cubin written under {dump_dir}"
+    usage = subprocess.run([tool, "--dump-resource-usage", *cubins], capture_output=True, text=True, check=True).stdout
+    found = re.findall(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", usage)
+    assert found, usage
+    for regs, stack, local in found:
+        assert stack == "0" and local == "0", f"{regs} registers, stack {stack} bytes, local {local} bytes"
+
+
 def _compiled_ptx(compile_fn, config, dump_dir) -> str:
-    """Compile ``config`` for sm_90a (no launch), print the compile time, return the PTX."""
+    """Compile ``config`` for sm_90a (no launch), print the compile time, check that it spills
+    nothing (:func:`_check_no_spills`), return the PTX."""
     if not _arch_ok():
         pytest.skip("CUTE_DSL_ARCH is set to another arch")
     t0 = time.perf_counter()
-    compile_fn(config, options=f"--keep-ptx --dump-dir={dump_dir}")
+    compile_fn(config, options=f"--keep-ptx --keep-cubin --dump-dir={dump_dir}")
     print(f"\ncompile {config}: {time.perf_counter() - t0:.2f} s")
+    _check_no_spills(dump_dir)
     return _ptx(dump_dir)
 
 
@@ -299,8 +329,8 @@ def _check_swap_wgmmas(ptx: str, config) -> None:
 def _check_merge(ptx: str, config) -> None:
     """Only a merging kernel counts arrivals: one acq_rel atomic add per CTA (gpu scope, PTX's
     default), after which the last CTA loads the partials as vectors (a lane's D / 32 columns),
-    a whole chunk of splits before the first use: on the one-chunk path, on the chunked path,
-    and again in its loop over further chunks."""
+    a whole chunk of splits before the first use: on the one-chunk path (a kernel of one CTA per
+    SM), on the chunked path, and again in its loop over further chunks."""
     from flashsplit.cute.merge_tail import MergeTail
 
     atomics = re.findall(r"atom\.[\w.:]*", ptx)
@@ -314,13 +344,14 @@ def _check_merge(ptx: str, config) -> None:
     assert ".cta" not in atomics[0] and ".sys" not in atomics[0], atomics
     merge = MergeTail(config).row_merge
     tail = ptx[ptx.index(atomics[0]):]
+    paths = 3 if merge.one_chunk else 2
     if merge.strided:  # d = 96: a lane's 3 columns are 32 apart, scalar loads (and the LSEs')
         assert not re.findall(r"ld\.global\.v\d", tail)
-        assert len(re.findall(r"ld\.global\.b32", tail)) >= 3 * merge.chunk * merge.cols_per_lane
+        assert len(re.findall(r"ld\.global\.b32", tail)) >= paths * merge.chunk * merge.cols_per_lane
     else:
         vec = min(merge.cols_per_lane, 4)
         loads = len(re.findall(rf"ld\.global\.v{vec}\.b32", tail)) if vec > 1 else None
-        assert loads == 3 * merge.chunk * merge.cols_per_lane // vec, loads
+        assert loads == paths * merge.chunk * merge.cols_per_lane // vec, loads
     _check_row_offsets_hoisted(tail)
     if config.swap_rows:
         _check_swap_epilogue_hoisted(ptx, atomics[0])

@@ -38,16 +38,18 @@ class RowMerge:
     """The per-warp part of merging one row (see the module docstring).
 
     ``num_warps`` warps share a row; ``chunk`` is how many of a warp's splits sit in registers at
-    once (``head_dim / 32 * chunk`` fp32 per lane).
+    once (``head_dim / 32 * chunk`` fp32 per lane). ``one_chunk``: a single warp per row takes
+    :meth:`one_chunk_sum` when the row's splits fit one chunk (a kernel with the registers for it).
     """
 
-    def __init__(self, head_dim: int, num_warps: int, chunk: int):
+    def __init__(self, head_dim: int, num_warps: int, chunk: int, one_chunk: bool = False):
         self.head_dim = head_dim
         self.cols_per_lane = head_dim // 32
         #: A lane's columns are 32 apart (not a power of two per lane: d = 96), else contiguous.
         self.strided = self.cols_per_lane & (self.cols_per_lane - 1) != 0
         self.num_warps = num_warps
         self.chunk = chunk
+        self.one_chunk = one_chunk and num_warps == 1
         self.lse_regs = SPLITS_IN_REGISTERS // 32
 
     def lane_columns(self, row, lane):
@@ -93,7 +95,7 @@ class RowMerge:
         gL = mLp[None, b, h, m]
         gO = mOp[None, b, m, h, None]
         lse = -Float32.inf
-        if cutlass.const_expr(self.num_warps == 1):
+        if cutlass.const_expr(self.one_chunk):
             if num_splits <= self.chunk:  # (warp-uniform)
                 lse = self.one_chunk_sum(gO, gL, acc, num_splits, lane)
             else:

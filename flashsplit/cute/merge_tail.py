@@ -28,7 +28,10 @@ class MergeTail:
         self.heads_first = config.heads_first
         self.dtype = ElementTypes(config).dtype
         # One warp per row, 64 fp32 of partials per lane in flight (d = 128: 16 splits a round trip).
-        self.row_merge = RowMerge(config.head_dim, 1, 2048 // config.head_dim)
+        # The one-chunk path only where a CTA has the SM's registers: under the 168-register cap
+        # of two CTAs per SM, ptxas spilled 8-64 bytes of its merge tail with it (none without).
+        self.row_merge = RowMerge(config.head_dim, 1, 2048 // config.head_dim,
+                                  one_chunk=config.units_per_sm == 1)
 
     @cute.jit
     def first_sink(self, mSinks, work):
