@@ -156,25 +156,33 @@ class SplitConfig:
 
     @property
     def smem_bytes(self) -> int:
-        """Shared memory of one CTA, as the kernel's struct lays it out: the Q tile, the K and V
-        stages (each 1 KiB aligned, all multiples of 1 KiB; fp8: the fp8 staging slots plus one
-        16-bit K and V operand buffer) and one full/empty mbarrier pair per stage. The dynamic
-        shared memory base is 1 KiB aligned, so nothing else is added."""
+        """Shared memory of one CTA, as the kernel's struct (:mod:`~flashsplit.cute.shared_storage`)
+        lays it out: 1 KiB aligned tiles (the Q tile, the K and V stages; fp8: one 16-bit K and V
+        operand buffer, then the fp8 staging slots; swapped operands: P^T), then the small fields
+        (a full/empty mbarrier pair per stage, the swapped consumer's column reductions, the q row
+        scales, the merge's arrival ticket, a cluster leader's 16-byte aligned slots), the whole
+        rounded up to the struct's 1 KiB alignment."""
         itemsize = 2
         tile = self.tile_n * self.head_dim
-        q = self.rows * self.head_dim * itemsize
+        tiles = [self.rows * self.head_dim * itemsize]  # sQ
         if self.staged:
-            kv = 2 * self.stages * tile * (1 if self.fp8 else itemsize) + 2 * tile * itemsize
+            tiles += [tile * itemsize] * 2 + [self.stages * tile * (1 if self.fp8 else itemsize)] * 2
         else:
-            kv = 2 * self.stages * tile * itemsize
-        row_scales = 64 * 4 if self.fp16_operands else 0  # fp32 per q row, after the mbarriers
-        ticket = 16 if self.merge else 0  # the arrival count's broadcast slot (int32, padded)
-        barriers = 16 * self.stages  # full + empty, 8 bytes each
-        # swapped operands: P^T (1 KiB aligned) and the four warps' column maxima / sums (fp32)
-        swap = self.swap_rows * self.tile_n * itemsize + 4 * self.swap_rows * 4 if self.swap_rows else 0
-        # the cluster leader's slots: fp32 O rows (16-byte aligned), then the LSEs
-        slots = self.cluster * self.rows * (self.head_dim + 1) * 4 if self.cluster else 0
-        return q + kv + barriers + row_scales + ticket + swap + slots
+            tiles += [self.stages * tile * itemsize] * 2
+        if self.swap_rows:
+            tiles.append(self.rows * self.tile_n * itemsize)  # sP
+        small = 16 * self.stages  # full + empty mbarriers, 8 bytes each
+        small += 4 * 4 * self.rows if self.swap_rows else 0  # fp32 per consumer warp and q row
+        small += 4 * self.rows if self.fp16_operands else 0  # fp32 score scale per q row
+        small += 16 if self.merge else 0  # the arrival count's broadcast slot (int32, padded)
+        if self.cluster:
+            slots = self.cluster * self.rows
+            small = _round_up(small, 16) + slots * self.head_dim * 4 + slots * 4
+        return _round_up(sum(_round_up(t, 1024) for t in tiles) + small, 1024)
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
 
 
 @dataclass(frozen=True)
