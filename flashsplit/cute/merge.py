@@ -16,7 +16,8 @@ The warp then reduces the row's LSE on its own with shuffles (max, then the sum 
 ``exp(lse_s - max)``; exp/log as FAST_MATH says), weights its splits by ``exp(lse_s - lse)`` and sums them;
 further chunks cost one more round trip each. A warp that owns its row alone and finds every
 split in its first chunk (the last-CTA merge of up to ``chunk`` splits) loads only that chunk
-and reduces the row's LSE in registers (:meth:`RowMerge.one_chunk_sum`). A split of weight 0 (LSE ``-inf``: empty, its
+and reduces the row's LSE in registers, in the order of the shuffles, so that both paths give
+the same bits (:meth:`RowMerge.one_chunk_sum`). A split of weight 0 (LSE ``-inf``: empty, its
 ``out_partial`` slice never written and maybe NaN) is dropped by selection, never multiplied by 0.
 A row whose splits are all ``-inf`` gets LSE ``-inf`` and a zero sum.
 """
@@ -113,12 +114,13 @@ class RowMerge:
         lse_c = cute.make_rmem_tensor((self.chunk,), Float32)
         part = cute.make_rmem_tensor((self.cols_per_lane, self.chunk), Float32)
         self.load_chunk(gO, gL, lse_c, part, 0, num_splits, lane)
-        row_max = _tree([lse_c[u] for u in range(self.chunk)], cute.arch.fmax)
+        row_max = butterfly([lse_c[u] for u in range(self.chunk)], cute.arch.fmax)
         safe_max = row_max
         if row_max == -Float32.inf:
             safe_max = Float32(0.0)
-        total = _tree([cute.math.exp(lse_c[u] - safe_max, fastmath=FAST_MATH) for u in range(self.chunk)],
-                      lambda x, y: x + y)
+        # Summed in the order of the chunked path's warp reduction, so both give the same bits.
+        total = butterfly([cute.math.exp(lse_c[u] - safe_max, fastmath=FAST_MATH) for u in range(self.chunk)],
+                          lambda x, y: x + y)
         lse, safe_lse = row_lse(safe_max, total)
         acc.fill(0.0)
         self.accumulate_chunk(acc, lse_c, part, safe_lse)
@@ -169,11 +171,16 @@ class RowMerge:
         return lse
 
 
-def _tree(values, op):
-    """``op`` over ``values`` as a balanced tree (trace-time Python): log2(n) dependent steps."""
-    while len(values) > 1:
-        values = [op(values[i], values[i + 1]) if i + 1 < len(values) else values[i]
-                  for i in range(0, len(values), 2)]
+def butterfly(values, op):
+    """``op`` over ``values`` (trace-time Python) in the order of ``cute.arch.warp_reduction``
+    (``shfl.bfly`` at offsets 16, 8, ..., 1) over lanes holding ``values[lane]``, the lanes
+    past them holding ``op``'s identity: value ``u`` meets ``u + n / 2`` first. A float sum
+    depends on its order; this one matches a warp that reduced the same values across lanes."""
+    n = 1 << max(0, len(values) - 1).bit_length()
+    values = list(values) + [None] * (n - len(values))
+    while n > 1:
+        n //= 2
+        values = [values[u] if values[u + n] is None else op(values[u], values[u + n]) for u in range(n)]
     return values[0]
 
 
