@@ -7,6 +7,8 @@ replay over rotated input sets (flashsplit.bench.timing). Prints one table per c
     python scripts/tune_triton.py                 # on the H200
     python scripts/tune_triton.py --check-only    # CPU: every variant through the interpreter
     python scripts/tune_triton.py --fp8           # fp8 caches (e4m3, scales 1)
+    python scripts/tune_triton.py --shape 16/2:256 --seqlen-q 4 --cells 1x16384 1x131072 \
+        --variants 64:4:3 64:8:3 64:8:2               # another head layout and dim, 4 causal queries
 """
 
 from __future__ import annotations
@@ -47,8 +49,12 @@ _ORIGINAL_CHOOSE = tb.choose_tiles
 
 
 def run_cell(batch: int, seqlen_k: int, device: str, check_only: bool, fp8: bool = False,
-             variants: list | None = None, split_counts: list | None = None) -> list[tuple]:
-    heads, heads_kv, dim = 32, 8, 128
+             variants: list | None = None, split_counts: list | None = None,
+             shape: tuple[int, int, int] = (32, 8, 128), seqlen_q: int = 1) -> list[tuple]:
+    """Check and time the variants on one cell: ``shape`` is (heads, KV heads, head dim), each
+    row has ``seqlen_q`` queries (causal beyond one)."""
+    heads, heads_kv, dim = shape
+    causal = seqlen_q > 1
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
     kv_elem = 1 if fp8 else 2
     kv_bytes = 2 * batch * seqlen_k * heads_kv * dim * kv_elem
@@ -59,17 +65,18 @@ def run_cell(batch: int, seqlen_k: int, device: str, check_only: bool, fp8: bool
         x = torch.randn(batch, seqlen_k, heads_kv, dim, device=device, dtype=dtype, generator=gen)
         return x.to(torch.float8_e4m3fn) if fp8 else x
 
-    inputs = [(torch.randn(batch, 1, heads, dim, device=device, dtype=dtype, generator=gen), cache(), cache())
+    inputs = [(torch.randn(batch, seqlen_q, heads, dim, device=device, dtype=dtype, generator=gen), cache(), cache())
               for _ in range(sets)]
     scales = dict(k_descale=torch.ones((), device=device), v_descale=torch.ones((), device=device)) if fp8 else {}
     lens = torch.full((batch,), seqlen_k, dtype=torch.int32, device=device)
     rows = slice(0, 1)
     q0, k0, v0 = inputs[0]
-    ref, _ = attention_ref(q0[rows], k0[rows].to(dtype), v0[rows].to(dtype), lens[rows])
-    chosen = flashsplit.plan(batch, seqlen_k, heads, heads_kv, dim, backend="triton", device=device).num_splits
+    ref, _ = attention_ref(q0[rows], k0[rows].to(dtype), v0[rows].to(dtype), lens[rows], causal=causal)
+    chosen = flashsplit.plan(batch, seqlen_k, heads, heads_kv, dim, seqlen_q=seqlen_q, causal=causal, backend="triton",
+                             device=device).num_splits
     # Split counts around the heuristic's with the default tiles, then every tile variant at the
     # heuristic's count (one of each is enough to exercise the plumbing on the CPU).
-    default = _ORIGINAL_CHOOSE(heads // heads_kv, dim, fp8_cache=fp8)
+    default = _ORIGINAL_CHOOSE(seqlen_q * heads // heads_kv, dim, fp8_cache=fp8)
     default = (default.block_n, default.num_warps, default.num_stages)
     if variants is not None:  # every listed variant at every listed split count
         runs = [(v, s) for v in variants for s in (split_counts or [chosen])]
@@ -82,7 +89,7 @@ def run_cell(batch: int, seqlen_k: int, device: str, check_only: bool, fp8: bool
     for (block_n, warps, stages), num_splits in runs:
         use_tiles(block_n, warps, stages)
         step = lambda i: flashsplit.decode(*inputs[i % sets], cache_seqlens=lens, num_splits=num_splits,  # noqa: E731
-                                            backend="triton", **scales)
+                                            causal=causal, backend="triton", **scales)
         try:
             err = max_abs_err(step(0)[rows], ref)
             us = float("nan")
@@ -95,7 +102,8 @@ def run_cell(batch: int, seqlen_k: int, device: str, check_only: bool, fp8: bool
     tb.choose_tiles = _ORIGINAL_CHOOSE
     flashsplit.registry.invalidate()
     results.sort(key=lambda r: (math.isnan(r[4]), r[4]))
-    print(f"\nB={batch} L_k={seqlen_k} 32/8 d=128 {dtype} {'fp8e4m3 ' if fp8 else ''}cache: heuristic {chosen} splits; "
+    print(f"\nB={batch} L_k={seqlen_k} L_q={seqlen_q} {heads}/{heads_kv} d={dim} {dtype} {'fp8e4m3 ' if fp8 else ''}cache: "
+          f"heuristic {chosen} splits; "
           f"KV {kv_bytes / 1e6:.1f} MB, floor {kv_bytes / 4.69e12 * 1e6:.1f} us; default tiles {default}")
     print(" block_n warps stages splits      us     err  note")
     for r in results[: 14 if not check_only else len(results)]:
@@ -111,6 +119,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", metavar="N:W:S",
                         help="tile variants block_n:warps:stages (instead of the default sweep)")
     parser.add_argument("--splits", nargs="+", type=int, help="split counts to time each --variants entry at")
+    parser.add_argument("--shape", default="32/8:128", metavar="H/HKV:D", help="heads / KV heads : head dim")
+    parser.add_argument("--seqlen-q", type=int, default=1, help="queries per row (causal beyond one)")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cells = (FP8_CELLS if args.fp8 else CELLS) if device == "cuda" else [(2, 300)]
@@ -118,8 +128,10 @@ def main() -> None:
         cells = [tuple(int(x) for x in c.split("x")) for c in args.cells]
     for batch, seqlen_k in cells:
         variants = [tuple(int(x) for x in v.split(":")) for v in args.variants] if args.variants else None
+        heads, rest = args.shape.split("/")
+        heads_kv, dim = rest.split(":")
         results = run_cell(batch, seqlen_k, device, args.check_only or device == "cpu", args.fp8, variants,
-                           args.splits)
+                           args.splits, (int(heads), int(heads_kv), int(dim)), args.seqlen_q)
         bad = [r for r in results if not (r[5] < 5e-2)]
         if bad:
             print(f"  {len(bad)} variant(s) failed or were wrong: {bad[:3]}")
