@@ -21,7 +21,11 @@ def swapped_stages(stages: int, tile_n: int = 0):
     takes ``stages`` K+V stages at one CTA per SM (the shared memory of more than three d = 128
     stages leaves room for one), and with ``tile_n`` tiles of that many keys (64 or 128: a
     divisor of the split granule; each barrier and wait of a tile then serves ``tile_n`` keys);
-    prepared launchers are dropped on entry and exit, so the next call builds its config again."""
+    prepared launchers are dropped on entry and exit, so the next call builds its config again.
+    The plan still sizes the split count and grid for the rule's own tile: a launch of more
+    CTAs than SMs (a forced ``cute:s32:stN``, a batch planned at two CTAs per SM) then runs in
+    waves of one CTA per SM, and its time is not that of the tile in one wave; the default
+    B = 1, 32/8 cells plan one CTA per SM already."""
     original = configs.split_config
 
     def deeper(*args, **kwargs):
