@@ -13,6 +13,8 @@
 # it finishes (pytest -v), so a process stopped by its timeout still says what failed. Time: tests
 # up to PYTEST_TIMEOUT (default 500 s), SASS ~10 s, the bench until 575 s from the start.
 set -o pipefail
+# Full node ids in the short summary (the out-of-memory reruns below read them from it).
+export COLUMNS=1000
 export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
@@ -51,6 +53,16 @@ for f in "$OUT"/pytest-kvcache_properties.log "$OUT"/pytest-properties.log; do
   awk '/Test case:/ { block = ""; inside = 1 } inside { block = block $0 "\n" }
        /Error|error:/ && inside { printf "%s: first failing example:\n%s", FILENAME, block; exit }' "$f" | head -40
 done
+# Tests that ran out of device memory beside the others (the processes share the card: on an 80 GB
+# H100 the largest cells do not fit side by side), each run again in one process on its own.
+mapfile -t oom < <(grep -h -E "^FAILED .* - torch\.OutOfMemoryError" "$OUT"/pytest-*.log \
+  | sed -E 's/^FAILED (.*) - torch\.OutOfMemoryError.*/\1/' | sort -u)
+if [ ${#oom[@]} -gt 0 ]; then
+  echo "== ${#oom[@]} tests ran out of device memory beside the others: again, alone"
+  timeout "${OOM_RERUN_TIMEOUT:-240}" ${P/ -v/ -q} "${oom[@]}" > "$OUT/pytest-oom-rerun.log" 2>&1
+  grep -E "^FAILED|^ERROR" "$OUT/pytest-oom-rerun.log" | head -8
+  grep -E "^=*.* in [0-9.]+s" "$OUT/pytest-oom-rerun.log" | tail -1 | grep . || echo "   STOPPED by its timeout"
+fi
 echo "pytest took $(( $(date +%s) - start )) s"
 mkdir -p /tmp/cute && python -c "
 from flashsplit.cute.configs import split_config; from flashsplit.cute.compile import compile_split

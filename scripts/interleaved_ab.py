@@ -113,8 +113,8 @@ def make_run(name: str, fields: dict, inputs, outs, cute: CuteBackend):
                                    cache_seqlens=inputs.cache_seqlens, backend=name, num_splits=splits,
                                    **inputs.cache_kwargs(i), **inputs.variant_kwargs())
     plan = flashsplit.plan(case.batch, case.seqlen_k, case.num_heads, case.num_heads_kv, case.head_dim,
-                           seqlen_q=case.seqlen_q, causal=case.causal, page_size=case.page_size, backend=name,
-                           num_splits=splits)
+                           seqlen_q=case.seqlen_q, dtype=case.torch_dtype, causal=case.causal,
+                           page_size=case.page_size, kv_dtype=case.cache_torch_dtype, backend=name, num_splits=splits)
     return run, f"{plan.backend}, {plan.num_splits} splits, rule {plan.rule}"
 
 
