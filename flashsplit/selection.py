@@ -92,9 +92,11 @@ rule                   backend   when (all measured on an H200, 32/8 heads, bf16
                                  B 1, 16, 64 x 1k-128k), by up to 1.46x (16/2 heads, B = 1 x 16k:
                                  14.4 vs 21.1 us; 32/8 d = 64 B = 16 x 128k 992 vs 1107), and
                                  outside the two rules above Triton led by at most 1.2%.
-``default``            triton    everything else: fp8 caches (Triton reads fp8 V in pairs: cute was
-                                 1.6x slower at B = 1 x 128k), other head dims, one q row per KV head
-                                 in several waves (32/32 heads B = 16 x 16k: 935.6 vs 957.7 us).
+``default``            triton    everything else: fp8 caches (cute's swapped-operand consumer runs
+                                 them at 0.99-1.03x Triton's time, its 64-row kernel at 1.05-1.14x:
+                                 an H100, B = 1 x 4k-128k, B = 16 x 128k), other head dims, one q
+                                 row per KV head in several waves (32/32 heads B = 16 x 16k: 935.6
+                                 vs 957.7 us).
 =====================  ========  ===================================================================
 """
 
