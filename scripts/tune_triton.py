@@ -126,12 +126,12 @@ def main() -> None:
     cells = (FP8_CELLS if args.fp8 else CELLS) if device == "cuda" else [(2, 300)]
     if args.cells:
         cells = [tuple(int(x) for x in c.split("x")) for c in args.cells]
+    variants = [tuple(int(x) for x in v.split(":")) for v in args.variants] if args.variants else None
+    heads, rest = args.shape.split("/")
+    shape = (int(heads), *map(int, rest.split(":")))
     for batch, seqlen_k in cells:
-        variants = [tuple(int(x) for x in v.split(":")) for v in args.variants] if args.variants else None
-        heads, rest = args.shape.split("/")
-        heads_kv, dim = rest.split(":")
         results = run_cell(batch, seqlen_k, device, args.check_only or device == "cpu", args.fp8, variants,
-                           args.splits, (int(heads), int(heads_kv), int(dim)), args.seqlen_q)
+                           args.splits, shape, args.seqlen_q)
         bad = [r for r in results if not (r[5] < 5e-2)]
         if bad:
             print(f"  {len(bad)} variant(s) failed or were wrong: {bad[:3]}")
