@@ -64,6 +64,13 @@ def time_read(buffers: list[torch.Tensor], chunk: int, warps: int, config: Timin
     return time_graph(run, len(buffers), config, calls=max(20, len(buffers)))
 
 
+def read_times(buffers: list[torch.Tensor], config: TimingConfig) -> list[tuple[float, int, int]]:
+    """``(us, chunk, warps)`` of every :data:`READ_CONFIGS` entry that fits ``buffers``, fastest first."""
+    numel = buffers[0].numel()
+    return sorted((time_read(buffers, chunk, warps, config), chunk, warps)
+                  for chunk, warps in READ_CONFIGS if numel >= chunk)
+
+
 def describe(chunk: int, warps: int, numel: int) -> str:
     return f"{chunk * 2 // 1024} KB per program x {numel // chunk} programs, {warps} warps"
 
@@ -85,8 +92,7 @@ def main() -> None:
     for label, nbytes in sizes.items():
         numel = nbytes // 2  # bf16; rounded down to whole chunks by each variant
         buffers = [torch.ones(numel, dtype=torch.bfloat16, device="cuda") for _ in range(rotation_count(nbytes))]
-        results = sorted((time_read(buffers, chunk, warps, config), chunk, warps)
-                         for chunk, warps in READ_CONFIGS if numel >= chunk)
+        results = read_times(buffers, config)
         if results:
             best_us, chunk, warps = results[0]
             plus_one = time_read(buffers, chunk, warps, config, then_one=True)

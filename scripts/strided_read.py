@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from read_floor import READ_CONFIGS, time_read  # noqa: E402
+from read_floor import read_times  # noqa: E402
 
 from flashsplit.bench.cases import parse_seqlen, rotation_count  # noqa: E402
 from flashsplit.bench.timing import TimingConfig, time_graph  # noqa: E402
@@ -123,8 +123,7 @@ def main() -> None:
             ks = [torch.ones(shape, dtype=elem, device="cuda") for _ in range(sets)]
             vs = [torch.ones(shape, dtype=elem, device="cuda") for _ in range(sets)]
             flat = [torch.ones(nbytes // 2, dtype=torch.bfloat16, device="cuda") for _ in range(sets)]
-            stream = min(time_read(flat, chunk, warps, config) for chunk, warps in READ_CONFIGS
-                         if nbytes // 2 >= chunk)
+            stream = read_times(flat, config)[0][0]
             del flat
             for splits in args.splits:
                 strided, how = best_split_read(ks, vs, splits, True, config)

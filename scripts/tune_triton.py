@@ -22,6 +22,7 @@ import torch
 import flashsplit
 import flashsplit.registry
 import flashsplit.triton.backend as tb
+from flashsplit.bench.options import parse_head_dim, parse_heads
 from flashsplit.reference import attention_ref
 from flashsplit.testing import max_abs_err
 
@@ -127,8 +128,8 @@ def main() -> None:
     if args.cells:
         cells = [tuple(int(x) for x in c.split("x")) for c in args.cells]
     variants = [tuple(int(x) for x in v.split(":")) for v in args.variants] if args.variants else None
-    heads, rest = args.shape.split("/")
-    shape = (int(heads), *map(int, rest.split(":")))
+    heads, _, head_dim = args.shape.partition(":")
+    shape = (*parse_heads(heads), parse_head_dim(head_dim))
     for batch, seqlen_k in cells:
         results = run_cell(batch, seqlen_k, device, args.check_only or device == "cpu", args.fp8, variants,
                            args.splits, shape, args.seqlen_q)
