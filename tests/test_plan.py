@@ -1,6 +1,7 @@
 """The shared split plan: boundary rule, heuristic golden tables, plan()."""
 
 import pytest
+import torch
 
 import flashsplit
 from flashsplit.plan import SPLIT_GRANULE, choose_num_splits, split_bounds, splits_used, tokens_per_split
@@ -60,6 +61,20 @@ def test_plan_reports_choice_and_grid():
     assert p.tokens_per_split == 8 * 128
     assert "triton" in str(p) and "32 split" in str(p)
     assert p.boundaries(300)[:3] == [(0, 128), (128, 256), (256, 300)]
+
+
+@pytest.mark.parametrize("batch, seqlen_k, splits, per_sm", [
+    (1, 1024, 8, 1), (1, 2048, 16, 1), (1, 3000, 12, 1), (1, 4096, 16, 1),  # one granule a split at 2/SM
+    (1, 16384, 32, 2), (1, 131072, 32, 2), (2, 4096, 16, 2), (4, 4096, 8, 2),  # several granules at 2/SM
+])
+def test_triton_fp8_plans_one_program_per_sm_for_single_granule_splits(batch, seqlen_k, splits, per_sm):
+    p = flashsplit.plan(batch, seqlen_k, 32, 8, 128, kv_dtype=torch.float8_e4m3fn, num_sms=132, backend="triton")
+    assert (p.num_splits, p.units_per_sm) == (splits, per_sm), p
+    bf16 = flashsplit.plan(batch, seqlen_k, 32, 8, 128, num_sms=132, backend="triton")
+    assert bf16.units_per_sm == 2, "16-bit caches keep two programs per SM"
+    invariant = flashsplit.plan(batch, seqlen_k, 32, 8, 128, kv_dtype=torch.float8_e4m3fn, num_sms=132,
+                                backend="triton", batch_invariant=True)
+    assert invariant.units_per_sm == 2
 
 
 def test_plan_override_and_packed_rows():
