@@ -63,16 +63,20 @@ def test_plan_reports_choice_and_grid():
     assert p.boundaries(300)[:3] == [(0, 128), (128, 256), (256, 300)]
 
 
-@pytest.mark.parametrize("batch, seqlen_k, splits, per_sm", [
-    (1, 1024, 8, 1), (1, 2048, 16, 1), (1, 3000, 12, 1), (1, 4096, 16, 1),  # one granule a split at 2/SM
-    (1, 16384, 32, 2), (1, 131072, 32, 2), (2, 4096, 16, 2), (4, 4096, 8, 2),  # several granules at 2/SM
+@pytest.mark.parametrize("kv_dtype", [None, torch.float8_e4m3fn])
+@pytest.mark.parametrize("heads, batch, seqlen_k, page_size, splits, per_sm", [
+    ((32, 8), 1, 4096, 0, 16, 1), ((64, 8), 1, 4096, 0, 16, 1),  # 32 one-granule splits at 2/SM: halved
+    ((32, 8), 1, 2048, 0, 16, 2), ((32, 8), 2, 2048, 0, 16, 2), ((32, 8), 4, 1024, 0, 8, 2),  # fewer: kept
+    ((32, 32), 1, 1024, 0, 8, 2), ((32, 8), 1, 3000, 0, 24, 2),
+    ((32, 8), 1, 4096, 16, 32, 2),  # paged: kept
+    ((32, 8), 1, 16384, 0, 32, 2), ((32, 8), 1, 131072, 0, 32, 2),  # splits of several granules
 ])
-def test_triton_fp8_plans_one_program_per_sm_for_single_granule_splits(batch, seqlen_k, splits, per_sm):
-    p = flashsplit.plan(batch, seqlen_k, 32, 8, 128, kv_dtype=torch.float8_e4m3fn, num_sms=132, backend="triton")
+def test_triton_plans_one_program_per_sm_for_many_single_granule_splits(kv_dtype, heads, batch, seqlen_k, page_size,
+                                                                        splits, per_sm):
+    p = flashsplit.plan(batch, seqlen_k, *heads, 128, kv_dtype=kv_dtype, page_size=page_size, num_sms=132,
+                        backend="triton")
     assert (p.num_splits, p.units_per_sm) == (splits, per_sm), p
-    bf16 = flashsplit.plan(batch, seqlen_k, 32, 8, 128, num_sms=132, backend="triton")
-    assert bf16.units_per_sm == 2, "16-bit caches keep two programs per SM"
-    invariant = flashsplit.plan(batch, seqlen_k, 32, 8, 128, kv_dtype=torch.float8_e4m3fn, num_sms=132,
+    invariant = flashsplit.plan(batch, seqlen_k, *heads, 128, kv_dtype=kv_dtype, page_size=page_size, num_sms=132,
                                 backend="triton", batch_invariant=True)
     assert invariant.units_per_sm == 2
 

@@ -43,19 +43,30 @@ class TritonTiles:
 PROGRAMS_PER_SM = 2
 
 
+#: The fewest one-granule splits a dense cache's plan at two programs per SM may have before
+#: :func:`programs_per_sm` halves them (measured at 32; at 8 and 16 halving lost or tied).
+HALVED_MIN_SPLITS = 32
+
+
 def programs_per_sm(problem: DecodeProblem, block_m: int) -> int:
-    """Programs per SM the plan divides the machine by: ``PROGRAMS_PER_SM``, but one for an fp8
-    cache whose splits at two per SM would each hold a single granule (one key tile, nothing to
-    pipeline): one program per SM then reads two granules, pipelined, and merges half the
-    partials. H200, e4m3, 32/8 heads, B = 1 x 4k: 16 splits 9.49-9.53 us vs 32 of one granule
-    9.99-10.01 (H100: 9.91 vs 10.40); where two per SM already give splits of several granules,
-    they stay faster (B = 1 x 16k: 32 splits 16.60 vs 16 19.53), and at 1k / 2k keys both counts
-    are the same (8 / 16 splits)."""
-    if problem.kv_dtype not in FP8_DTYPES or problem.batch_invariant:
+    """Programs per SM the plan divides the machine by: ``PROGRAMS_PER_SM``, but one for a dense
+    cache whose plan at two per SM has at least ``HALVED_MIN_SPLITS`` splits of a single granule
+    (one key tile each, nothing to pipeline): half as many programs then read two granules
+    each, pipelined, and the last one merges half the partials.
+
+    Interleaved graph replays, 32 vs 16 splits, us: H100, 32/8 heads, B = 1 x 4k, bf16 11.80 vs
+    11.22, e4m3 10.51 vs 9.99; 64/8 heads bf16 11.98 vs 11.34, e4m3 10.48 vs 10.05; H200, 32/8,
+    e4m3, 10.01 vs 9.53. Where halving would leave fewer splits it did not pay (H100, bf16 /
+    e4m3: 32/8 B = 2 x 2k, 16 vs 8 splits, 12.19 / 9.92 vs 11.53 / 10.05; B = 4 x 1k, 8 vs 4,
+    11.75 / 10.11 vs 12.50 / 10.99; 32/32 B = 1 x 1k, 8 vs 4, 11.13 / 9.52 vs 11.25 / 9.31), nor
+    in pages of 16 (32/8 B = 1 x 4k, 13.24 / 10.88 vs 14.38 / 11.63), and splits of several
+    granules stay two per SM (e4m3 B = 1 x 16k: 32 splits 16.60 vs 16 19.53 on the H200)."""
+    if problem.paged or problem.batch_invariant:
         return PROGRAMS_PER_SM
-    units, span = problem.work_units(block_m), problem.span
-    splits = choose_num_splits(units, span, problem.num_sms, PROGRAMS_PER_SM)[0]
-    return 1 if splits > 1 and tokens_per_split(span, splits) <= SPLIT_GRANULE else PROGRAMS_PER_SM
+    span = problem.span
+    splits = choose_num_splits(problem.work_units(block_m), span, problem.num_sms, PROGRAMS_PER_SM)[0]
+    single_granule = tokens_per_split(span, splits) <= SPLIT_GRANULE
+    return 1 if splits >= HALVED_MIN_SPLITS and single_granule else PROGRAMS_PER_SM
 
 
 def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs: int = 0,
