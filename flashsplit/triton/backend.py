@@ -44,7 +44,7 @@ PROGRAMS_PER_SM = 2
 
 
 #: The fewest one-granule splits a dense cache's plan at two programs per SM may have before
-#: :func:`programs_per_sm` halves them (measured at 32; at 8 and 16 halving lost or tied).
+#: :func:`programs_per_sm` halves them (measured at 32; at 8 and 16 halving was mixed).
 HALVED_MIN_SPLITS = 32
 
 
@@ -56,11 +56,12 @@ def programs_per_sm(problem: DecodeProblem, block_m: int) -> int:
 
     Interleaved graph replays, 32 vs 16 splits, us: H100, 32/8 heads, B = 1 x 4k, bf16 11.80 vs
     11.22, e4m3 10.51 vs 9.99; 64/8 heads bf16 11.98 vs 11.34, e4m3 10.48 vs 10.05; H200, 32/8,
-    e4m3, 10.01 vs 9.53. Where halving would leave fewer splits it did not pay (H100, bf16 /
-    e4m3: 32/8 B = 2 x 2k, 16 vs 8 splits, 12.19 / 9.92 vs 11.53 / 10.05; B = 4 x 1k, 8 vs 4,
-    11.75 / 10.11 vs 12.50 / 10.99; 32/32 B = 1 x 1k, 8 vs 4, 11.13 / 9.52 vs 11.25 / 9.31), nor
-    in pages of 16 (32/8 B = 1 x 4k, 13.24 / 10.88 vs 14.38 / 11.63), and splits of several
-    granules stay two per SM (e4m3 B = 1 x 16k: 32 splits 16.60 vs 16 19.53 on the H200)."""
+    e4m3, 10.01 vs 9.53. Where halving leaves fewer splits it was mixed (H100, bf16 / e4m3:
+    32/8 B = 2 x 2k, 16 vs 8 splits, 12.19 / 9.92 vs 11.53 / 10.05; 32/32 B = 1 x 1k, 8 vs 4,
+    11.13 / 9.52 vs 11.25 / 9.31) or lost on both (32/8 B = 4 x 1k, 8 vs 4, 11.75 / 10.11 vs
+    12.50 / 10.99); it lost in pages of 16 (32/8 B = 1 x 4k, 13.24 / 10.88 vs 14.38 / 11.63);
+    and splits of several granules stay two per SM (e4m3 B = 1 x 16k: 32 splits 16.60 vs 16
+    19.53 on the H200)."""
     if problem.paged or problem.batch_invariant:
         return PROGRAMS_PER_SM
     span = problem.span
