@@ -61,7 +61,8 @@ def programs_per_sm(problem: DecodeProblem, block_m: int) -> int:
     11.13 / 9.52 vs 11.25 / 9.31) or lost on both (32/8 B = 4 x 1k, 8 vs 4, 11.75 / 10.11 vs
     12.50 / 10.99); it lost in pages of 16 (32/8 B = 1 x 4k, 13.24 / 10.88 vs 14.38 / 11.63);
     and splits of several granules stay two per SM (e4m3 B = 1 x 16k: 32 splits 16.60 vs 16
-    19.53 on the H200)."""
+    19.53 on the H200). Halving more splits (H100, bf16): 16/2 heads B = 1 x 16k, 128 vs 64,
+    16.72 vs 12.02 (d = 256: 24.71 vs 23.08); 28/4 B = 1 x 8k, 64 vs 32, 12.35 vs 12.30."""
     if problem.paged or problem.batch_invariant:
         return PROGRAMS_PER_SM
     span = problem.span
