@@ -36,7 +36,8 @@ PP=${P/ --full/}; [ -n "${PROPERTY_FULL:-}" ] && PP=$P
 for f in kvcache_properties properties; do
   timeout "$T" $PP -s --hypothesis-verbosity=verbose tests/test_$f.py > "$OUT/pytest-$f.log" 2>&1 &
 done
-timeout "$T" $P -n ${REST_WORKERS:-8} tests --ignore=tests/test_gpu.py --ignore=tests/test_cute_gpu.py \
+# pyproject caps xdist at 4 processes (--maxprocesses): lifted here, where the host has the cores.
+timeout "$T" $P -n ${REST_WORKERS:-8} --maxprocesses=${REST_WORKERS:-8} tests --ignore=tests/test_gpu.py --ignore=tests/test_cute_gpu.py \
   --ignore=tests/test_cute_compile.py --ignore=tests/test_triton_compile.py \
   --ignore=tests/test_kvcache_properties.py --ignore=tests/test_properties.py > "$OUT/pytest-rest.log" 2>&1 &
 wait
