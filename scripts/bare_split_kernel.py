@@ -29,6 +29,7 @@ shapes; fp8 or fp16: the interpreter's ``tl.dot`` is wrong for bf16).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -196,7 +197,7 @@ def main() -> None:
     dtype = DTYPES[args.dtype]
     for keys in map(parse_seqlen, args.keys):
         shape = (args.batch, keys, HEADS_KV, HEAD_DIM)
-        kv_bytes = 2 * k_numel(shape) * dtype.itemsize
+        kv_bytes = 2 * math.prod(shape) * dtype.itemsize
         sets = rotation_count(kv_bytes) if cuda else 1
         q_dtype = torch.float16 if dtype == torch.float16 else torch.bfloat16
         inputs = [(torch.randn(args.batch, 1, HEADS_KV * GROUP, HEAD_DIM, device=device, dtype=q_dtype),
@@ -228,11 +229,6 @@ def main() -> None:
                   f" read floor {floor:.2f} us")
             for name, us in times.items():
                 print(f"  {name:20s} {us:9.2f} us  {us / floor:6.3f}x the read")
-
-
-def k_numel(shape: tuple[int, ...]) -> int:
-    batch, keys, heads_kv, head_dim = shape
-    return batch * keys * heads_kv * head_dim
 
 
 if __name__ == "__main__":
