@@ -68,8 +68,12 @@ rule                   backend   when (all measured on an H200, 32/8 heads, bf16
                                  rows, fewer than :data:`FILL_UNITS` work units, a span of at most
                                  :data:`SHORT_SPAN_D96` keys (B = 1 x 4k 10.0 vs 10.7 us, 16k 19.5
                                  vs 20.8, B = 4 x 16k 55.2 vs 57.2; at 128k, or B >= 16, Triton
-                                 was 1-18% faster; 32/32 heads: Triton); or, from
-                                 :data:`FILL_UNITS`, work that cute runs unsplit
+                                 was 1-18% faster; 32/32 heads: Triton), and at most
+                                 ``SWAP_AB_ROWS`` (8) packed rows (with more, cute's 64-row tile
+                                 took a median 1.20x Triton's time in the 33 such cells of the H200
+                                 table and 1.15x in the H100's, up to 1.95x / 2.00x: 16/2 heads,
+                                 4 causal queries, B = 1 x 1k, 9.46 vs 18.96 us on the H100); or,
+                                 from :data:`FILL_UNITS`, work that cute runs unsplit
                                  (``cute.choice.fills_unsplit``; B = 16 x 1k 17.0 vs 20.0).
 ``mha-many-waves``     cute      a dense 16-bit cache at d = 128, fewer than :data:`MIN_PACKED_ROWS`
                                  packed rows (MHA), >= :data:`MHA_CUTE_UNITS` work units (32/32
@@ -172,11 +176,12 @@ def _dense_16bit_d128(problem: DecodeProblem) -> bool:
 
 
 def _short_gqa_d96(problem: DecodeProblem) -> bool:
-    from .cute import choice
+    from .cute import choice, configs
 
     if not (_dense_16bit(problem, (96,)) and problem.packed_rows >= MIN_PACKED_ROWS):
         return False
-    return ((problem.work_units(64) < FILL_UNITS and problem.span <= SHORT_SPAN_D96)
+    return ((problem.work_units(64) < FILL_UNITS and problem.span <= SHORT_SPAN_D96
+             and problem.packed_rows <= configs.SWAP_AB_ROWS)
             or choice.fills_unsplit(problem, problem.num_sms))
 
 

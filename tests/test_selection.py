@@ -121,6 +121,8 @@ GOLDEN = [
     (_problem(batch=64, seqlen_k=4096, kv_dtype=FP8), "default"),
     (_problem(batch=1, seqlen_k=4096, head_dim=96), "short-gqa-d96"),
     (_problem(batch=4, seqlen_k=16384, head_dim=96), "short-gqa-d96"),
+    (_problem(batch=1, seqlen_k=1024, num_heads=16, num_heads_kv=2, head_dim=96, seqlen_q=4), "default"),  # 32 rows
+    (_problem(batch=1, seqlen_k=4096, head_dim=96, seqlen_q=4), "default"),  # 16 packed rows: cute's 64-row tile
     (_problem(batch=1, seqlen_k=131072, head_dim=96), "default"),  # a long span: Triton
     (_problem(batch=16, seqlen_k=4096, head_dim=96), "default"),  # 128 work units: Triton
     (_problem(batch=1, seqlen_k=4096, num_heads_kv=32, head_dim=96), "default"),  # Phi-3-mini: 32/32, d = 96
