@@ -62,7 +62,7 @@ def plan(
     (32, (32, 1, 8))
     >>> plan(1, 4096, 32, 8, 128, gpu="h200").rule   # the vote of the H200's measured table
     'measured'
-    >>> plan(1, 4096, 32, 8, 128, gpu="h100").rule   # no table: the hand rules (cute's swapped operands)
+    >>> plan(1, 4096, 32, 8, 128, gpu="h20").rule   # no table: the hand rules (cute's swapped operands)
     'swapped-operands'
     """
     device = check_plan_args(batch, seqlen_k, num_heads, num_heads_kv, head_dim, seqlen_q, dtype, causal,

@@ -6,10 +6,11 @@ it: no Hopper GPU, cutlass missing, a head dim it lacks), the other able backend
 :func:`flashsplit.plan` reports the rule that fired (``SplitPlan.rule``) and why.
 
 On a GPU model with a measured table (:mod:`flashsplit.measured_table`: both backends timed over
-a grid of head dims, head counts, batches, lengths, query rows, pages and fp8; the H200's ships
-with flashsplit, ``flashsplit tune`` writes one for any GPU), the measured rule decides every
-problem of a class it timed, after the four rules about features the table does not time. The
-hand rules after it decide the rest: batch-invariant decodes, fp8 pages, GPUs without a table.
+a grid of head dims, head counts, batches, lengths, query rows, pages and fp8; the H200's and the
+H100's (SXM, 80 GB) ship with flashsplit, ``flashsplit tune`` writes one for any GPU), the
+measured rule decides every problem of a class it timed, after the four rules about features the
+table does not time. The hand rules after it decide the rest: batch-invariant decodes, fp8 pages,
+GPUs without a table.
 
 =====================  ========  ===================================================================
 rule                   backend   when (all measured on an H200, 32/8 heads, bf16, CUDA-graph replay)
@@ -38,7 +39,11 @@ rule                   backend   when (all measured on an H200, 32/8 heads, bf16
                                  H200 table the hand rules below picked the slower backend by more
                                  than 2% in 80 of 585 cells (up to 1.39x); the vote in 9 of 155
                                  cells measured off that grid (up to 1.115x), and with each of the
-                                 table's 1151 cells left out in turn, in 87 (up to 1.39x).
+                                 table's 1151 cells left out in turn, in 87 (up to 1.39x). On the
+                                 H100 the hand rules miss by more than 2% in 228 of the default
+                                 grid's 907 cells (up to 1.81x); the vote missed in 19 of 155 cells
+                                 off the grid (up to 1.19x), and left out in turn in 60 of 1185 (up
+                                 to 1.30x).
 ``one-cta-per-sm``     cute      a dense (or TMA-paged) 16-bit cache at d = 128 whose CTAs fit one
                                  wave of one CTA per SM with >= 2k keys each (the cute deep-pipeline
                                  tile: B = 16 x 4k 64.4-64.6 vs Triton 66.3-67.4 us; 32/32 heads B =

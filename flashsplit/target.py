@@ -29,7 +29,7 @@ class GpuTarget:
 #: GPUs :func:`gpu_target` knows by name (SM counts and capabilities from the vendors' datasheets).
 KNOWN_GPUS: dict[str, GpuTarget] = {
     "h200": GpuTarget("NVIDIA H200", 132, (9, 0)),
-    "h100": GpuTarget("NVIDIA H100 SXM", 132, (9, 0)),
+    "h100": GpuTarget("NVIDIA H100 80GB HBM3", 132, (9, 0)),  # the SXM part, as CUDA names it
     "h100-pcie": GpuTarget("NVIDIA H100 PCIe", 114, (9, 0)),
     "h20": GpuTarget("NVIDIA H20", 78, (9, 0)),
     "a100": GpuTarget("NVIDIA A100", 108, (8, 0)),

@@ -930,9 +930,9 @@ def _problem(**overrides) -> DecodeProblem:
 
 def _without_table(problem: DecodeProblem) -> DecodeProblem:
     """``problem`` on a GPU of the H200's SM count without a measured table: the hand rules decide."""
-    from flashsplit.target import KNOWN_GPUS
+    from flashsplit.target import GpuTarget
 
-    return dataclasses.replace(problem, device_type="cuda", gpu=KNOWN_GPUS["h100"])
+    return dataclasses.replace(problem, device_type="cuda", gpu=GpuTarget("NVIDIA H100 NVL", 132, (9, 0)))
 
 
 @pytest.mark.parametrize("overrides,needle", [
