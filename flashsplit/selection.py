@@ -40,7 +40,7 @@ rule                   backend   when (all measured on an H200, 32/8 heads, bf16
                                  than 2% in 80 of 585 cells (up to 1.39x); the vote in 9 of 155
                                  cells measured off that grid (up to 1.115x), and with each of the
                                  table's 1151 cells left out in turn, in 87 (up to 1.39x). On the
-                                 H100 the hand rules miss by more than 2% in 228 of the default
+                                 H100 the hand rules miss by more than 2% in 225 of the default
                                  grid's 907 cells (up to 1.81x); the vote missed in 19 of 155 cells
                                  off the grid (up to 1.19x), and left out in turn in 60 of 1185 (up
                                  to 1.30x).
@@ -95,7 +95,9 @@ rule                   backend   when (all measured on an H200, 32/8 heads, bf16
                                  :data:`MHA_D256_UNITS` work units (16/16 heads, B = 16: 1k 67.5 vs
                                  69.8 us, 4k 244.2 vs 247.4, 128k 7679 vs 7746; at B = 1 and 64
                                  cute leads by up to 1.20x, and with two packed rows, 16/8 heads
-                                 at B = 64 (512 units), by 1.08-1.16x).
+                                 at B = 64 (512 units), by 1.08-1.16x; 32/32 heads at B = 16, 512
+                                 units, took Triton 1.13-1.22x cute's time on the H200 at 1k-16k
+                                 keys, 2375 vs 1948 us at 16k, and 1.10-1.13x on the H100).
 ``d64-d256``           cute      a dense 16-bit cache at d = 64 or 256: cute led in 58 of 71 cells
                                  (32/8, 32/32, 64/8 heads at d = 64; 16/2, 16/8, 16/16 at d = 256;
                                  B 1, 16, 64 x 1k-128k), by up to 1.46x (16/2 heads, B = 1 x 16k:
@@ -135,8 +137,8 @@ MHA_CUTE_UNITS = 2048
 #: ``short-wide-d64``: from this many packed rows (64/8 heads), spans up to this many keys.
 WIDE_GROUP_ROWS = 8
 SHORT_SPAN_D64 = 1024
-#: ``mha-d256-mid-batch``: work units in this range (B = 16 x 16 KV heads: 256).
-MHA_D256_UNITS = range(256, 1024)
+#: ``mha-d256-mid-batch``: work units in this range (B = 16 x 16 KV heads: 256; at 512, cute led).
+MHA_D256_UNITS = range(256, 512)
 #: ``gqa-fills-machine`` / ``long-splits``: at least this many packed rows (L_q x q heads per KV head);
 #: with fewer, the 64-row tile is mostly padding and Triton's 16-row tile was faster.
 MIN_PACKED_ROWS = 4

@@ -113,6 +113,7 @@ GOLDEN = [
     (_problem(batch=1, seqlen_k=1024, head_dim=64), "d64-d256"),  # 4 packed rows: cute
     (_problem(batch=16, seqlen_k=1024, num_heads=16, num_heads_kv=16, head_dim=256), "mha-d256-mid-batch"),
     (_problem(batch=16, seqlen_k=131072, num_heads=16, num_heads_kv=16, head_dim=256), "mha-d256-mid-batch"),
+    (_problem(batch=16, seqlen_k=4096, num_heads=32, num_heads_kv=32, head_dim=256), "d64-d256"),  # 512 units
     (_problem(batch=1, seqlen_k=4096, num_heads=16, num_heads_kv=16, head_dim=256), "d64-d256"),
     (_problem(batch=64, seqlen_k=4096, num_heads=16, num_heads_kv=8, head_dim=256), "d64-d256"),  # 2 packed rows
     (_problem(batch=64, seqlen_k=4096, num_heads=16, num_heads_kv=16, head_dim=256), "d64-d256"),
