@@ -43,12 +43,18 @@ DEFAULT_SEQLENS = (1024, 4096, 16384, 131072, 307200)
 
 _EPILOG = """\
 examples:
-  flashsplit tune --out h200.json                    # the default grid (907 cells, 12 min on an H200)
+  flashsplit tune --out h200.json                    # the default grid (907 cells, ~12 min on an H200 or H100)
   flashsplit tune --shape 32/8:128 --shape 32/8:128:lq=4 --batch 1 16 --seqlen 4k 128k
                                                      # check auto on a few cells
   flashsplit tune --shape 40/8:128 --jsonl part.jsonl   # a grid in pieces: recorded cells are skipped
   flashsplit tune --from-jsonl part1.jsonl part2.jsonl --out h200.json   # no GPU needed
   FLASHSPLIT_SELECTION_TABLE=h200.json python serve.py   # auto votes from that table
+
+Late in a long run cute's short calls time slower than in a fresh process (H200: 3.6% at
+B <= 4 x <= 4k; H100: 6% at 1k keys; the cause is not known). The shipped tables re-time those
+cells one fresh process per head dim and list that file last (a cell's latest record wins):
+  flashsplit tune --shape 32/8:128 --shape 32/8:128:lq=4 ... --batch 1 4 --seqlen 1k 4k 16k --jsonl short.jsonl
+  flashsplit tune --from-jsonl grid.jsonl short.jsonl --out my_gpu.json
 """
 
 
