@@ -40,8 +40,8 @@ rule                   backend   when (all measured on an H200, 32/8 heads, bf16
                                  than 2% in 80 of 585 cells (up to 1.39x); the vote in 9 of 155
                                  cells measured off that grid (up to 1.115x), and with each of the
                                  table's 1151 cells left out in turn, in 87 (up to 1.39x). On the
-                                 H100 the hand rules miss by more than 2% in 225 of the default
-                                 grid's 907 cells (up to 1.81x); the vote missed in 19 of 155 cells
+                                 H100 the hand rules miss by more than 2% in 176 of the default
+                                 grid's 907 cells (up to 1.30x); the vote missed in 19 of 155 cells
                                  off the grid (up to 1.19x), and left out in turn in 60 of 1185 (up
                                  to 1.30x).
 ``one-cta-per-sm``     cute      a dense (or TMA-paged) 16-bit cache at d = 128 whose CTAs fit one
@@ -53,12 +53,19 @@ rule                   backend   when (all measured on an H200, 32/8 heads, bf16
                                  in one wave (cute's swapped-operand kernel: B = 1 x 4k 9.69 vs
                                  10.29 us, 16k 21.30 vs 22.82, B = 4 x 4k 21.31 vs 22.18); not
                                  batch-invariant, which cute runs on its 64-row kernel.
-``wide-rows``          triton    a dense 16-bit cache at d = 128 with more than ``SWAP_AB_ROWS`` (8)
-                                 packed rows, past the swapped-operand kernel, under
-                                 :data:`FILL_UNITS` batch rows x KV heads: Triton's 16-row tile beat
-                                 cute's 64-row one (32/8 heads, 4 causal queries: B = 1 x 16k 23.2
-                                 vs 25.7 us, B = 4 x 4k 23.0 vs 28.1; 64/4 heads B = 4 x 4k 1.40x);
-                                 from 64 units cute led (64/4 heads B = 16 x 1k-16k by 1.03-1.25x).
+``wide-rows``          triton    a dense 16-bit cache (d = 64, 96, 128, 256) with more than
+                                 ``SWAP_AB_ROWS`` (8) packed rows, past the swapped-operand kernel,
+                                 under :data:`FILL_UNITS` batch rows x KV heads: Triton's 16-row
+                                 tile beat cute's 64-row one (32/8 heads, 4 causal queries: B = 1 x
+                                 16k 23.2 vs 25.7 us, B = 4 x 4k 23.0 vs 28.1; 64/4 heads B = 4 x 4k
+                                 1.40x); from 64 units cute led (64/4 heads B = 16 x 1k-16k by
+                                 1.03-1.25x). At d = 64 and 256 too: in those 110 cells of each
+                                 table cute took a median 1.02x Triton's time on the H200 (faster
+                                 by over 2% in 44) and 1.05x on the H100 (in 13), up to 1.8x where
+                                 the rule for d = 64 and 256 sent them to cute; with this rule, the
+                                 hand rules' worst pick over each whole table fell from 1.80x to
+                                 1.39x (H200) and 1.81x to 1.30x (H100), their mean excess over the
+                                 faster backend from 2.3% to 1.7% and 2.1% to 1.1%.
 ``many-short-rows``    triton    a dense 16-bit cache at d = 128, >= :data:`MIN_PACKED_ROWS` packed
                                  rows, >= :data:`SHORT_ROWS_UNITS` work units, a span of at most
                                  :data:`SHORT_ROWS_SPAN` keys (B = 64 x 1k 62.8 vs 64.5 us; from 4k
@@ -239,7 +246,7 @@ def _swapped_operands(problem: DecodeProblem) -> bool:
 def _wide_rows(problem: DecodeProblem) -> bool:
     from .cute import configs
 
-    return (_dense_16bit_d128(problem) and problem.packed_rows > configs.SWAP_AB_ROWS
+    return (_dense_16bit(problem, configs.HEAD_DIMS) and problem.packed_rows > configs.SWAP_AB_ROWS
             and problem.batch * problem.num_heads_kv < FILL_UNITS)
 
 

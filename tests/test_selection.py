@@ -122,8 +122,10 @@ GOLDEN = [
     (_problem(batch=64, seqlen_k=4096, kv_dtype=FP8), "default"),
     (_problem(batch=1, seqlen_k=4096, head_dim=96), "short-gqa-d96"),
     (_problem(batch=4, seqlen_k=16384, head_dim=96), "short-gqa-d96"),
-    (_problem(batch=1, seqlen_k=1024, num_heads=16, num_heads_kv=2, head_dim=96, seqlen_q=4), "default"),  # 32 rows
-    (_problem(batch=1, seqlen_k=4096, head_dim=96, seqlen_q=4), "default"),  # 16 packed rows: cute's 64-row tile
+    (_problem(batch=1, seqlen_k=1024, num_heads=16, num_heads_kv=2, head_dim=96, seqlen_q=4), "wide-rows"),  # 32 rows
+    (_problem(batch=1, seqlen_k=4096, head_dim=96, seqlen_q=4), "wide-rows"),  # 16 packed rows: cute's 64-row tile
+    (_problem(batch=4, seqlen_k=4096, num_heads=28, num_heads_kv=4, head_dim=64, seqlen_q=4), "wide-rows"),
+    (_problem(batch=4, seqlen_k=4096, num_heads=16, num_heads_kv=2, head_dim=256, seqlen_q=4), "wide-rows"),
     (_problem(batch=1, seqlen_k=131072, head_dim=96), "default"),  # a long span: Triton
     (_problem(batch=16, seqlen_k=4096, head_dim=96), "default"),  # 128 work units: Triton
     (_problem(batch=1, seqlen_k=4096, num_heads_kv=32, head_dim=96), "default"),  # Phi-3-mini: 32/32, d = 96
@@ -204,7 +206,8 @@ def test_thresholds_sit_where_documented():
     from flashsplit.cute import configs
     assert configs.SWAP_AB_ROWS == 8
     assert wide(_problem(seqlen_q=3)) and not wide(_problem(seqlen_q=2)), "12 packed rows, 8"
-    assert not wide(_problem(seqlen_q=4, head_dim=64)), "d = 128 only"
+    assert wide(_problem(seqlen_q=4, head_dim=64)) and wide(_problem(seqlen_q=4, head_dim=256)), "cute's head dims"
+    assert not wide(_problem(seqlen_q=4, head_dim=80)), "no cute tile at d = 80"
     assert wide(_problem(batch=7, seqlen_q=4)) and not wide(_problem(batch=8, seqlen_q=4)), "56, 64 units"
     assert wide(_problem(batch=4, num_heads=64, num_heads_kv=4)), "64/4 heads: 16 packed rows, 16 units"
     long = selection._long_splits
