@@ -2,7 +2,9 @@
 the latest of a cell recorded twice), --from-jsonl writes a table flashsplit loads, and unusable
 input stops with exit code 2 and a message."""
 
+import argparse
 import json
+import subprocess
 
 import pytest
 
@@ -76,3 +78,94 @@ def test_timing_without_a_gpu_exits_2(capsys):
         pytest.skip("this machine has a CUDA GPU: tune would time the grid")
     assert main(["tune", "--shape", "32/8:128", "--batch", "1", "--seqlen", "1k"]) == 2
     assert "timing needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_shape_text_inverts_parse_shape():
+    for text in tune.DEFAULT_SHAPES + ("16/2:256:lq=4:page=16:kv=fp8e5m2",):
+        assert tune.parse_shape(tune.shape_text(tune.parse_shape(text))) == tune.parse_shape(text)
+    assert tune.shape_text(tune.parse_shape("32/8:128:lq=4")) == "32/8:128:lq=4"
+
+
+def test_retime_groups_take_each_head_dims_short_cells():
+    records = [_record(batch=b, seqlen_k=n, **shape) for b in (1, 4, 16) for n in (1024, 16384, 131072)
+               for shape in (dict(), dict(seqlen_q=4), dict(head_dim=64), dict(kv_dtype="fp8e4m3"))]
+    assert tune.retime_groups(records) == [
+        ["--shape", "32/8:64", "--batch", "1", "4", "--seqlen", "1024", "16384"],
+        ["--shape", "32/8:128", "--shape", "32/8:128:lq=4", "--shape", "32/8:128:kv=fp8e4m3",
+         "--batch", "1", "4", "--seqlen", "1024", "16384"]]
+    assert tune.retime_groups([_record(batch=16), _record(seqlen_k=131072)]) == []
+
+
+class _FakeDevice:
+    name, num_sms = "NVIDIA H200", 132
+
+
+def _args(*argv):
+    return tune.configure_parser(argparse.ArgumentParser()).parse_args(argv)
+
+
+def _fake_grid(monkeypatch, child_cute_us, child_returncode=0):
+    """run_grid on the CPU: every grid cell times Triton 10 us and cute 12 us; a re-timing child
+    process records cute at ``child_cute_us`` for each cell its arguments name. Returns the
+    commands the children were started with."""
+    from flashsplit.bench import device
+
+    monkeypatch.setattr(device, "device_info", lambda: _FakeDevice())
+    monkeypatch.setattr(tune, "versions", lambda: {"torch": "2.11"})
+    cell = dict(auto="triton", rule="default", triton_us=10.0, cute_us=12.0, triton_splits=1, cute_splits=1)
+    monkeypatch.setattr(tune, "time_cell", lambda case, rounds: dict(cell))
+    children = []
+
+    def child(command, capture_output, text):
+        children.append(command)
+        args = _args(*command[4:])
+        assert not args.retime, "a child must not re-time again"
+        with open(args.jsonl, "a") as f:
+            for shape in args.shape:
+                for batch in args.batch:
+                    for seqlen in args.seqlen:
+                        record = _record(batch=batch, seqlen_k=seqlen, **tune.parse_shape(shape))
+                        record.update(cell, cute_us=child_cute_us, command="child")
+                        f.write(json.dumps(record) + "\n")
+        return subprocess.CompletedProcess(command, child_returncode, "32/8 d128 B=  1 L=1k ... [0.1 s]\n9 cells\n",
+                                           "boom")
+
+    monkeypatch.setattr(tune.subprocess, "run", child)
+    return children
+
+
+def test_tune_retimes_short_cells_in_fresh_processes(tmp_path, monkeypatch, capsys):
+    children = _fake_grid(monkeypatch, child_cute_us=9.0)
+    jsonl, out = tmp_path / "grid.jsonl", tmp_path / "t.json"
+    args = _args("--shape", "32/8:128", "--shape", "32/8:64", "--batch", "1", "16", "--seqlen", "1k", "128k",
+                 "--jsonl", str(jsonl), "--out", str(out))
+    assert tune.run_grid(args) == 0
+    assert len(children) == 2 and children[0][1:4] == ["-m", "flashsplit", "tune"], "one process per head dim"
+    assert all(c[c.index("--batch") + 1:c.index("--seqlen")] == ["1"] for c in children)
+    records = tune.read_records([str(jsonl)])
+    assert len(records) == 8 + 2, "the grid's 8 cells, then its 2 short cells again"
+    assert {r["command"] for r in records} == {records[0]["command"]}, "the run's command, not the child's"
+    table = measured_table.load_table(out)
+    assert sorted((c.head_dim, c.batch, c.seqlen_k, c.cute_us) for c in table.cells) == [
+        (64, 1, 1024, 9.0), (64, 1, 131072, 12.0), (64, 16, 1024, 12.0), (64, 16, 131072, 12.0),
+        (128, 1, 1024, 9.0), (128, 1, 131072, 12.0), (128, 16, 1024, 12.0), (128, 16, 131072, 12.0)]
+    printed = capsys.readouterr().out
+    assert "again, a fresh process per head dim" in printed and "[0.1 s]" in printed
+    assert "9 cells" not in printed, "only the children's cell lines are shown"
+
+
+def test_a_failed_retime_keeps_the_grids_times(tmp_path, monkeypatch, capsys):
+    _fake_grid(monkeypatch, child_cute_us=9.0, child_returncode=2)
+    args = _args("--shape", "32/8:128", "--batch", "1", "--seqlen", "1k", "--out", str(tmp_path / "t.json"))
+    assert tune.run_grid(args) == 0
+    printed = capsys.readouterr().out
+    assert "re-timing failed" in printed and "boom" in printed
+    assert [c.cute_us for c in measured_table.load_table(tmp_path / "t.json").cells] == [12.0]
+
+
+def test_no_retime_starts_no_process(tmp_path, monkeypatch):
+    children = _fake_grid(monkeypatch, child_cute_us=9.0)
+    out = tmp_path / "t.json"
+    args = _args("--shape", "32/8:128", "--batch", "1", "--seqlen", "1k", "--no-retime", "--out", str(out))
+    assert tune.run_grid(args) == 0 and children == []
+    assert [c.cute_us for c in measured_table.load_table(out).cells] == [12.0]
