@@ -10,8 +10,8 @@ variable :data:`TABLE_ENV`) that ``flashsplit tune`` writes::
                 "kv_dtype": "bfloat16", "batch": 4, "seqlen_k": 4096, "triton_us": 21.3, "cute_us": 22.2},
                ...]}
 
-A problem is compared with the cells of the same head dim and cache format (16-bit or fp8,
-dense or paged) by three coordinates, each in log2: packed q rows per KV head (the tile height
+A problem is compared with the cells of the same head dim and cache format (16-bit or one fp8
+dtype, dense or paged) by three coordinates, each in log2: packed q rows per KV head (the tile height
 each backend pads to), work units (batch rows x KV heads: how the machine fills) and the keys a
 row's splits cover. The :data:`NEIGHBOURS` nearest cells vote with the log of their time ratio,
 weighted by inverse squared distance, so a problem between cells takes the side its neighbours
@@ -28,8 +28,8 @@ lacked (L_q = 4 for 21 head layouts and dims), in 315, the worst 1.77x (16/2 hea
 leave-one-out count (1061 of the first 1116 cells, against 1043) but lowered the second count to
 308: not taken.
 
-The H100 (SXM, 80 GB) table, made the same way, holds 1185 cells: left out in turn, the vote
-is within 2% in 1125, the worst 1.30x (28/4 heads, d = 256, L_q 4, B = 1 x 16k); the vote of its
+The H100 (SXM, 80 GB) table, made the same way, holds 1204 cells: left out in turn, the vote
+is within 2% in 1142, the worst 1.30x (28/4 heads, d = 256, L_q 4, B = 1 x 16k); the vote of its
 default grid's 907 cells was within 2% on 136 of 155 cells measured off that grid, the worst
 1.19x.
 """
@@ -98,9 +98,14 @@ class Cell:
                 f"{self.seqlen_k}: triton {self.triton_us:g}, cute {self.cute_us:g} us")
 
 
-def problem_class(problem: DecodeProblem) -> tuple[int, bool, bool]:
-    """Cells compare only within a class: (head dim, fp8 cache, paged)."""
-    return problem.head_dim, problem.cache_dtype.itemsize == 1, problem.paged
+def problem_class(problem: DecodeProblem) -> tuple[int, str, bool]:
+    """Cells compare only within a class: (head dim, cache format, paged); the format is "16-bit"
+    or the fp8 dtype's name. fp8 formats differ: Triton converts e5m2 (the top byte of an fp16)
+    more cheaply than e4m3, and on an H100 ran e5m2 caches 3-6% faster at 16k-300k keys where
+    cute's times matched (32/8 heads B = 4 x 128k: e5m2 Triton 357.3 vs cute 373.3 us, e4m3 378.5
+    vs 377.0)."""
+    fmt = str(problem.cache_dtype).removeprefix("torch.") if problem.cache_dtype.itemsize == 1 else "16-bit"
+    return problem.head_dim, fmt, problem.paged
 
 
 def shape_key(problem: DecodeProblem) -> tuple:
