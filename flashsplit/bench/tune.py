@@ -91,27 +91,27 @@ def parse_shape(text: str) -> dict:
     return shape
 
 
-def shape_text(shape: dict) -> str:
-    """The ``--shape`` text of a shape (:func:`parse_shape`'s inverse)."""
-    text = f"{shape['num_heads']}/{shape['num_heads_kv']}:{shape['head_dim']}"
+def _shape_words(shape: dict, sep: str, head_dim: str, seqlen_q: str, page: str, kv: str) -> str:
+    """A shape's heads, then its head dim and, where they are not the default, its queries per
+    row, page size and cache dtype, each through its format, joined by ``sep``."""
+    words = [f"{shape['num_heads']}/{shape['num_heads_kv']}", head_dim.format(shape["head_dim"])]
     if shape["seqlen_q"] > 1:
-        text += f":lq={shape['seqlen_q']}"
+        words.append(seqlen_q.format(shape["seqlen_q"]))
     if shape["page_size"]:
-        text += f":page={shape['page_size']}"
+        words.append(page.format(shape["page_size"]))
     if shape["kv_dtype"] != "same":
-        text += f":kv={shape['kv_dtype']}"
-    return text
+        words.append(kv.format(shape["kv_dtype"]))
+    return sep.join(words)
+
+
+def shape_text(shape: dict) -> str:
+    """The ``--shape`` text of a shape (:func:`parse_shape`'s inverse): ``32/8:128:lq=4``."""
+    return _shape_words(shape, ":", "{}", "lq={}", "page={}", "kv={}")
 
 
 def shape_label(shape: dict) -> str:
-    label = f"{shape['num_heads']}/{shape['num_heads_kv']} d{shape['head_dim']}"
-    if shape["seqlen_q"] > 1:
-        label += f" Lq{shape['seqlen_q']}"
-    if shape["page_size"]:
-        label += f" p{shape['page_size']}"
-    if shape["kv_dtype"] != "same":
-        label += f" {shape['kv_dtype']}"
-    return label
+    """A shape as the printed lines name it: ``32/8 d128 Lq4``."""
+    return _shape_words(shape, " ", "d{}", "Lq{}", "p{}", "{}")
 
 
 def cell_key(record: dict) -> tuple:
