@@ -52,7 +52,8 @@ RETIME_MAX_SEQLEN = 16384
 
 _EPILOG = """\
 examples:
-  flashsplit tune --out h200.json                    # the default grid (907 cells, ~12 min on an H200 or H100)
+  flashsplit tune --out h200.json                    # the default grid (907 cells, ~12 min on an H200
+                                                     # or an H100, then ~5 to re-time its short cells)
   flashsplit tune --shape 32/8:128 --shape 32/8:128:lq=4 --batch 1 16 --seqlen 4k 128k
                                                      # check auto on a few cells
   flashsplit tune --shape 40/8:128 --jsonl part.jsonl   # a grid in pieces: recorded cells are skipped
