@@ -114,6 +114,7 @@ def _fake_grid(monkeypatch, child_cute_us, child_returncode=0):
     monkeypatch.setattr(tune, "versions", lambda: {"torch": "2.11"})
     cell = dict(auto="triton", rule="default", triton_us=10.0, cute_us=12.0, triton_splits=1, cute_splits=1)
     monkeypatch.setattr(tune, "time_cell", lambda case, rounds: dict(cell))
+    monkeypatch.setattr(tune, "RETIME_AFTER_CELLS", 0)  # (these grids are a few cells)
     children = []
 
     def child(command, capture_output, text):
@@ -169,3 +170,11 @@ def test_no_retime_starts_no_process(tmp_path, monkeypatch):
     args = _args("--shape", "32/8:128", "--batch", "1", "--seqlen", "1k", "--no-retime", "--out", str(out))
     assert tune.run_grid(args) == 0 and children == []
     assert [c.cute_us for c in measured_table.load_table(out).cells] == [12.0]
+
+
+def test_a_short_check_starts_no_process(tmp_path, monkeypatch):
+    children = _fake_grid(monkeypatch, child_cute_us=9.0)
+    monkeypatch.setattr(tune, "RETIME_AFTER_CELLS", 2)
+    assert tune.run_grid(_args("--shape", "32/8:128", "--batch", "1", "4", "--seqlen", "1k")) == 0 and children == []
+    assert tune.run_grid(_args("--shape", "32/8:128", "--batch", "1", "4", "--seqlen", "1k", "4k")) == 0
+    assert len(children) == 1, "four cells: more than two"

@@ -5,10 +5,10 @@ KV capped by ``--max-kv-gb``), the Triton and cute launches of ``decode_into(bac
 checked against the float64 reference (outputs poisoned with NaN first), captured as CUDA graphs
 over input sets rotated so the KV never sits in L2, and replayed interleaved
 (:func:`flashsplit.bench.timing.time_side_by_side`). Each cell prints both times and the backend
-``auto`` picks (its rule, :func:`flashsplit.plan`) with auto / best; the grid's short cells are
-then timed again in fresh processes (:func:`retime_short_cells`), and cells over ``--tolerance``
-are listed at the end. ``--jsonl`` appends one record per cell and skips cells already recorded there
-for this GPU (a long grid can run in pieces); ``--out`` writes the table
+``auto`` picks (its rule, :func:`flashsplit.plan`) with auto / best; a long grid's short cells
+are then timed again in fresh processes (:func:`retime_short_cells`), and cells over
+``--tolerance`` are listed at the end. ``--jsonl`` appends one record per cell and skips cells
+already recorded there for this GPU (a long grid can run in pieces); ``--out`` writes the table
 (:mod:`flashsplit.measured_table`) from every record of this GPU; ``--from-jsonl`` builds one
 from saved records without a GPU. Point ``FLASHSPLIT_SELECTION_TABLE`` at the file, or place it
 in ``flashsplit/tables/``, and ``auto`` takes its vote on that GPU model.
@@ -43,12 +43,15 @@ DEFAULT_SHAPES = tuple(f"{heads}:{d}{':lq=4' if lq > 1 else ''}" for d in (64, 9
     "32/8:128:page=16", "32/8:128:page=128", "32/8:128:kv=fp8e4m3")
 DEFAULT_BATCHES = (1, 4, 16, 64)
 DEFAULT_SEQLENS = (1024, 4096, 16384, 131072, 307200)
-#: After the grid, its cells of at most this many batch rows and keys are timed again, one fresh
+#: After a grid, its cells of at most this many batch rows and keys are timed again, one fresh
 #: process per head dim (:func:`retime_short_cells`): late in a run of hundreds of cells cute's
 #: short calls time slower than in a fresh process (H200: 3.6% at B <= 4 x <= 4k; H100: 6% at 1k
 #: keys, 29 of 306 verdicts flipped; the cause is not known), Triton's do not.
 RETIME_MAX_BATCH = 4
 RETIME_MAX_SEQLEN = 16384
+#: ... when the run timed more cells than this: the fresh processes whose times matched a bench
+#: run ran 72-90 cells each (H100), and a check of a few cells needs no second pass.
+RETIME_AFTER_CELLS = 100
 
 _EPILOG = """\
 examples:
@@ -61,9 +64,9 @@ examples:
   FLASHSPLIT_SELECTION_TABLE=h200.json python serve.py   # auto votes from that table
 
 Late in a long run cute's short calls time slower than in a fresh process (H200: 3.6% at
-B <= 4 x <= 4k; H100: 6% at 1k keys; the cause is not known). After the grid, tune times its
-cells of B <= 4 x <= 16k keys again, one fresh process per head dim, and keeps those times
-(--no-retime skips this).
+B <= 4 x <= 4k; H100: 6% at 1k keys; the cause is not known). After a grid of more than 100
+cells, tune times its cells of B <= 4 x <= 16k keys again, one fresh process per head dim, and
+keeps those times (--no-retime skips this).
 """
 
 
@@ -268,7 +271,7 @@ def run_grid(args: argparse.Namespace) -> int:
                 print(summary_line(label, record)[0], f"[{record['seconds']} s]", flush=True)
                 timed.append(record)
                 _append(args.jsonl, [record])
-    if args.retime:
+    if args.retime and len(timed) > RETIME_AFTER_CELLS:
         deadline = args.deadline_s - (time.monotonic() - start) if args.deadline_s else 0.0
         fresh = [dict(r, command=base["command"]) for r in
                  retime_short_cells(timed, args.rounds, args.max_kv_gb, deadline)]
@@ -390,7 +393,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     parser.add_argument("--no-retime", dest="retime", action="store_false",
                         help=f"do not time the cells of B <= {RETIME_MAX_BATCH} x <= "
                              f"{format_seqlen(RETIME_MAX_SEQLEN)} keys again in a fresh process per head dim "
-                             "after the grid")
+                             f"after a grid of more than {RETIME_AFTER_CELLS} cells")
     parser.add_argument("--out", metavar="FILE", help="write the selection table (JSON)")
     parser.add_argument("--from-jsonl", nargs="+", metavar="FILE", help="build --out from saved records (no GPU)")
     return parser
