@@ -11,9 +11,9 @@ variable :data:`TABLE_ENV`) that ``flashsplit tune`` writes::
                ...]}
 
 A problem is compared with the cells of the same head dim and cache format (16-bit or one fp8
-dtype, dense or paged) by three coordinates, each in log2: packed q rows per KV head (the tile height
-each backend pads to), work units (batch rows x KV heads: how the machine fills) and the keys a
-row's splits cover. The :data:`NEIGHBOURS` nearest cells vote with the log of their time ratio,
+dtype, dense or paged) by three coordinates, each in log2: packed q rows per KV head (the tile
+height each backend pads to), work units (batch rows x KV heads: how the machine fills) and the
+keys a row's splits cover. The :data:`NEIGHBOURS` nearest cells vote with the log of their time ratio,
 weighted by inverse squared distance, so a problem between cells takes the side its neighbours
 favour; a problem of a measured shape (same heads, queries, batch and keys) takes its cell's faster
 backend, even where a cell of another head layout shares its coordinates. Leaving each cell of the
