@@ -211,6 +211,14 @@ def choose_num_splits(
     )
 
 
+def planned_split(span: int, work_units: int, num_sms: int, units_per_sm: int) -> tuple[int, int]:
+    """``(splits, keys per split)`` that :func:`choose_num_splits` and :func:`tokens_per_split`
+    give ``work_units`` over ``span`` keys at ``units_per_sm`` CTAs per SM: what a backend's
+    occupancy rule judges a choice by."""
+    splits = choose_num_splits(work_units, span, num_sms, units_per_sm)[0]
+    return splits, tokens_per_split(span, splits)
+
+
 @dataclass(frozen=True)
 class SplitPlan:
     """What :func:`flashsplit.decode` will do for a problem; pure data, built without a GPU.

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plan import BUSY_FRACTION, choose_num_splits, tokens_per_split
+from .. import plan
+from ..plan import BUSY_FRACTION
 from ..problem import FP8_DTYPES, DecodeProblem
 from . import configs
 
@@ -132,8 +133,7 @@ def fits_one_wave(ctas: int, units_per_sm: int, num_sms: int) -> bool:
 def planned_split(problem: DecodeProblem, units: int, units_per_sm: int, num_sms: int) -> tuple[int, int]:
     """(splits, keys per split) the shared plan gives ``problem``'s ``units`` work units at
     ``units_per_sm`` CTAs per SM: what the rules below judge a tile choice by."""
-    splits = choose_num_splits(units, problem.span, num_sms, units_per_sm)[0]
-    return splits, tokens_per_split(problem.span, splits)
+    return plan.planned_split(problem.span, units, num_sms, units_per_sm)
 
 
 def merges(num_splits: int, max_splits: int = MERGE_MAX_SPLITS) -> bool:

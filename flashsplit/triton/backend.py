@@ -14,7 +14,7 @@ import torch
 import triton
 
 from ..plan import (BATCH_INVARIANT_MIN_SPLIT, BATCH_INVARIANT_SPLITS, DEFAULT_NUM_SMS, SPLIT_GRANULE, cdiv,
-                    choose_num_splits, device_num_sms, planned_span, splits_used, tokens_per_split)
+                    device_num_sms, planned_span, planned_split, splits_used, tokens_per_split)
 from ..call import DecodeTensors, cache_capacity
 from ..problem import FP8_DTYPES, DecodeProblem, Variant
 from ..registry import Backend
@@ -65,10 +65,8 @@ def programs_per_sm(problem: DecodeProblem, block_m: int) -> int:
     16.72 vs 12.02 (d = 256: 24.71 vs 23.08); 28/4 B = 1 x 8k, 64 vs 32, 12.35 vs 12.30."""
     if problem.paged or problem.batch_invariant:
         return PROGRAMS_PER_SM
-    span = problem.span
-    splits = choose_num_splits(problem.work_units(block_m), span, problem.num_sms, PROGRAMS_PER_SM)[0]
-    single_granule = tokens_per_split(span, splits) <= SPLIT_GRANULE
-    return 1 if splits >= HALVED_MIN_SPLITS and single_granule else PROGRAMS_PER_SM
+    splits, keys = planned_split(problem.span, problem.work_units(block_m), problem.num_sms, PROGRAMS_PER_SM)
+    return 1 if splits >= HALVED_MIN_SPLITS and keys <= SPLIT_GRANULE else PROGRAMS_PER_SM
 
 
 def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs: int = 0,
