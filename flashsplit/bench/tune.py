@@ -118,10 +118,13 @@ def shape_label(shape: dict) -> str:
     return _shape_words(shape, " ", "d{}", "Lq{}", "p{}", "{}")
 
 
+#: A record's shape fields (:func:`parse_shape`'s keys).
+SHAPE_KEYS = ("num_heads", "num_heads_kv", "head_dim", "seqlen_q", "page_size", "kv_dtype")
+
+
 def cell_key(record: dict) -> tuple:
     """What identifies a cell of one GPU's grid in a record."""
-    return tuple(record[k] for k in ("gpu", "num_heads", "num_heads_kv", "head_dim", "seqlen_q", "page_size",
-                                     "kv_dtype", "batch", "seqlen_k"))
+    return tuple(record[k] for k in ("gpu", *SHAPE_KEYS, "batch", "seqlen_k"))
 
 
 def record_cell(record: dict) -> Cell | None:
@@ -238,9 +241,6 @@ def summary_line(label: str, record: dict) -> tuple[str, float | None]:
     ratio = times[record["auto"]] / min(times.values())
     cells = "  ".join(f"{n} {times[n]:>9.2f} ({record[n + '_splits']})" for n in BACKENDS)
     return f"{head} {cells}  auto {record['auto']} ({record['rule']}) {ratio:.3f}", ratio
-
-
-SHAPE_KEYS = ("num_heads", "num_heads_kv", "head_dim", "seqlen_q", "page_size", "kv_dtype")
 
 
 def run_grid(args: argparse.Namespace) -> int:
