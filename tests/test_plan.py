@@ -73,12 +73,30 @@ def test_plan_reports_choice_and_grid():
 ])
 def test_triton_plans_one_program_per_sm_for_many_single_granule_splits(kv_dtype, heads, batch, seqlen_k, page_size,
                                                                         splits, per_sm):
-    p = flashsplit.plan(batch, seqlen_k, *heads, 128, kv_dtype=kv_dtype, page_size=page_size, num_sms=132,
+    # (the H200: on the H100 long fp8 splits are halved too, see the next test)
+    p = flashsplit.plan(batch, seqlen_k, *heads, 128, kv_dtype=kv_dtype, page_size=page_size, gpu="h200",
+                        device="cuda", backend="triton")
+    assert (p.num_splits, p.units_per_sm) == (splits, per_sm), p
+    invariant = flashsplit.plan(batch, seqlen_k, *heads, 128, kv_dtype=kv_dtype, page_size=page_size, gpu="h200",
+                                device="cuda", backend="triton", batch_invariant=True)
+    assert invariant.units_per_sm == 2
+
+
+@pytest.mark.parametrize("gpu, kv_dtype, batch, seqlen_k, page_size, splits, per_sm", [
+    ("h100", torch.float8_e4m3fn, 1, 131072, 0, 16, 1), ("h100", torch.float8_e5m2, 1, 65536, 0, 16, 1),
+    ("h100", torch.float8_e4m3fn, 16, 131072, 0, 1, 1), ("h100", torch.float8_e4m3fn, 4, 16384, 0, 4, 1),
+    ("h100", torch.float8_e4m3fn, 1, 32768, 0, 32, 2),  # halved splits of 2k keys: kept
+    ("h100", torch.float8_e4m3fn, 1, 131072, 16, 32, 2),  # paged: kept
+    ("h100", torch.float8_e4m3fn, 64, 131072, 0, 1, 2),  # one split either way: kept
+    ("h100", None, 1, 131072, 0, 32, 2),  # 16-bit cache: kept
+    ("h200", torch.float8_e4m3fn, 1, 131072, 0, 32, 2), ("h200", torch.float8_e4m3fn, 16, 131072, 0, 2, 2),
+])
+def test_triton_halves_long_fp8_splits_on_the_h100_only(gpu, kv_dtype, batch, seqlen_k, page_size, splits, per_sm):
+    p = flashsplit.plan(batch, seqlen_k, 32, 8, 128, kv_dtype=kv_dtype, page_size=page_size, gpu=gpu, device="cuda",
                         backend="triton")
     assert (p.num_splits, p.units_per_sm) == (splits, per_sm), p
-    invariant = flashsplit.plan(batch, seqlen_k, *heads, 128, kv_dtype=kv_dtype, page_size=page_size, num_sms=132,
-                                backend="triton", batch_invariant=True)
-    assert invariant.units_per_sm == 2
+    if per_sm == 1:
+        assert p.tokens_per_split >= 4096
 
 
 def test_plan_override_and_packed_rows():

@@ -14,7 +14,7 @@ import torch
 import triton
 
 from ..plan import (BATCH_INVARIANT_MIN_SPLIT, BATCH_INVARIANT_SPLITS, DEFAULT_NUM_SMS, SPLIT_GRANULE, cdiv,
-                    device_num_sms, planned_span, planned_split, splits_used, tokens_per_split)
+                    device_num_sms, planned_span, splits_used, tokens_per_split)
 from ..call import DecodeTensors, cache_capacity
 from ..problem import FP8_DTYPES, DecodeProblem, Variant
 from ..registry import Backend
@@ -23,6 +23,7 @@ from . import INTERPRETER_OFF, interpreter_active
 from .combine_kernel import combine_kernel
 from .launch import Relaunch, descale_strides, fast_relaunch_available, launch, strides_or_zeros
 from .new_keys import FP8_FORMATS
+from .programs import PROGRAMS_PER_SM, programs_per_sm
 from .split_kernel import LOG2E, split_kv_kernel
 
 
@@ -35,38 +36,6 @@ class TritonTiles:
     block_d: int
     num_warps: int
     num_stages: int
-
-
-#: Programs per SM the plan counts for the split kernel: 2 beat FA3's 1 on the H200 (32/8 heads:
-#: B = 1 x 128k 30 splits 10% faster than FA3's 15; B = 16 x 16k 2 splits 6% faster than its 1);
-#: :func:`choose_tiles` keeps 3 stages while a launch fits one such wave.
-PROGRAMS_PER_SM = 2
-
-
-#: The fewest one-granule splits a dense cache's plan at two programs per SM may have before
-#: :func:`programs_per_sm` halves them (measured at 32; at 8 and 16 halving was mixed).
-HALVED_MIN_SPLITS = 32
-
-
-def programs_per_sm(problem: DecodeProblem, block_m: int) -> int:
-    """Programs per SM the plan divides the machine by: ``PROGRAMS_PER_SM``, but one for a dense
-    cache whose plan at two per SM has at least ``HALVED_MIN_SPLITS`` splits of a single granule
-    (one key tile each, nothing to pipeline): half as many programs then read two granules
-    each, pipelined, and the last one merges half the partials.
-
-    Interleaved graph replays, 32 vs 16 splits, us: H100, 32/8 heads, B = 1 x 4k, bf16 11.80 vs
-    11.22, e4m3 10.51 vs 9.99; 64/8 heads bf16 11.98 vs 11.34, e4m3 10.48 vs 10.05; H200, 32/8,
-    e4m3, 10.01 vs 9.53. Where halving leaves fewer splits it was mixed (H100, bf16 / e4m3:
-    32/8 B = 2 x 2k, 16 vs 8 splits, 12.19 / 9.92 vs 11.53 / 10.05; 32/32 B = 1 x 1k, 8 vs 4,
-    11.13 / 9.52 vs 11.25 / 9.31) or lost on both (32/8 B = 4 x 1k, 8 vs 4, 11.75 / 10.11 vs
-    12.50 / 10.99); it lost in pages of 16 (32/8 B = 1 x 4k, 13.24 / 10.88 vs 14.38 / 11.63);
-    and splits of several granules stay two per SM (e4m3 B = 1 x 16k: 32 splits 16.60 vs 16
-    19.53 on the H200). Halving more splits (H100, bf16): 16/2 heads B = 1 x 16k, 128 vs 64,
-    16.72 vs 12.02 (d = 256: 24.71 vs 23.08); 28/4 B = 1 x 8k, 64 vs 32, 12.35 vs 12.30."""
-    if problem.paged or problem.batch_invariant:
-        return PROGRAMS_PER_SM
-    splits, keys = planned_split(problem.span, problem.work_units(block_m), problem.num_sms, PROGRAMS_PER_SM)
-    return 1 if splits >= HALVED_MIN_SPLITS and keys <= SPLIT_GRANULE else PROGRAMS_PER_SM
 
 
 def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs: int = 0,
