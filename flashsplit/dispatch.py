@@ -16,8 +16,8 @@ import torch
 from . import native, registry
 from .native.steps import HostSteps
 from .call import DecodeOptions, DecodeTensors
-from .plan import (BATCH_INVARIANT_MIN_SPLIT, BATCH_INVARIANT_SPLITS, SPLIT_GRANULE, SplitPlan, cdiv, choose_num_splits,
-                   splits_used, tokens_per_split)
+from .plan import (BATCH_INVARIANT_MIN_SPLIT, BATCH_INVARIANT_SPLITS, MAX_SPLITS, SPLIT_GRANULE, SplitPlan, cdiv,
+                   choose_num_splits, splits_used, tokens_per_split)
 from .problem import DecodeProblem
 from .validation import check_decode_inputs, check_lse_out, check_softmax_scale
 from .registry import Backend, select
@@ -37,7 +37,11 @@ def make_plan(problem: DecodeProblem, backend: Backend, rule: str, backend_reaso
         split_reason = (f"batch-invariant: each row in up to {BATCH_INVARIANT_SPLITS} splits of "
                         f">= {BATCH_INVARIANT_MIN_SPLIT} keys, from its own length")
     elif num_splits == 0:
-        num_splits, split_reason = choose_num_splits(work_units, span, num_sms, units_per_sm)
+        cap = backend.split_cap(problem)
+        num_splits, split_reason = choose_num_splits(work_units, span, num_sms, units_per_sm,
+                                                     max_splits=cap[0] if cap else MAX_SPLITS)
+        if cap and num_splits == cap[0]:
+            split_reason += f"; at most {cap[0]} splits: {cap[1]}"
     else:
         split_reason = "requested"
     return SplitPlan(

@@ -29,9 +29,9 @@ leave-one-out count (1061 of the first 1116 cells, against 1043) but lowered the
 308: not taken.
 
 The H100 (SXM, 80 GB) table, made the same way, holds 1261 cells: left out in turn, the vote
-is within 2% in 1202, the worst 1.30x (28/4 heads, d = 256, L_q 4, B = 1 x 16k); the vote of its
-default grid's 907 cells was within 2% on 136 of 155 cells measured off that grid, the worst
-1.19x.
+is within 2% in 1201, the worst 1.30x (28/4 heads, d = 256, L_q 4, B = 1 x 16k); the vote of its
+default grid's 907 cells is within 2% on 141 of 155 cells measured off that grid, the worst
+1.07x.
 """
 
 from __future__ import annotations

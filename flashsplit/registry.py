@@ -44,6 +44,11 @@ class Backend(abc.ABC):
         """How many split-kernel CTAs one SM runs at once (an input of the split heuristic)."""
         return 1
 
+    def split_cap(self, problem: DecodeProblem) -> tuple[int, str] | None:
+        """``(most splits, why)`` where this backend runs ``problem`` best with at most that many
+        splits (the split heuristic then chooses among those); None: no cap."""
+        return None
+
     @abc.abstractmethod
     def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float):
         """A callable ``run(tensors)`` that decodes a :class:`~flashsplit.call.DecodeTensors` of

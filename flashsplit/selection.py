@@ -40,9 +40,9 @@ rule                   backend   when (all measured on an H200, 32/8 heads, bf16
                                  than 2% in 80 of 585 cells (up to 1.39x); the vote in 9 of 155
                                  cells measured off that grid (up to 1.115x), and with each of the
                                  table's 1151 cells left out in turn, in 87 (up to 1.39x). On the
-                                 H100 the hand rules miss by more than 2% in 176 of the default
-                                 grid's 907 cells (up to 1.30x); the vote missed in 19 of 155 cells
-                                 off the grid (up to 1.19x), and left out in turn in 59 of 1261 (up
+                                 H100 the hand rules miss by more than 2% in 175 of the default
+                                 grid's 907 cells (up to 1.30x); the vote misses in 14 of 155 cells
+                                 off the grid (up to 1.07x), and left out in turn in 60 of 1261 (up
                                  to 1.30x).
 ``one-cta-per-sm``     cute      a dense (or TMA-paged) 16-bit cache at d = 128 whose CTAs fit one
                                  wave of one CTA per SM with >= 2k keys each (the cute deep-pipeline

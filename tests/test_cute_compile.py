@@ -35,6 +35,7 @@ from flashsplit.cute.config_lists import compile_check_configs
 from flashsplit import selection
 from flashsplit.plan import SPLIT_GRANULE
 from flashsplit.problem import DecodeProblem
+from flashsplit.target import KNOWN_GPUS
 
 _HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
 needs_cutlass = pytest.mark.skipif(not _HAS_CUTLASS, reason="nvidia-cutlass-dsl is not installed")
@@ -593,6 +594,40 @@ def test_heads_first_configs():
     assert choice.choose(invariant, 8, 132, heads_first=True).heads_first
 
 
+@pytest.mark.parametrize("gpu, shape, splits, cluster", [
+    ("h200", dict(seqlen_k=4096), 8, True),  # 8 row tiles x 8 splits: one cluster each
+    ("h200", dict(seqlen_k=2048, num_heads=64), 8, True),
+    ("h200", dict(seqlen_k=4096, head_dim=64), 8, True),
+    ("h200", dict(seqlen_k=4096, batch=4, num_heads=16, num_heads_kv=2), 8, True),
+    ("h200", dict(seqlen_k=4096, page_size=16), 8, True),
+    ("h200", dict(seqlen_k=16384), 16, False),  # past the H200's measured span: the counter
+    ("h100", dict(seqlen_k=131072), 8, True),
+    ("h100", dict(seqlen_k=307200), 16, False),
+    ("h100", dict(seqlen_k=4096, num_heads=28, num_heads_kv=4), 32, False),  # 4 row tiles: no cap
+    ("h100", dict(seqlen_k=4096, batch=2), 8, False),  # 16 row tiles: the plan's own 8, the counter
+    ("h100", dict(seqlen_k=4096, softcap=30.0), 16, False),  # untested attention: no cap
+    ("h100", dict(seqlen_k=131072, head_dim=64), 8, True),
+    ("h100", dict(seqlen_k=4096, causal=True), 8, True),  # one causal query: no mask
+    ("h100", dict(seqlen_k=4096, num_heads=40, head_dim=64), 32, False),  # d = 64, 5 packed rows
+    ("h100", dict(seqlen_k=16384, page_size=16), 8, True),
+    ("h100", dict(seqlen_k=131072, page_size=16), 32, False),  # pages over more than 16k keys
+    ("h100", dict(seqlen_k=4096, head_dim=256), 16, False),  # no swapped operands at d = 256
+])
+def test_cluster_split_cap(gpu, shape, splits, cluster):
+    """Where each of 8 row tiles' splits can merge through one cluster of 8 CTAs, the cute plan
+    stops at 8 splits (not the 16-32 of one or two CTAs per SM) and says why."""
+    import flashsplit
+    from flashsplit.cute import choice
+
+    args = dict(batch=1, seqlen_k=4096, num_heads=32, num_heads_kv=8, head_dim=128, page_size=0, softcap=0.0)
+    args.update(shape)
+    p = flashsplit.plan(args.pop("batch"), args.pop("seqlen_k"), args.pop("num_heads"), args.pop("num_heads_kv"),
+                        args.pop("head_dim"), gpu=gpu, device="cuda", backend="cute", **args)
+    assert p.num_splits == splits, p
+    assert ("merge through one cluster" in p.split_reason) == cluster, p.split_reason
+    assert p.num_splits * p.work_units <= choice.CLUSTER_MAX_CTAS or not cluster
+
+
 def test_cluster_configs():
     """A cluster merge is a merging swapped-operand configuration at d = 64 or 128 of 2-16 splits
     per cluster, one CTA per SM, whose shared memory holds the leader's slots; launches take it
@@ -617,13 +652,19 @@ def test_cluster_configs():
     with pytest.raises(ValueError, match="cluster"):
         configs.split_config("bfloat16", 256, False, True, merge=True, swap_rows=swap, cluster=4)
     assert choice.CLUSTER_MERGE is None
+    h200, h100 = KNOWN_GPUS["h200"], KNOWN_GPUS["h100"]
     b1 = DecodeProblem(batch=1, seqlen_q=1, seqlen_k=4096, num_heads=32, num_heads_kv=8, head_dim=128,
-                       dtype=torch.bfloat16, causal=False, has_cache_seqlens=True, device_type="cuda")
+                       dtype=torch.bfloat16, causal=False, has_cache_seqlens=True, device_type="cuda", gpu=h200)
     assert not choice.choose(b1, 16, 132).cluster  # 128 CTAs
+    assert choice.choose(b1, 8, 132).cluster  # 64 CTAs
     short = dataclasses.replace(b1, seqlen_k=1024)
-    assert choice.choose(short, 8, 132).cluster  # 64 CTAs
+    assert choice.choose(short, 8, 132).cluster
     assert not choice.choose(dataclasses.replace(short, batch=2), 8, 132).cluster  # 128 CTAs
-    assert not choice.choose(dataclasses.replace(short, seqlen_k=1100), 8, 132).cluster  # a longer span
+    # Spans: measured to 4k keys on the H200, to 128k on the H100.
+    assert choice.cluster_max_span(b1) == choice.CLUSTER_MAX_SPAN == 4096
+    assert not choice.choose(dataclasses.replace(b1, seqlen_k=4097), 8, 132).cluster
+    assert choice.choose(dataclasses.replace(b1, seqlen_k=131072, gpu=h100), 8, 132).cluster
+    assert not choice.choose(dataclasses.replace(b1, seqlen_k=131073, gpu=h100), 8, 132).cluster
     # Attention the cluster merge's GPU tests do not cover keeps the counter, and so does a
     # launch whose caller forces one-wave stages or the launch order.
     for untested in (dict(window_left=256), dict(softcap=30.0), dict(has_leftpad=True),

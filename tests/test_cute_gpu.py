@@ -1023,13 +1023,13 @@ def test_heads_first_gives_the_same_bits(batch, seqlen_k, heads, num_splits, ext
 
 # Splits merged through one thread-block cluster (choice.CLUSTER_MERGE): B = 1 and 2 at 32/8
 # heads (16 and 8 splits), causal queries filling the 8 swapped rows, sinks, d = 64, TMA pages,
-# 1k keys in 8 splits (the rule's cells), and the attention the rule leaves to the counter until
-# these pass: a window, softcap.
+# 1k and 64k keys in 8 splits (the rule's cells: choice.cluster_split_cap), and the attention the rule
+# leaves to the counter until these pass: a window, softcap.
 @pytest.mark.parametrize("batch, seqlen_k, heads, head_dim, seqlen_q, num_splits, extra", [
     (1, 4096, (32, 8), 128, 1, 16, {}), (2, 3000, (32, 8), 128, 1, 8, {}), (1, 5000, (32, 8), 128, 2, 2, {}),
     (1, 4096, (64, 8), 64, 1, 16, {}), (1, 4096, (32, 8), 128, 1, 16, {"sinks": True}),
     (1, 4096, (32, 8), 128, 1, 16, {"page_size": 16}), (1, 1024, (32, 8), 128, 1, 8, {}),
-    (1, 1024, (32, 8), 64, 1, 8, {"sinks": True}),
+    (1, 1024, (32, 8), 64, 1, 8, {"sinks": True}), (1, 65536, (32, 8), 128, 1, 8, {}),
     (1, 4096, (32, 8), 128, 1, 8, {"window_size": (700, 0)}), (1, 1024, (32, 8), 128, 1, 8, {"softcap": 30.0}),
 ])
 def test_cluster_merge_gives_the_same_bits(batch, seqlen_k, heads, head_dim, seqlen_q, num_splits, extra,

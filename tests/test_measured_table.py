@@ -79,7 +79,7 @@ def test_a_windowed_problem_is_not_its_full_cells_shape(table, gpu):
 
 def test_vote_between_cells_stays_near_the_faster_backend(table, gpu):
     """Leave each cell out and vote from the rest: the pick is within 2% of the faster backend's
-    time in at least 92% of the cells (the module docstring's 1064 of 1151 on the H200, 1202 of
+    time in at least 92% of the cells (the module docstring's 1064 of 1151 on the H200, 1201 of
     1261 on the H100) and within 1.45x in all (the worst 1.39x and 1.30x)."""
     within, worst = 0, 1.0
     for i, cell in enumerate(table.cells):

@@ -67,6 +67,10 @@ class CuteBackend(Backend):
     def units_per_sm(self, problem: DecodeProblem) -> int:
         return choice.units_per_sm(problem, problem.num_sms)
 
+    def split_cap(self, problem: DecodeProblem) -> tuple[int, str] | None:
+        cap = choice.cluster_split_cap(problem, problem.num_sms)
+        return None if cap is None else (cap, f"each row tile's splits merge through one cluster of {cap} CTAs")
+
     # ------------------------------------------------------------------ launches
     def prepare(self, problem: DecodeProblem, num_splits: int, softmax_scale: float):
         if problem.has_batch_idx:  # launched as pages of the whole capacity (PreparedCuteDecode)

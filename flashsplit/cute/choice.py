@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from .. import plan
 from ..plan import BUSY_FRACTION
 from ..problem import FP8_DTYPES, DecodeProblem
+from ..target import KNOWN_GPUS
 from . import configs
 
 #: Packed q rows of the 64-row kernel's work units (the plan's ``block_m``).
@@ -64,13 +65,35 @@ HEADS_FIRST: bool | None = None
 
 #: Launches of at most this many CTAs merge their splits through one thread-block cluster per
 #: row tile (``SplitConfig.cluster``) where :func:`clusters` allows it, instead of the arrival
-#: counter. H200, bf16, B = 1 x 1k keys, 8 splits (64 CTAs), counter -> cluster, us: 32/8 heads
-#: d = 128 7.14 -> 6.56 (another run 7.10 -> 6.54), 64/8 7.96 -> 7.30, 32/8 d = 64 6.21 -> 5.81.
-#: Every launch of 128 CTAs measured was 1.38-1.54x slower with it: 32/8 heads B = 1 x 2k / 4k /
-#: 16k / 128k at 16 splits, B = 2 x 1k / 4k at 8, 32/32 heads B = 1 x 1k at 4. Longer spans
-#: at 64 CTAs or fewer (a requested split count) were not measured: they keep the counter.
+#: counter, over spans of at most :func:`cluster_max_span` keys. H200, bf16, B = 1 x 1k keys, 8
+#: splits (64 CTAs), counter -> cluster, us: 32/8 heads d = 128 7.14 -> 6.56 (another run 7.10 ->
+#: 6.54), 64/8 7.96 -> 7.30, 32/8 d = 64 6.21 -> 5.81. Every launch of 128 CTAs measured was
+#: 1.38-1.54x slower with it: 32/8 heads B = 1 x 2k / 4k / 16k / 128k at 16 splits, B = 2 x 1k /
+#: 4k at 8, 32/32 heads B = 1 x 1k at 4.
 CLUSTER_MAX_CTAS = 64
-CLUSTER_MAX_SPAN = 1024
+#: Spans up to which a launch merges through a cluster (:func:`cluster_max_span`): on the H200
+#: measured to 4k keys (32/8 heads B = 1, 8 splits with the cluster vs the plan's 16 with the
+#: counter: 2k 7.66 vs 8.03 us, 4k 9.63 vs 9.73), on the H100 to 128k (same cells, interleaved:
+#: 2k 7.68 vs 8.10, 4k 10.47 vs 10.78, 8k 16.28 vs 16.33, 16k 27.29 vs 27.98, 32k 47.74 vs 48.75,
+#: 64k 90.95 vs 92.38, 128k 176.55 vs 176.99).
+CLUSTER_MAX_SPAN = 4096
+CLUSTER_MAX_SPAN_BY_GPU = {KNOWN_GPUS["h100"].name: 131072}
+
+#: Splits of a launch whose row tiles take one cluster of this many splits each where the plan
+#: would make more (:func:`cluster_split_cap`): 8 row tiles x 8 splits fill ``CLUSTER_MAX_CTAS``.
+#: H100, interleaved, the plan's splits with the counter vs 8 with the cluster, us: 64/8 heads
+#: B = 1 x 4k 11.49 vs 11.17 (32 splits), 16k 28.79 vs 27.82; 40/8 B = 1 x 4k 11.23 vs 10.97;
+#: 32/8 d = 64 B = 1 x 4k 8.39 vs 7.87; 16/2 heads B = 4 x 4k 11.49 vs 11.29; 32/8 in pages of
+#: 16, B = 1 x 4k, 11.42 vs 10.84; and the 32/8 B = 1 cells of ``CLUSTER_MAX_SPAN``. With fewer
+#: row tiles the cluster's CTAs leave SMs idle: 28/4 heads B = 1 x 4k (32 CTAs) 9.48 vs 8.46.
+#: Against the H100 table's earlier cells (separate runs, Triton's times as the drift's yardstick)
+#: it lost by 1-5% at d = 64 with more than 4 packed rows over 4k-64k keys (40/8 heads B = 1 x
+#: 4k: 8.44 -> 8.90 us, Triton 9.03 -> 9.09; 64/8, 16/2 at B = 4, 28/4 at B = 2 alike; at 128k
+#: it won) and by up to 2% in pages at 128k keys (pages of 16: 185.4 -> 188.2 us, Triton 191.6
+#: -> 190.8): those keep the plan's count.
+CLUSTER_SPLITS = 8
+CLUSTER_SPLITS_MAX_ROWS_D64 = 4
+CLUSTER_SPLITS_MAX_PAGED_SPAN = 16384
 
 #: Forces the merge of every launch that :func:`clusters` allows (True: through a cluster,
 #: False: the arrival counter); None: :func:`merges_in_cluster` decides.
@@ -283,14 +306,48 @@ def choose(problem: DecodeProblem, num_splits: int, num_sms: int, max_splits: in
 
 def merges_in_cluster(problem: DecodeProblem, num_splits: int) -> bool:
     """Whether a launch that :func:`clusters` allows merges through the cluster by the rule:
-    ``CLUSTER_MAX_CTAS`` and ``CLUSTER_MAX_SPAN``, for the attention the cluster merge's GPU tests
+    ``CLUSTER_MAX_CTAS`` and :func:`cluster_max_span`, for the attention the cluster merge's GPU tests
     run bit for bit against the counter (a 16-bit cache, causal or not, sinks, pages; no window,
     softcap, ``cache_leftpad`` or ``cache_batch_idx``)."""
     v = problem.variant
-    tested = (kv_dtype_name(problem) == "same" and v.window_left < 0 and v.window_right < 0 and not v.softcap
+    # (causal, right bound 0, masks nothing for a single query)
+    no_right_bound = v.window_right < 0 or (v.window_right == 0 and problem.seqlen_q == 1)
+    tested = (kv_dtype_name(problem) == "same" and v.window_left < 0 and no_right_bound and not v.softcap
               and not v.has_leftpad and not v.has_batch_idx)
     return (tested and problem.batch * problem.num_heads_kv * num_splits <= CLUSTER_MAX_CTAS
-            and problem.span <= CLUSTER_MAX_SPAN)
+            and problem.span <= cluster_max_span(problem))
+
+
+def cluster_max_span(problem: DecodeProblem) -> int:
+    """The longest span whose launch merges through a cluster by the rule on ``problem``'s GPU:
+    ``CLUSTER_MAX_SPAN_BY_GPU``'s where measured further, else ``CLUSTER_MAX_SPAN``."""
+    target = problem.target
+    return CLUSTER_MAX_SPAN_BY_GPU.get(target.name if target is not None else "", CLUSTER_MAX_SPAN)
+
+
+def cluster_split_cap(problem: DecodeProblem, num_sms: int) -> int | None:
+    """``CLUSTER_SPLITS`` where the plan should stop at that many splits so that each row tile's
+    splits merge through one cluster: a problem whose row tiles times ``CLUSTER_SPLITS`` are
+    exactly ``CLUSTER_MAX_CTAS`` CTAs and whose launch of that many splits :func:`choose` merges
+    through a cluster, at d = 64 with at most ``CLUSTER_SPLITS_MAX_ROWS_D64`` packed rows, in
+    pages over at most ``CLUSTER_SPLITS_MAX_PAGED_SPAN`` keys; None otherwise (the plan's own
+    count stands).
+
+    >>> def b1(heads, heads_kv):
+    ...     return DecodeProblem(batch=1, seqlen_q=1, seqlen_k=4096, num_heads=heads, num_heads_kv=heads_kv,
+    ...                          head_dim=128, dtype=None, causal=False, has_cache_seqlens=True, device_type="cuda")
+    >>> cluster_split_cap(b1(32, 8), 132), cluster_split_cap(b1(28, 4), 132)
+    (8, None)
+    """
+    if problem.batch_invariant or problem.head_dim not in configs.HEAD_DIMS:
+        return None
+    if problem.work_units(BLOCK_M) * CLUSTER_SPLITS != CLUSTER_MAX_CTAS:
+        return None
+    if problem.head_dim == 64 and problem.packed_rows > CLUSTER_SPLITS_MAX_ROWS_D64:
+        return None
+    if problem.paged and problem.span > CLUSTER_SPLITS_MAX_PAGED_SPAN:
+        return None
+    return CLUSTER_SPLITS if choose(problem, CLUSTER_SPLITS, num_sms).cluster else None
 
 
 def launches_heads_first(problem: DecodeProblem) -> bool:
