@@ -101,9 +101,9 @@ class Cell:
 def problem_class(problem: DecodeProblem) -> tuple[int, str, bool]:
     """Cells compare only within a class: (head dim, cache format, paged); the format is "16-bit"
     or the fp8 dtype's name. The fp8 formats convert differently (e5m2 is the top byte of an
-    fp16, e4m3 takes a ``cvt``), so each votes from its own cells; timed in one run on an H100
-    they ran within 2% of each other on either backend (23 cells) (32/8 heads B = 4 x 128k: Triton 365.7
-    us on both, cute 375.0 on both)."""
+    fp16, e4m3 takes a ``cvt``), so each votes from its own cells; timed in one run on an H100,
+    23 cells of each ran within 2% of each other on either backend (32/8 heads B = 4 x 128k:
+    Triton 365.7 us on both, cute 375.0 on both)."""
     fmt = str(problem.cache_dtype).removeprefix("torch.") if problem.cache_dtype.itemsize == 1 else "16-bit"
     return problem.head_dim, fmt, problem.paged
 

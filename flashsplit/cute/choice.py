@@ -84,7 +84,7 @@ CLUSTER_MAX_SPAN_BY_GPU = {KNOWN_GPUS["h100"].name: 131072}
 #: H100, interleaved, the plan's splits with the counter vs 8 with the cluster, us: 64/8 heads
 #: B = 1 x 4k 11.49 vs 11.17 (32 splits), 16k 28.79 vs 27.82; 40/8 B = 1 x 4k 11.23 vs 10.97;
 #: 32/8 d = 64 B = 1 x 4k 8.39 vs 7.87; 16/2 heads B = 4 x 4k 11.49 vs 11.29; 32/8 in pages of
-#: 16, B = 1 x 4k, 11.42 vs 10.84; and the 32/8 B = 1 cells of ``CLUSTER_MAX_SPAN``. With fewer
+#: 16, B = 1 x 4k, 11.42 vs 10.84; and the 32/8 B = 1 cells above. With fewer
 #: row tiles the cluster's CTAs leave SMs idle: 28/4 heads B = 1 x 4k (32 CTAs) 9.48 vs 8.46.
 #: Against the H100 table's earlier cells (separate runs, Triton's times as the drift's yardstick)
 #: it lost by 1-5% at d = 64 with more than 4 packed rows over 4k-64k keys (40/8 heads B = 1 x
