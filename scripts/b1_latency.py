@@ -1,6 +1,7 @@
 """Where a B = 1 decode's time goes: variants of one call timed side by side, beside a pure read.
 
-Each variant of a cell (32/8 heads, d = 128, one query, bf16 q) is captured as a CUDA graph over
+Each variant of a cell (32/8 heads, d = 128, one query, bf16 q) is first checked against the
+float64 reference (a wrong one is reported and not timed), then captured as a CUDA graph over
 input sets rotated out of L2 and replayed interleaved with the others (median us per call), next
 to the best streaming read of the same bytes (``scripts/read_floor.py``). A variant is a backend
 with optional parts joined by ``:``:
@@ -35,6 +36,7 @@ from flashsplit.bench.timing import TimingConfig, capture_graph, replay_calls, t
 from flashsplit.cute import choice
 from flashsplit.cute.backend import CuteBackend
 from flashsplit.plan import MAX_SPLITS
+from flashsplit.testing import check_against_reference
 from flashsplit.triton.backend import TritonBackend
 from cute_overrides import swapped_stages
 from read_floor import time_read
@@ -66,9 +68,23 @@ def set_merge(merge: bool | None) -> None:
     flashsplit.registry.invalidate()  # prepared launchers embed the bound
 
 
+def check_variant(spec: str, qkv, seqlens, backend: str, splits: int, descale) -> None:
+    """One call of a variant on ``qkv`` (its settings in force) against the float64 reference,
+    into a NaN-poisoned ``out``: ``AssertionError`` if it computes anything else, so a variant
+    is timed only once it is right."""
+    q, k, v = qkv
+    out = torch.full_like(q, float("nan"))
+    flashsplit.decode(q, k, v, cache_seqlens=seqlens, backend=backend, num_splits=splits, k_descale=descale,
+                      v_descale=descale, out=out)
+    if descale is not None:  # an fp8 cache of one descale: its values are the reference's keys
+        k, v = k.float(), v.float()
+    check_against_reference(out, None, q, k, v, seqlens, what=spec)
+
+
 def capture_variant(spec: str, sets, lens, fp8: bool, calls: int) -> torch.cuda.CUDAGraph:
     """The graph of ``calls`` decode calls of one variant, captured with its merge bound set
-    (a prepared launcher keeps the bound it was made with)."""
+    (a prepared launcher keeps the bound it was made with), once a call of it on the first set
+    is right (:func:`check_variant`)."""
     backend, *parts = spec.split(":")
     merge, seqlens, splits, stages, tile_n, cluster = None, lens, 0, 0, 0, None
     for part in parts:
@@ -99,6 +115,7 @@ def capture_variant(spec: str, sets, lens, fp8: bool, calls: int) -> torch.cuda.
     set_merge(merge)
     try:
         with swapped_stages(stages, tile_n) if stages else contextlib.nullcontext():
+            check_variant(spec, sets[0], seqlens, backend, splits, one)
             graph = capture_graph(run, len(sets), calls)
         for _ in range(3):
             graph.replay()
@@ -118,6 +135,8 @@ def report(seqlen_k: int, variants: list[str], fp8: bool, rounds: int) -> None:
             graphs[spec] = capture_variant(spec, sets, lens, fp8, calls)
         except ValueError as e:  # the backend refused the shape or the split count
             print(f"  {spec}: {e}")
+        except AssertionError as e:  # a wrong result: not timed
+            print(f"  {spec}: WRONG, not timed: {str(e)[:200]}")
     times = time_interleaved(graphs, calls, rounds)
     del graphs
     flat = [torch.ones(kv_bytes // 2, dtype=torch.bfloat16, device="cuda") for _ in range(len(sets))]  # out of L2
