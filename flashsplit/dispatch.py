@@ -148,6 +148,7 @@ HOST_STEPS = HostSteps()
 _NATIVE = native.enabled()
 _PREPARED = SignatureCache(max_size=4096, on_change=HOST_STEPS.clear)  # call signature -> prepared launcher
 registry.on_change(_PREPARED.clear)  # a prepared launcher embeds the backend choice
+registry.on_change(make_plan.cache_clear)  # a backend's split cap may follow its launch rules' settings
 
 
 _FRESH_OUT = "out = torch.empty_like(q)"  # the marker a fresh output is keyed by

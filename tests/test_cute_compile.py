@@ -1345,3 +1345,23 @@ def test_cluster_launch_asks_for_its_compile_key(cluster, monkeypatch):
     assert config.merge and config.swap_rows == 8 and config.write_partials
     assert config.cluster == (16 if cluster else 0)
     assert config.units_per_sm == (1 if cluster else 2) and (config.stages == 3)
+
+
+def test_split_cap_follows_the_cluster_setting(monkeypatch):
+    """The plan's cluster cap is part of the cute launch rules: forcing the counter
+    (``choice.CLUSTER_MERGE = False``, then ``registry.invalidate()``) drops it from the next plan
+    of the same problem, and restoring the rule brings it back."""
+    import flashsplit
+    from flashsplit.cute import choice
+    from flashsplit.registry import invalidate
+
+    def splits():
+        return flashsplit.plan(1, 4096, 32, 8, 128, gpu="h200", device="cuda", backend="cute").num_splits
+
+    assert splits() == 8
+    monkeypatch.setattr(choice, "CLUSTER_MERGE", False)
+    invalidate()
+    assert splits() == 16
+    monkeypatch.setattr(choice, "CLUSTER_MERGE", None)
+    invalidate()
+    assert splits() == 8
