@@ -339,8 +339,6 @@ def cluster_split_cap(problem: DecodeProblem, num_sms: int) -> int | None:
     >>> cluster_split_cap(b1(32, 8), 132), cluster_split_cap(b1(28, 4), 132)
     (8, None)
     """
-    if problem.batch_invariant or problem.head_dim not in configs.HEAD_DIMS:
-        return None
     if problem.work_units(BLOCK_M) * CLUSTER_SPLITS != CLUSTER_MAX_CTAS:
         return None
     if problem.head_dim == 64 and problem.packed_rows > CLUSTER_SPLITS_MAX_ROWS_D64:
