@@ -68,7 +68,52 @@ def test_unusable_input_exits_2(tmp_path, capsys):
     assert "bad.jsonl:1: expected one JSON record per line" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(["tune", "--from-jsonl", str(bad)])
-    assert e.value.code == 2 and "--from-jsonl needs --out" in capsys.readouterr().err
+    assert e.value.code == 2 and "--from-jsonl needs --out or --update" in capsys.readouterr().err
+
+
+def _write_records(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def test_a_table_becomes_the_records_it_was_built_from():
+    records = [_record(batch=1), _record(batch=4, kv_dtype="fp8e4m3", cute_us=30.0),
+               _record(batch=16, kv_dtype="fp8e5m2", page_size=16, seqlen_q=4, head_dim=64, triton_us=7.5)]
+    table = tune.build_table(records)
+    again = tune.table_records(table)
+    assert again == records, "every field of a cell, its cache format's --shape name among them"
+    assert tune.build_table(again) == table
+    odd = measured_table.Table("NVIDIA H200", 132, "", {}, "", (measured_table.Cell(32, 8, 128, 1, 0, "float16", 1,
+                                                                                    1024, 1.0, 2.0),))
+    with pytest.raises(ValueError, match="bfloat16 or fp8 cache, got float16"):
+        tune.table_records(odd)
+
+
+def test_update_merges_new_records_into_a_table(tmp_path, capsys):
+    table = tmp_path / "h200.json"
+    base = [_record(batch=b, cute_us=9.0) for b in (1, 4, 16)]
+    assert main(["tune", "--from-jsonl", _write_records(tmp_path / "a.jsonl", base), "--out", str(table)]) == 0
+    newer = [dict(_record(batch=4, cute_us=11.0), date="2026-12-09", versions={"torch": "2.12"}, command="again"),
+             dict(_record(batch=64, cute_us=3.0), date="2026-12-09", versions={"torch": "2.12"}, command="again")]
+    capsys.readouterr()
+    assert main(["tune", "--from-jsonl", _write_records(tmp_path / "b.jsonl", newer), "--update", str(table)]) == 0
+    printed = capsys.readouterr().out
+    assert "4 cells measured on NVIDIA H200" in printed and "timed with different versions" in printed
+    merged = measured_table.load_table(table)
+    assert [(c.batch, c.cute_us) for c in merged.cells] == [(1, 9.0), (4, 11.0), (16, 9.0), (64, 3.0)]
+    assert merged.command == "flashsplit tune; again" and merged.date == "2026-12-09"
+    assert merged.versions == {"torch": "2.12"}
+
+
+def test_update_refuses_a_table_of_another_gpu(tmp_path, capsys):
+    table = tmp_path / "h100.json"
+    h100 = [_record(gpu="NVIDIA H100 80GB HBM3")]
+    assert main(["tune", "--from-jsonl", _write_records(tmp_path / "a.jsonl", h100), "--out", str(table)]) == 0
+    before = table.read_text()
+    assert main(["tune", "--from-jsonl", _write_records(tmp_path / "b.jsonl", [_record()]), "--update",
+                 str(table)]) == 2
+    assert "expected a table measured on NVIDIA H200, got one of NVIDIA H100 80GB HBM3" in capsys.readouterr().err
+    assert table.read_text() == before, "the table is left as it was"
 
 
 def test_timing_without_a_gpu_exits_2(capsys):
@@ -170,6 +215,19 @@ def test_no_retime_starts_no_process(tmp_path, monkeypatch):
     args = _args("--shape", "32/8:128", "--batch", "1", "--seqlen", "1k", "--no-retime", "--out", str(out))
     assert tune.run_grid(args) == 0 and children == []
     assert [c.cute_us for c in measured_table.load_table(out).cells] == [12.0]
+
+
+def test_a_grid_run_updates_a_table_in_place(tmp_path, monkeypatch, capsys):
+    _fake_grid(monkeypatch, child_cute_us=9.0)
+    table = tmp_path / "h200.json"
+    base = [_record(batch=1, seqlen_k=1024, cute_us=5.0), _record(batch=4, seqlen_k=1024, cute_us=5.0)]
+    assert main(["tune", "--from-jsonl", _write_records(tmp_path / "a.jsonl", base), "--out", str(table)]) == 0
+    args = _args("--shape", "32/8:128", "--batch", "4", "16", "--seqlen", "1k", "--no-retime", "--update", str(table))
+    assert tune.run_grid(args) == 0
+    merged = measured_table.load_table(table)
+    assert [(c.batch, c.cute_us) for c in merged.cells] == [(1, 5.0), (4, 12.0), (16, 12.0)]
+    other = _args("--shape", "32/8:128", "--batch", "1", "--seqlen", "1k", "--update", str(tmp_path / "none.json"))
+    assert tune.run_grid(other) == 2 and "none.json" in capsys.readouterr().err
 
 
 def test_a_short_check_starts_no_process(tmp_path, monkeypatch):

@@ -10,7 +10,8 @@ are then timed again in fresh processes (:func:`retime_short_cells`), and cells 
 ``--tolerance`` are listed at the end. ``--jsonl`` appends one record per cell and skips cells
 already recorded there for this GPU (a long grid can run in pieces); ``--out`` writes the table
 (:mod:`flashsplit.measured_table`) from every record of this GPU; ``--from-jsonl`` builds one
-from saved records without a GPU. Point ``FLASHSPLIT_SELECTION_TABLE`` at the file, or place it
+from saved records without a GPU; ``--update`` starts from an existing table, whose cells the ones
+timed now (or read) replace, and writes the merged table back. Point ``FLASHSPLIT_SELECTION_TABLE`` at the file, or place it
 in ``flashsplit/tables/``, and ``auto`` takes its vote on that GPU model.
 
 Exit codes: 0 on success; 1 when a backend was wrong in a cell; 2 when nothing could run (no CUDA
@@ -30,8 +31,8 @@ import time
 
 import torch
 
-from ..measured_table import Cell, Table
-from .cases import KV_DTYPES, Case, rotation_count
+from ..measured_table import Cell, Table, load_table
+from .cases import KV_DTYPES, SAME_KV, Case, rotation_count
 from .options import format_seqlen, parse_head_dim, parse_heads, parse_seqlen
 
 BACKENDS = ("triton", "cute")
@@ -61,6 +62,8 @@ examples:
                                                      # check auto on a few cells
   flashsplit tune --shape 40/8:128 --jsonl part.jsonl   # a grid in pieces: recorded cells are skipped
   flashsplit tune --from-jsonl part1.jsonl part2.jsonl --out h200.json   # no GPU needed
+  flashsplit tune --update flashsplit/tables/h200.json --shape 32/8:128:kv=fp8e4m3 --batch 1 64
+                                                     # time some cells again, merged into a table
   FLASHSPLIT_SELECTION_TABLE=h200.json python serve.py   # auto votes from that table
 
 Late in a long run cute's short calls time slower than in a fresh process (H200: 3.6% at
@@ -172,6 +175,32 @@ def read_records(paths: list[str]) -> list[dict]:
     return records
 
 
+def table_records(table: Table) -> list[dict]:
+    """A table's cells as tune records, each with the table's GPU, date, versions and command: the
+    base that newer records update (:func:`build_table` keeps a cell's latest record)."""
+    kv_names = {str(dtype).removeprefix("torch."): name for name, dtype in KV_DTYPES.items() if dtype is not None}
+    kv_names["bfloat16"] = SAME_KV  # the grid's queries are bf16
+    base = dict(gpu=table.gpu, num_sms=table.num_sms, date=table.date, versions=table.versions,
+                command=table.command)
+    records = []
+    for cell in table.cells:
+        if cell.kv_dtype not in kv_names:
+            raise ValueError(f"table: expected cells of a bfloat16 or fp8 cache, got {cell.kv_dtype} in "
+                             f"{cell.describe()}")
+        fields = {k: getattr(cell, k) for k in SHAPE_KEYS + ("batch", "seqlen_k", "triton_us", "cute_us")}
+        records.append(dict(base, **fields) | dict(kv_dtype=kv_names[cell.kv_dtype]))
+    return records
+
+
+def update_records(path: str, gpu: str) -> list[dict]:
+    """The records of the table in ``path`` (``--update``); ``ValueError`` unless it was measured
+    on ``gpu``: a table holds one GPU model's times."""
+    table = load_table(path)
+    if table.gpu != gpu:
+        raise ValueError(f"--update: expected a table measured on {gpu}, got one of {table.gpu} ({path})")
+    return table_records(table)
+
+
 def versions() -> dict:
     import triton
 
@@ -251,6 +280,11 @@ def run_grid(args: argparse.Namespace) -> int:
     base = dict(gpu=info.name, num_sms=info.num_sms, date=datetime.date.today().isoformat(), versions=versions(),
                 command="flashsplit tune " + " ".join(sys.argv[2:]))
     print(f"{info.name}, {base['versions']}", flush=True)
+    try:
+        base_records = update_records(args.update, info.name) if args.update else []
+    except (OSError, ValueError) as e:
+        print(f"flashsplit tune: error: {e}", file=sys.stderr)
+        return 2
     records = read_records([args.jsonl]) if args.jsonl and os.path.exists(args.jsonl) else []
     done = {cell_key(r) for r in records}
     timed, skipped = [], []
@@ -288,8 +322,8 @@ def run_grid(args: argparse.Namespace) -> int:
     print("\n".join(misses))
     if skipped:
         print(f"\nnot reached by the deadline ({len(skipped)}): " + ", ".join(skipped))
-    if args.out:
-        _write_table([r for r in records if r["gpu"] == info.name], args.out)
+    if args.out or args.update:
+        _write_table(base_records + [r for r in records if r["gpu"] == info.name], args.out or args.update)
     return 1 if any(f"{n}_wrong" in r for r in timed for n in BACKENDS) else 0
 
 
@@ -353,6 +387,10 @@ def retime_short_cells(records: list[dict], rounds: int, max_kv_gb: float, deadl
 
 def _write_table(records: list[dict], path: str) -> None:
     table = build_table(records)
+    kept = [r for r in records if r["gpu"] == table.gpu]
+    timed_with = {json.dumps(r["versions"], sort_keys=True) for r in kept}
+    if len(timed_with) > 1:
+        print(f"note: {path}'s cells were timed with different versions: {', '.join(sorted(timed_with))}")
     data = table.to_json()
     cells = data.pop("cells")
     with open(path, "w") as f:  # one cell per line: a table reads (and diffs) as rows
@@ -365,7 +403,9 @@ def run_tune_command(args: argparse.Namespace) -> int:
     if args.from_jsonl:
         try:
             records = read_records(args.from_jsonl)
-            _write_table(records, args.out)
+            if args.update:
+                records = update_records(args.update, records[-1]["gpu"]) + records if records else []
+            _write_table(records, args.out or args.update)
         except (OSError, ValueError) as e:
             print(f"flashsplit tune: error: {e}", file=sys.stderr)
             return 2
@@ -396,6 +436,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                              f"after a grid of more than {RETIME_AFTER_CELLS} cells")
     parser.add_argument("--out", metavar="FILE", help="write the selection table (JSON)")
     parser.add_argument("--from-jsonl", nargs="+", metavar="FILE", help="build --out from saved records (no GPU)")
+    parser.add_argument("--update", metavar="TABLE",
+                        help="start from this table (of this GPU): the cells timed now, or read by --from-jsonl, "
+                             "replace its cells of the same shape; the merged table goes to --out, else back to TABLE")
     return parser
 
 
@@ -411,7 +454,7 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _checked_run(args: argparse.Namespace) -> int:
-    if args.from_jsonl and not args.out:
-        args.parser.error("--from-jsonl needs --out")
+    if args.from_jsonl and not (args.out or args.update):
+        args.parser.error("--from-jsonl needs --out or --update")
     args.shape = args.shape or list(DEFAULT_SHAPES)
     return run_tune_command(args)
