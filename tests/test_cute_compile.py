@@ -250,8 +250,10 @@ def test_split_kernel_compiles_to_wgmma_and_tma(config, tmp_path):
         # fp8 -> fp16 is one cvt per pair: no detour through fp32 and bf16 (cvt.f32.f16 and
         # cvt.rn.bf16x2.f32 per pair in the bf16-operand kernel), and the q rows' scale is a
         # butterfly max over each row's lanes.
-        # (A merging kernel's tail converts its fp32 sums to q's bf16: only the code before it.)
-        main = ptx[:ptx.index("atom.")] if config.merge else ptx
+        # (A merging kernel's tail converts its fp32 sums to q's bf16: only the code before it,
+        # which ends at the arrival count, or at a cluster merge's arrival on the cluster barrier.)
+        tail_start = "barrier.cluster.arrive;" if config.cluster else "atom."
+        main = ptx[:ptx.index(tail_start)] if config.merge else ptx
         assert "cvt.f32.f16" not in main and "cvt.rn.bf16x2.f32" not in main
         assert "shfl.sync.bfly" in ptx
     fp8_cvts = set(re.findall(r"cvt\.rn\.f16x2\.(e4m3x2|e5m2x2)", ptx))

@@ -1023,14 +1023,15 @@ def test_heads_first_gives_the_same_bits(batch, seqlen_k, heads, num_splits, ext
 
 # Splits merged through one thread-block cluster (choice.CLUSTER_MERGE): B = 1 and 2 at 32/8
 # heads (16 and 8 splits), causal queries filling the 8 swapped rows, sinks, d = 64, TMA pages,
-# 1k and 64k keys in 8 splits (the rule's cells: choice.cluster_split_cap), and the attention the rule
-# leaves to the counter until these pass: a window, softcap.
+# 1k and 64k keys in 8 splits (the rule's cells: choice.cluster_split_cap), and the attention and
+# cache the rule leaves to the counter until these pass: a window, softcap, an e4m3 cache.
 @pytest.mark.parametrize("batch, seqlen_k, heads, head_dim, seqlen_q, num_splits, extra", [
     (1, 4096, (32, 8), 128, 1, 16, {}), (2, 3000, (32, 8), 128, 1, 8, {}), (1, 5000, (32, 8), 128, 2, 2, {}),
     (1, 4096, (64, 8), 64, 1, 16, {}), (1, 4096, (32, 8), 128, 1, 16, {"sinks": True}),
     (1, 4096, (32, 8), 128, 1, 16, {"page_size": 16}), (1, 1024, (32, 8), 128, 1, 8, {}),
     (1, 1024, (32, 8), 64, 1, 8, {"sinks": True}), (1, 65536, (32, 8), 128, 1, 8, {}),
     (1, 4096, (32, 8), 128, 1, 8, {"window_size": (700, 0)}), (1, 1024, (32, 8), 128, 1, 8, {"softcap": 30.0}),
+    (1, 4096, (32, 8), 128, 1, 8, {"fp8": True}), (2, 3000, (32, 8), 128, 1, 8, {"fp8": True}),
 ])
 def test_cluster_merge_gives_the_same_bits(batch, seqlen_k, heads, head_dim, seqlen_q, num_splits, extra,
                                            monkeypatch):
@@ -1045,13 +1046,19 @@ def test_cluster_merge_gives_the_same_bits(batch, seqlen_k, heads, head_dim, seq
                                                          [seqlen_k, seqlen_k // 5][:batch],
                                                          extra.pop("page_size", 0))
     sinks = torch.randn(heads[0], generator=gen).cuda() if extra.pop("sinks", False) else None
+    descales = {}
+    if extra.pop("fp8", False):  # descales of 2: the reference reads the stored values times 2
+        caches = tuple(c.to(torch.float8_e4m3fn) for c in caches)
+        k, v = (2 * c.float() for c in caches)
+        two = torch.full((1,), 2.0, device="cuda")
+        descales = dict(k_descale=two, v_descale=two)
     causal = seqlen_q > 1
     variant = {**extra, **({"sinks": sinks} if sinks is not None else {})}
 
     def decode_once(cluster):
         out = torch.full_like(q, float("nan"))
         _, lse = flashsplit.decode(q, *caches, cache_seqlens=lens, block_table=table, num_splits=num_splits,
-                                   causal=causal, out=out, return_lse=True, backend="cute", **variant)
+                                   causal=causal, out=out, return_lse=True, backend="cute", **descales, **variant)
         torch.cuda.synchronize()
         assert dispatch._PREPARED.last[1].tile.cluster is cluster  # the launch the case is about
         check_against_reference(out, lse, q, k, v, lens, causal, head_dim ** -0.5, **variant)

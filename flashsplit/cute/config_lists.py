@@ -143,8 +143,10 @@ def _check_configs(head_dims: tuple[int, ...]) -> list[SplitConfig]:
     configs.append(split_config("bfloat16", 64, False, True, merge=True, swap_rows=swap, heads_first=True))
     configs.append(split_config("bfloat16", 128, False, True, invariant=True, heads_first=True))
     # Splits merged through one cluster (swapped operands, one CTA per SM): the smallest and the
-    # largest cluster, causal fp16, d = 64, TMA pages.
+    # largest cluster, causal fp16, d = 64, TMA pages, an fp8 cache.
     configs += [split_config("bfloat16", 128, False, True, merge=True, swap_rows=swap, cluster=c) for c in (2, 16)]
+    configs.append(split_config("bfloat16", 128, False, True, kv_dtype="float8_e4m3fn", merge=True, swap_rows=swap,
+                                cluster=8))
     configs.append(split_config("float16", 128, True, True, merge=True, swap_rows=swap, cluster=16))
     configs.append(split_config("bfloat16", 64, False, True, merge=True, swap_rows=swap, cluster=8))
     configs.append(split_config("bfloat16", 128, False, True, True, page_size=16, merge=True, swap_rows=swap,
