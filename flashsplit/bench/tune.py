@@ -11,8 +11,8 @@ are then timed again in fresh processes (:func:`retime_short_cells`), and cells 
 already recorded there for this GPU (a long grid can run in pieces); ``--out`` writes the table
 (:mod:`flashsplit.measured_table`) from every record of this GPU; ``--from-jsonl`` builds one
 from saved records without a GPU; ``--update`` starts from an existing table, whose cells the ones
-timed now (or read) replace, and writes the merged table back. Point ``FLASHSPLIT_SELECTION_TABLE`` at the file, or place it
-in ``flashsplit/tables/``, and ``auto`` takes its vote on that GPU model.
+timed now (or read) replace, and writes the merged table back. Point ``FLASHSPLIT_SELECTION_TABLE``
+at the file, or place it in ``flashsplit/tables/``, and ``auto`` takes its vote on that GPU model.
 
 Exit codes: 0 on success; 1 when a backend was wrong in a cell; 2 when nothing could run (no CUDA
 GPU without ``--from-jsonl``, a record file that is not one).
@@ -188,7 +188,8 @@ def table_records(table: Table) -> list[dict]:
             raise ValueError(f"table: expected cells of a bfloat16 or fp8 cache, got {cell.kv_dtype} in "
                              f"{cell.describe()}")
         fields = {k: getattr(cell, k) for k in SHAPE_KEYS + ("batch", "seqlen_k", "triton_us", "cute_us")}
-        records.append(dict(base, **fields) | dict(kv_dtype=kv_names[cell.kv_dtype]))
+        fields["kv_dtype"] = kv_names[cell.kv_dtype]
+        records.append(dict(base, **fields))
     return records
 
 
@@ -403,8 +404,8 @@ def run_tune_command(args: argparse.Namespace) -> int:
     if args.from_jsonl:
         try:
             records = read_records(args.from_jsonl)
-            if args.update:
-                records = update_records(args.update, records[-1]["gpu"]) + records if records else []
+            if args.update and records:  # (no records: build_table says so)
+                records = update_records(args.update, records[-1]["gpu"]) + records
             _write_table(records, args.out or args.update)
         except (OSError, ValueError) as e:
             print(f"flashsplit tune: error: {e}", file=sys.stderr)
