@@ -18,8 +18,9 @@ import torch
 from rich.console import Console
 
 import flashsplit
-from flashsplit.bench import cases, cli, contenders, device, formats, render, rows, runner, sweep
-from flashsplit.bench.cases import Case, Shape, build_grid, parse_heads, parse_seqlen, rotation_count
+from flashsplit.bench import cases, cli, contenders, device, formats, options, render, rows, runner, sweep
+from flashsplit.bench.cases import Case, Shape, build_grid, rotation_count
+from flashsplit.bench.options import parse_heads, parse_seqlen
 from flashsplit.bench.check import check_output, relative_error
 from flashsplit.bench.inputs import make_inputs
 from flashsplit.bench.timing import Timing, TimingConfig, calls_per_graph
@@ -50,7 +51,7 @@ def test_parse_seqlen_rejects(text):
 
 def test_format_seqlen_inverts_parse():
     for n in (1000, 1024, 16384, 131072, 1 << 20):
-        assert parse_seqlen(cases.format_seqlen(n)) == n
+        assert parse_seqlen(options.format_seqlen(n)) == n
 
 
 def test_parse_heads():
@@ -68,8 +69,8 @@ def test_lists_accept_spaces_and_commas():
     assert sorted({c.batch for c in grid}) == [1, 4, 16]
     assert sorted({c.seqlen_k for c in grid}) == [1024, 16384, 131072]
     assert len(grid) == 9, "repeated values are dropped"
-    assert cases.parse_splits("1-4,8,3") == [1, 2, 3, 4, 8]
-    assert cases.parse_splits("2..5") == [2, 3, 4, 5]
+    assert options.parse_splits("1-4,8,3") == [1, 2, 3, 4, 8]
+    assert options.parse_splits("2..5") == [2, 3, 4, 5]
 
 
 def test_default_grid_and_preset():
@@ -861,7 +862,7 @@ def test_bad_seqlen_q_values_are_argparse_errors(value, capsys):
 
 
 def test_seqlen_q_parser_takes_its_range():
-    assert cases.parse_seqlen_q_list("1, 16 4") == [1, 16, 4]
+    assert options.parse_seqlen_q_list("1, 16 4") == [1, 16, 4]
     assert parse("--seqlen-q", "16").seqlen_q == [[16]] and parse().seqlen_q is None
 
 

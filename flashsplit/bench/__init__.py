@@ -6,7 +6,7 @@ Modules, one job each:
   softcap, sinks, batch-invariant, appends, rotary), the (batch x seqlen_k x seqlen_q x format x
   variant) grid and its memory cap, the L2-rotation count; several queries per row (``seqlen_q``
   > 1) are causal, bottom-right aligned.
-- :mod:`.options`: the option parsers (argparse ``type=`` callables), re-exported by :mod:`.cases`.
+- :mod:`.options`: the option parsers (argparse ``type=`` callables); it imports no other bench module.
 - :mod:`.device`: what GPU this is (SMs, L2, datasheet bandwidth).
 - :mod:`.inputs`: random input sets (rotated so the KV never sits in L2), in the case's cache
   format: dense or shuffled pages with a block table, 16-bit or fp8 with per-(row, KV head) scales;

@@ -5,7 +5,7 @@ Pure Python; no GPU needed. A :class:`Case` is one cell of the grid: one decode 
 aligned) over a full KV cache of ``seqlen_k`` keys per row, in one cache format (dense or paged,
 16-bit or fp8) and one attention :class:`Variant` (plain, or a sliding window, softcap, sinks,
 batch-invariant decode, new keys appended by the call, rotary, alone or combined). The option
-parsers are :mod:`.options`' (re-exported here).
+parsers live in :mod:`.options`, below this module.
 """
 
 from __future__ import annotations
@@ -15,18 +15,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .options import (MAX_SEQLEN_Q, flatten, format_seqlen, parse_append_list, parse_head_dim,  # noqa: F401
-                      parse_heads, parse_int_list, parse_kv_dtype_list, parse_page_size, parse_page_size_list,
-                      parse_positive_int, parse_seqlen, parse_seqlen_list, parse_seqlen_q, parse_seqlen_q_list,
-                      parse_softcap_list, parse_splits, parse_switch, parse_window, parse_window_list,
-                      switch_values)
+from .options import KV_DTYPE_NAMES, SAME_KV, format_seqlen
 
 #: bench dtype names -> torch dtypes.
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 #: ``--kv-dtype`` names -> the cache's torch dtype (None: q's dtype).
-KV_DTYPES = {"same": None, "fp8e4m3": torch.float8_e4m3fn, "fp8e5m2": torch.float8_e5m2}
-SAME_KV = "same"
+KV_DTYPES = {SAME_KV: None, "fp8e4m3": torch.float8_e4m3fn, "fp8e5m2": torch.float8_e5m2}
+assert tuple(KV_DTYPES) == KV_DTYPE_NAMES, "options.KV_DTYPE_NAMES and KV_DTYPES name the same dtypes"
 #: The baseline cache format: dense, in q's dtype.
 DENSE_FORMAT = (0, SAME_KV)
 

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 from .cases import (DEFAULT_BATCHES, DEFAULT_MEM_CAP_GB, DEFAULT_PRESET, DEFAULT_SEQLENS, KV_DTYPES, L2_FACTOR,
-                    PLAIN, PRESETS, SAME_KV, SINK_MEAN, Shape, Variant, build_grid, format_list, variant_list)
+                    PLAIN, PRESETS, SINK_MEAN, Shape, Variant, build_grid, format_list, variant_list)
 from .contenders import contender_names
-from .options import (MAX_SEQLEN_Q, flatten, format_seqlen, parse_append_list, parse_head_dim, parse_heads,
+from .options import (MAX_SEQLEN_Q, SAME_KV, flatten, format_seqlen, parse_append_list, parse_head_dim, parse_heads,
                       parse_int_list, parse_kv_dtype_list, parse_page_size_list, parse_positive_int, parse_seqlen,
                       parse_seqlen_list, parse_seqlen_q_list, parse_softcap_list, parse_splits, parse_switch,
                       parse_window_list, switch_values)

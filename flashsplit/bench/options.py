@@ -1,6 +1,7 @@
 """The bench's option parsers: argparse ``type=`` callables (they raise ``ArgumentTypeError``, which
 argparse reports as a usage error, exit 2), and the helpers that turn ``nargs`` values into the
-lists the grid is built from. Pure Python; :mod:`.cases` re-exports every name here.
+lists the grid is built from. Pure Python, and the bottom of the bench package: it imports no
+other bench module (:mod:`.cases` maps the names it accepts to torch dtypes).
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ import re
 
 #: Most queries per row ``--seqlen-q`` takes (speculative decoding drafts a few tokens).
 MAX_SEQLEN_Q = 16
+
+#: ``--kv-dtype`` names: "same" (q's dtype) or an fp8 format (:data:`.cases.KV_DTYPES` maps them).
+SAME_KV = "same"
+KV_DTYPE_NAMES = (SAME_KV, "fp8e4m3", "fp8e5m2")
 
 _SEQLEN_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
 
@@ -151,14 +156,12 @@ def parse_page_size_list(text: str) -> list[int]:
 
 
 def parse_kv_dtype_list(text: str) -> list[str]:
-    """``"same,fp8e4m3"`` -> ``["same", "fp8e4m3"]`` (names of :data:`~.cases.KV_DTYPES`)."""
-    from .cases import KV_DTYPES
-
+    """``"same,fp8e4m3"`` -> ``["same", "fp8e4m3"]`` (names of :data:`KV_DTYPE_NAMES`)."""
     out = []
     for part in _split_list(text):
         name = part.lower()
-        if name not in KV_DTYPES:
-            raise argparse.ArgumentTypeError(f"expected a KV dtype among {', '.join(KV_DTYPES)}, got {part!r}")
+        if name not in KV_DTYPE_NAMES:
+            raise argparse.ArgumentTypeError(f"expected a KV dtype among {', '.join(KV_DTYPE_NAMES)}, got {part!r}")
         out.append(name)
     return out
 

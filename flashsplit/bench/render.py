@@ -12,8 +12,9 @@ from collections import Counter
 from rich.console import Console
 from rich.table import Table
 
-from .cases import SkippedCell, format_label, format_seqlen
+from .cases import SkippedCell, format_label
 from .dryrun import DryRun
+from .options import format_seqlen
 from .rows import (ERROR, OK, SKIPPED, WRONG, BenchRow, FormatComparison, Report, RunHeader, SweepSummary,
                    VariantComparison)
 from .scorecard import AUTO_SLACK, ScoreRow, score

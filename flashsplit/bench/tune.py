@@ -32,8 +32,8 @@ import time
 import torch
 
 from ..measured_table import Cell, Table, load_table
-from .cases import KV_DTYPES, SAME_KV, Case, rotation_count
-from .options import format_seqlen, parse_head_dim, parse_heads, parse_seqlen
+from .cases import KV_DTYPES, Case, rotation_count
+from .options import SAME_KV, format_seqlen, parse_head_dim, parse_heads, parse_seqlen
 
 BACKENDS = ("triton", "cute")
 
