@@ -18,8 +18,10 @@ Modules, one job each:
 - :mod:`.masks`: the bottom-right causal masks the torch contenders get for several queries per row.
 - :mod:`.check`: compare a contender's output with :func:`flashsplit.reference.attention_ref`
   (which computes the cell's variant, and the causal mask of several queries per row).
-- :mod:`.timing`: CUDA-graph replay, CUDA-event and eager wall-clock timers.
+- :mod:`.timing`: CUDA-graph replay, CUDA-event and eager wall-clock timers, and the host time
+  of an eager call.
 - :mod:`.ceiling`: the measured HBM read ceiling.
+- :mod:`.floor`: ``--read-floor``: a kernel that only reads a cell's cache, timed as a contender.
 - :mod:`.rows`: result dataclasses and their JSON / CSV forms.
 - :mod:`.runner`, :mod:`.sweep`: run the grid (or a num_splits sweep) and return rows.
 - :mod:`.formats`: ``--compare-formats``: paged / dense time and 16-bit / fp8 speedup per contender.

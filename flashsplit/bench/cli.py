@@ -46,6 +46,8 @@ examples:
                                                     # appending a token (and rotary) vs plain decode
   flashsplit bench --seqlen-q 1 4 --batch 1 16 --seqlen 4k 16k
                                                     # speculative decoding: 4 causal queries per row
+  flashsplit bench --batch 1 --seqlen 4k 16k 128k --contenders auto,triton,cute --read-floor
+                                                    # B = 1 against a kernel that only reads the cache
   flashsplit bench --dry-run                        # no GPU needed: cells, contenders, planned splits
   flashsplit bench --from-json a.json b.json --plot ab.png   # re-render saved runs, merged (no GPU needed)
 """
@@ -153,6 +155,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     who.add_argument("--contenders", type=_parse_contenders, metavar="LIST",
                      help="comma-separated subset of: " + ", ".join(contender_names()) + " (default: all available)")
     who.add_argument("--no-flex", action="store_true", help="skip compiled FlexAttention (slow to compile)")
+    who.add_argument("--read-floor", action="store_true",
+                     help="also time the read floor of each cell: one kernel that only streams the cell's K and V "
+                          "bytes (no attention math), timed as the contenders are; the scorecard then measures auto "
+                          "against it (windowed cells: skipped)")
 
     timing = parser.add_argument_group("timing")
     timing.add_argument("--replays", type=parse_positive_int, default=50, metavar="N",
@@ -258,6 +264,10 @@ def resolve_contenders(args: argparse.Namespace):
     chosen = select_contenders(args.contenders, flex=not args.no_flex)
     if (args.compare_formats or args.compare_variants) and not args.contenders:
         chosen = [c for c in chosen if c.family == "flashsplit"]
+    if args.read_floor:
+        from .floor import ReadFloorContender
+
+        chosen.append(ReadFloorContender())
     return chosen
 
 
@@ -410,8 +420,9 @@ def _run_on_gpu(args: argparse.Namespace) -> int:
         timing=(f"device us: CUDA-graph replay of max({timing.calls_per_graph}, sets) calls (fewer for calls "
                 f"over {timing.budget_ms / timing.calls_per_graph:g} ms), median of {timing.replays} replays after "
                 f"{timing.warmup} warm-up (CUDA events where capture fails); eager us: wall clock over "
-                f"{timing.eager_calls} calls + sync, median of {timing.eager_repeats}; input sets rotated so their "
-                f"KV exceeds {L2_FACTOR:g}x L2"),
+                f"{timing.eager_calls} calls + sync, median of {timing.eager_repeats}; host us: the launch loop "
+                f"of those calls alone, fastest of {timing.eager_repeats}; input sets rotated so their KV exceeds "
+                f"{L2_FACTOR:g}x L2"),
     )
     if any(c.paged or c.fp8 for c in cases):
         header.notes.append(FORMATS_NOTE)

@@ -103,6 +103,8 @@ class Contender(abc.ABC):
     variants: frozenset = frozenset()
     #: Takes several queries per row (``L_q > 1``), attending causally, bottom-right aligned.
     multi_query: bool = False
+    #: Computes attention, so its output is checked against the reference before it is timed.
+    checks_output: bool = True
 
     def format_reason(self, case: Case) -> str | None:
         """Why this contender cannot take ``case``'s cache format (None: it can)."""

@@ -60,7 +60,7 @@ def rows_table(rows: list[BenchRow], title: str = "decode attention, per call") 
     table = Table(title=title, header_style="bold")
     show = _several_queries(rows)
     for name in _lq(("contender", "B", "L_k", "heads", "d", "dtype", "cache", "variant", "splits", "device us",
-                     "eager us", "method", "GB/s", "% sheet", "% ceil", "rel err", "note"), show):
+                     "eager us", "host us", "method", "GB/s", "% sheet", "% ceil", "rel err", "note"), show):
         left = name in ("contender", "dtype", "cache", "variant", "method", "note")
         table.add_column(name, justify="left" if left else "right", overflow="fold")
     previous = None
@@ -71,8 +71,8 @@ def rows_table(rows: list[BenchRow], title: str = "decode attention, per call") 
         previous = cell
         table.add_row(r.contender, str(r.batch), format_seqlen(r.seqlen_k), *_lq_cell(r, show), r.heads,
                       str(r.head_dim), r.dtype, format_label(r.page_size, r.kv), r.variant_label,
-                      _f(r.num_splits, "{}"), _f(r.device_us), _f(r.eager_us), r.method, _f(r.gbps, "{:.0f}"),
-                      _f(r.pct_datasheet, "{:.0f}%"), _f(r.pct_ceiling, "{:.0f}%"), _f(r.rel_err, "{:.1e}"),
+                      _f(r.num_splits, "{}"), _f(r.device_us), _f(r.eager_us), _f(r.host_us), r.method,
+                      _f(r.gbps, "{:.0f}"), _f(r.pct_datasheet, "{:.0f}%"), _f(r.pct_ceiling, "{:.0f}%"), _f(r.rel_err, "{:.1e}"),
                       r.note if r.status == OK else f"{r.status}: {r.note}", style=_STATUS_STYLE.get(r.status, ""))
     return table
 

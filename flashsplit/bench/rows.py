@@ -84,6 +84,7 @@ class BenchRow(CellVariantFields):
     num_splits: int | None = None     # flashsplit contenders: from flashsplit.plan
     device_us: float | None = None
     eager_us: float | None = None
+    host_us: float | None = None      # the host's time per eager call (the launch loop alone)
     method: str = ""                  # "graph" or "events": how device_us was measured
     gbps: float | None = None         # (KV + q + out) bytes / device time, in GB/s
     pct_datasheet: float | None = None

@@ -4,7 +4,8 @@ peers and the read floor, all from the same run.
 For each cell where ``auto`` was timed: its time over the faster of ``triton`` and ``cute`` where
 both ran (``auto`` should be within :data:`AUTO_SLACK` of it), over cuDNN SDPA's and
 FlashAttention-3's (``sdpa-cudnn``, ``flash-attn3``; under 1 is faster), and over the floor: the
-cell's bytes read at the run's measured ceiling. Nothing here measures anything; it reads
+measured read of the cell's bytes where the run timed it (``--read-floor``), else the cell's bytes
+read at the run's measured ceiling. Nothing here measures anything; it reads
 :class:`~.rows.BenchRow` s, so it summarizes saved runs too (``--from-json``).
 """
 
@@ -22,7 +23,7 @@ CUDNN_TIE = 1.005
 TIE_PCT_CEILING = 97.0
 #: The contenders the scorecard compares ``auto`` with.
 BACKENDS = ("triton", "cute")
-CUDNN, FA3 = "sdpa-cudnn", "flash-attn3"
+CUDNN, FA3, READ_FLOOR = "sdpa-cudnn", "flash-attn3", "read-floor"
 
 _BACKEND_NOTE = re.compile(r"\bbackend (\w+)")
 
@@ -40,7 +41,7 @@ class ScoreRow(CellVariantFields):
     vs_cudnn: float | None = None
     fa3_us: float | None = None
     vs_fa3: float | None = None
-    floor_us: float | None = None     # the cell's bytes at the measured ceiling
+    floor_us: float | None = None     # the measured read of the cell's bytes, else its bytes at the ceiling
     vs_floor: float | None = None
     auto_ok: bool | None = None       # vs_best <= AUTO_SLACK (None: not both backends ran)
     cudnn_ok: bool | None = None      # auto at most cuDNN's time, or a tie at the read rate
@@ -83,7 +84,10 @@ def score(rows: list[BenchRow]) -> list[ScoreRow]:
             s.cudnn_ok = s.vs_cudnn <= 1.0 or (at_read_rate and s.vs_cudnn <= CUDNN_TIE)
         if fa3 is not None:
             s.fa3_us, s.vs_fa3 = fa3.device_us, _ratio(auto.device_us, fa3.device_us)
-        if auto.pct_ceiling:
+        floor = by_name.get(READ_FLOOR)
+        if floor is not None:
+            s.floor_us, s.vs_floor = floor.device_us, _ratio(auto.device_us, floor.device_us)
+        elif auto.pct_ceiling:
             s.floor_us = auto.device_us * auto.pct_ceiling / 100.0
             s.vs_floor = 100.0 / auto.pct_ceiling
         card.append(s)

@@ -1,4 +1,5 @@
-"""Timers: device time by CUDA-graph replay (or CUDA events), and eager host + device time.
+"""Timers: device time by CUDA-graph replay (or CUDA events), eager host + device time, and the
+host time of an eager call alone.
 
 All timers take ``run(i)``, one call on input set ``i``, and cycle ``i`` through the
 ``num_sets`` input sets so consecutive calls read different KV (see
@@ -35,12 +36,14 @@ class TimingConfig:
 
 @dataclass(frozen=True)
 class Timing:
-    """Per-call times in microseconds; ``method`` is "graph" or "events" (how device_us was taken)."""
+    """Per-call times in microseconds; ``method`` is "graph" or "events" (how device_us was taken);
+    ``host_us``: the host's share of an eager call (None where not measured)."""
 
     device_us: float
     eager_us: float
     method: str
     note: str = ""
+    host_us: float | None = None
 
 
 def calls_per_graph(config: TimingConfig, num_sets: int, per_call_us: float | None = None) -> int:
@@ -173,7 +176,17 @@ def time_events(run: Callable[[int], object], num_sets: int, config: TimingConfi
 
 def time_eager(run: Callable[[int], object], num_sets: int, config: TimingConfig, calls: int) -> float:
     """Host + device microseconds per call without a graph: wall clock around ``calls``
-    back-to-back calls and one final synchronize, divided by the call count (median of repeats).
+    back-to-back calls and one final synchronize, divided by the call count (median of repeats)."""
+    return time_eager_and_host(run, num_sets, config, calls)[0]
+
+
+def time_eager_and_host(run: Callable[[int], object], num_sets: int, config: TimingConfig,
+                        calls: int) -> tuple[float, float]:
+    """``(eager_us, host_us)`` per call from the same bursts of ``calls`` back-to-back calls:
+    eager is the wall clock up to the synchronize after the burst (median of repeats); host is
+    the wall clock of the loop alone, before that synchronize (fastest of repeats): what the host
+    spends to check and launch a call while the GPU runs behind. A burst enqueues at most a few
+    hundred launches, which the driver queues without making the host wait.
 
     The set index runs on across warm-up and samples: with more sets than calls per sample (a
     short window over a long cache rotates hundreds of sets), each sample reads sets the
@@ -182,15 +195,17 @@ def time_eager(run: Callable[[int], object], num_sets: int, config: TimingConfig
     for i in range(warm):
         run(i % num_sets)
     torch.cuda.synchronize()
-    samples, next_set = [], warm
+    eager, host, next_set = [], [], warm
     for _ in range(config.eager_repeats):
         t0 = time.perf_counter()
         for i in range(next_set, next_set + calls):
             run(i % num_sets)
+        t1 = time.perf_counter()
         torch.cuda.synchronize()
-        samples.append((time.perf_counter() - t0) * 1e6 / calls)
+        eager.append((time.perf_counter() - t0) * 1e6 / calls)
+        host.append((t1 - t0) * 1e6 / calls)
         next_set += calls
-    return statistics.median(samples)
+    return statistics.median(eager), min(host)
 
 
 def measure(run: Callable[[int], object], num_sets: int, config: TimingConfig) -> Timing:
@@ -205,5 +220,5 @@ def measure(run: Callable[[int], object], num_sets: int, config: TimingConfig) -
         torch.cuda.synchronize()  # surface (and fail on) sticky errors before going on
         notes.append(f"graph capture failed ({type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''})")
         device_us, method = time_events(run, num_sets, config, calls), "events"
-    eager_us = time_eager(run, num_sets, config, eager_calls(config, rough))
-    return Timing(device_us, eager_us, method, "; ".join(notes))
+    eager_us, host_us = time_eager_and_host(run, num_sets, config, eager_calls(config, rough))
+    return Timing(device_us, eager_us, method, "; ".join(notes), host_us=host_us)
