@@ -4,7 +4,8 @@
 # process can import only one flashsplit. Each run's last lines go to the log, labelled.
 # Usage, from the repo root:
 #   git archive <base-rev> flashsplit | tar -x -C <base-dir>     # the base tree, once
-#   bash scripts/ab_versions.sh <base-dir> <rounds> python scripts/b1_latency.py --keys 4k --variants cute
+#   bash scripts/ab_versions.sh <base-dir> <rounds> python -m flashsplit bench --batch 1 --seqlen 4k \
+#       --contenders cute --no-ceiling
 # Logs go to $OUT/ab-versions.log (default /tmp/out).
 set -o pipefail
 base=$1 rounds=$2; shift 2

@@ -10,15 +10,12 @@ last tiles earliest and latest and whether the same SMs are late call after call
 
     python scripts/cute_timeline.py --keys 1k 4k 16k 128k
     python scripts/cute_timeline.py --keys 1k 4k --merge cluster   # splits merged through a cluster
-    python scripts/cute_timeline.py --keys 4k --stages 6   # 6 K+V stages on the swapped-operand kernel
-    python scripts/cute_timeline.py --keys 16k --stages 3 --tile-n 128   # ... 3 stages of 128-key tiles
-    python scripts/cute_timeline.py --keys 4k 128k --fp8                 # an e4m3 cache (descales of 1)
+    python scripts/cute_timeline.py --keys 4k 128k --fp8   # an e4m3 cache (descales of 1)
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 
 import torch
@@ -37,9 +34,6 @@ def main() -> None:
     parser.add_argument("--merge", choices=("counter", "cluster"), default="counter",
                         help="how merging launches merge: the arrival counter, or one thread-block cluster "
                              "(flashsplit.cute.choice.CLUSTER_MERGE) where the launch allows it")
-    parser.add_argument("--stages", type=int, default=0,
-                        help="K+V stages of the swapped-operand kernel at one CTA per SM (scripts/cute_overrides.py)")
-    parser.add_argument("--tile-n", type=int, default=0, help="with --stages: keys per tile (64 or 128)")
     parser.add_argument("--fp8", action="store_true", help="an e4m3 cache (one descale of 1)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -48,20 +42,19 @@ def main() -> None:
     slots = torch.zeros(MAX_CTAS * timeline.PAIRS_PER_CTA * 2, dtype=torch.int64, device="cuda")
     timeline.ADDRESS = slots.data_ptr()  # before any split kernel compiles in this process
 
-    from cute_overrides import swapped_stages
     from flashsplit.cute import choice
 
     choice.CLUSTER_MERGE = args.merge == "cluster"
-    with swapped_stages(args.stages, args.tile_n) if args.stages else contextlib.nullcontext():
-        for spec in args.keys:
-            report_cell(spec, args, slots)
+    for spec in args.keys:
+        report_cell(spec, args, slots)
 
 
 def report_cell(spec: str, args: argparse.Namespace, slots: torch.Tensor) -> None:
     """Decode one cell ``args.calls`` times (after 3 warm-up calls) with the probe on; print its
     table and which SMs finished late."""
     import flashsplit
-    from flashsplit.bench.cases import parse_seqlen, rotation_count
+    from flashsplit.bench.cases import rotation_count
+    from flashsplit.bench.options import parse_seqlen
 
     events, pairs = len(timeline.EVENTS), timeline.PAIRS_PER_CTA
     done = timeline.EVENTS.index("tiles_done")

@@ -2,8 +2,8 @@
 # The attention-variant and cache-update tables of docs/benchmarks.md in one run, each bench in its
 # own process (a variant is compared with the plain decode of the same process), with
 # FlashAttention-3 (flash_attn_interface) as the peer where it is importable.
-# Usage, from the repo root on an sm_90 GPU (flashsplit importable, cutlass-dsl for cute):
-#   bash scripts/h200_variants.sh
+# Usage, from the repo root on a Hopper GPU (flashsplit importable, cutlass-dsl for cute):
+#   bash scripts/variants.sh
 # Logs and JSON reports go to $OUT (default /tmp/out); the whole run takes about 5 minutes.
 set -o pipefail
 export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1

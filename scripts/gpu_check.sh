@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Check a Hopper GPU machine end to end in under 10 minutes: the GPU test suite (pytest processes
-# in parallel, to overlap kernel compilation on the host's cores; each under its own timeout), the
-# SASS of one cute kernel, then the benchmark with the given options (none: no benchmark).
+# Check a Hopper GPU machine (H100, H200) end to end in under 10 minutes: the GPU test suite
+# (pytest processes in parallel, to overlap kernel compilation on the host's cores; each under its
+# own timeout), the SASS of one cute kernel, then the benchmark with the given options (none: no
+# benchmark).
 # The compile-only checks (tests/test_cute_compile.py, tests/test_triton_compile.py) are left to
 # CPU runs, where CI runs them on every change: here they would take the cores the GPU tests need.
 # Prerequisites: an sm_90 GPU (H100/H200), a CUDA build of torch, flashsplit installed with its
 # test extras (pip install -e ".[dev]"), pytest-xdist (for -n); cuobjdump from the CUDA toolkit,
 # else the one triton's wheel ships.
 # Usage, from the repo root:
-#   bash scripts/h200_check.sh [bench options...]
+#   bash scripts/gpu_check.sh [bench options...]
 # Logs and bench.json go to $OUT (default /tmp/out); each log names every test with its outcome as
 # it finishes (pytest -v), so a process stopped by its timeout still says what failed. Time: tests
 # up to PYTEST_TIMEOUT (default 500 s), SASS ~10 s, the bench until 575 s from the start.
