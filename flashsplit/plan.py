@@ -56,7 +56,7 @@ BUSY_FRACTION = 0.8
 #: on the H200 the fuller last wave paid: B = 1, 32/8 heads, 32 splits (0.97 of a wave) vs 29
 #: (0.88), same run, us: 64k / 128k keys Triton 67.5 / 127.5 vs 67.7 / 128.3, cute 68.6 / 128.1
 #: vs 69.4 / 129.2, pages of 16 Triton 71.3 / 134.6 vs 76.8 / 146.0, cute 69.2 / 129.1 vs
-#: 69.3 / 130.7 (docs/benchmarks.md).
+#: 69.3 / 130.7 (docs/architecture.md, "Decisions the measurements settled").
 _EFFICIENCY_SLACK = 0.95
 
 

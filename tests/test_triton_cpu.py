@@ -161,7 +161,7 @@ def test_other_head_dims(head_dim, generator):
 
 
 def test_tile_stages_follow_the_h200_sweep():
-    """2 pipeline stages only for a single-split launch with many programs (docs/benchmarks.md)."""
+    """2 pipeline stages only for a single-split launch with many programs (docs/architecture.md)."""
     from flashsplit.triton.backend import choose_tiles
 
     assert choose_tiles(4, 128, num_splits=1, programs=512).num_stages == 2  # B = 64, 8 KV heads

@@ -53,7 +53,7 @@ def choose_tiles(packed_rows: int, head_dim: int, num_splits: int = 0, programs:
     program per SM. H200, 32/8 heads, one split: B = 64 x 4k (512 programs) 239-245 us with 2
     stages vs 278-284 with 3; up to one wave of two per SM 3 stages hide more latency: B = 32 x
     4k (256 programs) 123.8 vs 137.5, 16k 480.9 vs 532.0, B = 16 x 4k 76 vs 109, B = 1 x 128k
-    2271 vs 2958 (docs/benchmarks.md). An fp8 cache takes 128-key tiles
+    2271 vs 2958 (docs/architecture.md). An fp8 cache takes 128-key tiles
     once a split holds 2048 keys or more (the same bytes in flight as 64 16-bit keys; H200,
     B = 1, 128k: 108.7 us vs 117.3 with 64; B = 16, 128k: 1389 vs 1557; 512-key splits of
     B = 1, 16k stay faster with 64: 20.4 vs 22.4), dense or paged: with V read in pairs
@@ -103,7 +103,7 @@ class TritonBackend(Backend):
     #: Up to this many splits, the split kernel's last program per row tile merges the partials
     #: (one launch per decode step, no combine kernel); more take a combine kernel, launched early
     #: as a programmatic dependent, whose many programs read the partials at once. H200, graph
-    #: replay, merged vs combine kernel (docs/benchmarks.md): 2 splits 66.9 vs 69.1 us (B = 16,
+    #: replay, merged vs combine kernel (docs/architecture.md): 2 splits 66.9 vs 69.1 us (B = 16,
     #: 4k) and 245.7 vs 247.6 (16k); 7-8 splits 24.4 vs 23.5 (B = 4, 4k), 68.8 vs 67.8 (16k);
     #: 29-32 splits 16.4 vs 10.6 (B = 1, 4k), 133.1 vs 128.2 (128k). 0: never merge.
     merge_max_splits = 4
