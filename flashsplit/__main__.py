@@ -27,6 +27,7 @@ examples:
   flashsplit demo --backend triton        # the same step on one backend
   flashsplit bench --dry-run              # the grid, contenders and planned splits, without a GPU
   flashsplit bench --batch 1 16 --seqlen 4k 128k --json out.json
+  flashsplit bench --batch 1 --read-floor # B = 1 against a kernel that only reads the cache
   flashsplit tune --out h200.json         # time both backends over a grid: auto's table for this GPU
   flashsplit native                       # build the native host step now (e.g. in an image), say its status
   flashsplit demo --help, flashsplit bench --help   # each command's options

@@ -199,10 +199,12 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         "bench", help="benchmark flashsplit against torch SDPA, FlexAttention, FlashInfer and FlashAttention "
                       "on a GPU (or list the grid without one)",
         description="Benchmark flashsplit decode attention against torch SDPA (flash, cuDNN), FlexAttention, "
-                    "FlashInfer and FlashAttention: device us per call (CUDA-graph replay), eager us, GB/s, over "
-                    "cache formats (paged, fp8), attention variants (sliding window, softcap, sinks, "
-                    "batch-invariant, appends, rotary) and queries per row (speculative decoding). Timing needs a "
-                    "CUDA GPU; --dry-run and --from-json do not.",
+                    "FlashInfer and FlashAttention: device us per call (CUDA-graph replay), eager us, host us per "
+                    "eager call, GB/s, over cache formats (paged, fp8), attention variants (sliding window, "
+                    "softcap, sinks, batch-invariant, appends, rotary) and queries per row (speculative decoding); "
+                    "with auto in the run, a scorecard per cell; with --read-floor, the time of a kernel that only "
+                    "reads the cell's cache. Timing needs a CUDA GPU; --dry-run and --from-json do not. Method and "
+                    "current figures: docs/benchmarks.md.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     configure_parser(parser)
     parser.set_defaults(func=run_bench_command)
