@@ -14,22 +14,25 @@ from flashsplit.bench.scorecard import score
 from flashsplit.bench.timing import Timing, TimingConfig
 
 H200_L2 = 60 * 1024 * 1024
+HAS_CUDA = torch.cuda.is_available()
+#: Where the kernel runs: the GPU where there is one, else the Triton interpreter (conftest).
+DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 
 @pytest.mark.parametrize("dtype, shape", [(torch.float16, (2, 96, 2, 64)), (torch.float8_e4m3fn, (1, 40, 1, 32))])
 def test_the_read_kernel_reads_every_word_of_k_and_v(dtype, shape):
     """Each program sums its chunk of K (first half of the grid) or V; a cache whose word count is
     not a whole number of chunks gets a masked last chunk, nothing read twice or left out."""
-    k = torch.randn(shape).to(dtype)
-    v = torch.randn(shape).to(dtype)
+    k = torch.randn(shape, device=DEVICE).to(dtype)
+    v = torch.randn(shape, device=DEVICE).to(dtype)
     kw, vw = floor.as_words(k), floor.as_words(v)
     assert kw.numel() * 4 == k.numel() * k.element_size()
     words = 1024
     programs = -(-kw.numel() // words)
-    out = torch.full((2 * programs,), float("nan"))
+    out = torch.full((2 * programs,), float("nan"), device=DEVICE)
     floor.launch_read(kw, vw, out, words, 4)
     expected = [c.double().sum() for t in (kw, vw) for c in t.split(words)]
-    assert torch.allclose(out.double(), torch.stack(expected), rtol=1e-5, atol=0)
+    assert torch.allclose(out.double().cpu(), torch.stack(expected).cpu(), rtol=1e-5, atol=0)
 
 
 def test_a_strided_cache_is_refused():
@@ -38,7 +41,7 @@ def test_a_strided_cache_is_refused():
 
 
 def _info():
-    return device.DeviceInfo("test", 132, H200_L2, 0, 4.8e12, "datasheet", False)
+    return device.DeviceInfo("test", 132, H200_L2, 0, 4.8e12, "datasheet", HAS_CUDA)
 
 
 def _timer(run, num_sets, config):
@@ -86,6 +89,24 @@ def test_help_names_the_measurement_options():
     text = cli.build_parser().format_help()
     assert "--read-floor" in text and "host us" not in text  # host time is a column, always measured
     assert "--read-floor" in cli._EPILOG
+
+
+@pytest.mark.gpu
+def test_the_read_floor_and_host_time_on_a_gpu():
+    """The real timer on a small cell: the read floor picks a config, captures and replays; every
+    row carries a host time; the scorecard measures auto against the read."""
+    from flashsplit.bench.device import device_info
+
+    case = Case(1, 16384, 32, 8, 128, "bf16")
+    roster = [contenders.FlashsplitContender("auto", "auto"), floor.ReadFloorContender()]
+    options = runner.RunOptions(mem_cap_bytes=8e9, timing=TimingConfig(replays=10, eager_repeats=3))
+    out = runner.run_grid([case], roster, device_info(), ceiling_bw=None, options=options)
+    assert [r.status for r in out] == [rows.OK, rows.OK], [r.note for r in out]
+    auto, read = out
+    assert read.method == "graph" and read.device_us > 0 and read.rel_err is None
+    assert auto.host_us is not None and auto.host_us > 0 and read.host_us is not None
+    (card,) = score(out)
+    assert card.floor_us == read.device_us
 
 
 def test_host_time_is_the_launch_loop_alone(monkeypatch):
