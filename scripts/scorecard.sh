@@ -26,4 +26,5 @@ contenders="auto,triton,cute,sdpa-cudnn$FA3"
 step grid-llama-3-8b 200 24 --preset llama-3-8b --no-flex --contenders "$contenders"
 step grid-llama-2-7b 200 23 --preset llama-2-7b --no-flex --contenders "$contenders"
 step b1-bf16 60 20 --batch 1 --seqlen 4k 16k 128k --contenders auto,triton,cute,sdpa-cudnn --read-floor --no-ceiling
-step b1-fp8 60 16 --batch 1 --seqlen 1k 4k 128k --kv-dtype fp8e4m3 --contenders auto,triton,cute --read-floor --no-ceiling
+step b1-fp8 60 16 --batch 1 --seqlen 1k 4k 128k --kv-dtype fp8e4m3 --contenders auto,triton,cute \
+  --read-floor --no-ceiling
