@@ -172,10 +172,15 @@ class TritonBackend(Backend):
         block_m = choose_tiles(seqlen_q * group, head_dim).block_m
         row_blocks = cdiv(seqlen_q * group, block_m)
         span = planned_span(seqlen_k, seqlen_q, variant.window_left)
-        # Batch-invariant: tiles that do not follow the capacity (a row's split length does not either).
-        split_keys = BATCH_INVARIANT_MIN_SPLIT if variant.batch_invariant else tokens_per_split(span, num_splits)
-        tiles = choose_tiles(seqlen_q * group, head_dim, num_splits, num_splits * batch * num_heads_kv * row_blocks,
-                             split_keys, k_descale is not None, device_num_sms(q.device.type, q.device.index))
+        # Batch-invariant: tiles (keys and stages) that follow neither the capacity nor the batch (a
+        # row's split length does not either).
+        if variant.batch_invariant:
+            tiles = choose_tiles(seqlen_q * group, head_dim, split_keys=BATCH_INVARIANT_MIN_SPLIT,
+                                 fp8_cache=k_descale is not None)
+        else:
+            tiles = choose_tiles(seqlen_q * group, head_dim, num_splits, num_splits * batch * num_heads_kv * row_blocks,
+                                 tokens_per_split(span, num_splits), k_descale is not None,
+                                 device_num_sms(q.device.type, q.device.index))
         heads_first = launches_heads_first(num_heads_kv, batch) if self.heads_first is None else self.heads_first
         if heads_first:
             grid = (num_heads_kv * row_blocks, num_splits, batch)
