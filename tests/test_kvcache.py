@@ -214,6 +214,58 @@ def test_rotary_with_more_queries_than_new_keys(generator):
     _run(KVCacheCase(rotary_dim=64, causal=True, seqlen_new=1, seqlen_q=4, lengths=(150, 20, 299)), generator)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("page_size", [0, 16])
+def test_negative_leftpad_rotates_as_no_leftpad(causal, page_size, generator):
+    """A negative cache_leftpad is clamped to 0 for the rotary positions (new keys and q) as for
+    the attention range: the caches, out and LSE are bitwise those of cache_leftpad = 0, and the
+    reference's (which clamps alike)."""
+    lengths, seqlen_new = (8, 37, 0), 3
+    padded = KVCacheCase(rotary_dim=64, causal=causal, seqlen_new=seqlen_new, lengths=lengths, leftpad=(-3, -1, -7),
+                         page_size=page_size, num_splits=2)
+    plain = KVCacheCase(rotary_dim=64, causal=causal, seqlen_new=seqlen_new, lengths=lengths, leftpad=(0, 0, 0),
+                        page_size=page_size, num_splits=2)
+    state = generator.get_state()
+    got = _run(padded, generator, backends=["triton"])[0]
+    generator.set_state(state)
+    expected = _run(plain, generator, backends=["triton"])[0]
+    for name in ("k_cache", "v_cache"):  # (bytes: unused slots hold NaN)
+        assert torch.equal(got[name].view(torch.int16), expected[name].view(torch.int16)), name
+    assert torch.equal(got["out"], expected["out"]) and torch.equal(got["lse"], expected["lse"])
+
+
+@pytest.mark.parametrize("page_size", [0, 16])
+def test_cache_update_kernel_clamps_the_leftpad(page_size, generator):
+    """The cache-update kernel (what the cute backend runs ahead of its attention) rotates the new
+    keys and q from the leftpad clamped into [0, cache_seqlens + L_new]: a negative one writes and
+    rotates as 0, one past the row's keys as the row's length, bit for bit."""
+    from flashsplit.triton.cache_update import append_new_keys
+
+    lengths, seqlen_new = (8, 37, 100), 3
+    results = {}
+    for pads in ((-3, -1, -7), (0, 0, 0), (10, 45, 250), (10, 40, 103)):
+        case = KVCacheCase(rotary_dim=64, causal=True, seqlen_new=seqlen_new, lengths=lengths, leftpad=pads,
+                           page_size=page_size)
+        args = make_kvcache_inputs(case, DEVICE, torch.Generator().manual_seed(7))
+        args["k_cache"], args["v_cache"] = args["k_cache"].nan_to_num(), args["v_cache"].nan_to_num()  # (pads differ)
+        options = DecodeOptions(causal=True)
+        q, _ = append_new_keys(_tensors(args), check_decode_inputs(_tensors(args), options).variant)
+        results[pads] = q, args["k_cache"], args["v_cache"]
+    for clamped, raw in (((0, 0, 0), (-3, -1, -7)), ((10, 40, 103), (10, 45, 250))):
+        for got, expected in zip(results[raw], results[clamped]):
+            assert torch.equal(got, expected), (raw, clamped)
+    assert not torch.equal(results[(0, 0, 0)][0], results[(10, 40, 103)][0])  # (the pads do move q)
+
+
+@pytest.mark.parametrize("seqlen_q", [1, 3, 5])
+def test_leftpad_past_the_row_with_rotary(seqlen_q, generator):
+    """A cache_leftpad past cache_seqlens (inside the new keys, or past them all) is clamped into
+    the row with its new keys: the new keys are still written, rotated from the clamped first
+    key; a row whose leftpad covers every key gets O = 0 and LSE = -inf; the reference's."""
+    _run(KVCacheCase(rotary_dim=64, causal=True, seqlen_new=3, seqlen_q=seqlen_q, lengths=(8, 40, 100),
+                     leftpad=(10, 43, 250), num_splits=2), generator)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("group, seqlen_q", [(1, 1), (3, 5), (8, 16), pytest.param(5, 2, marks=FULL)])
 def test_append_composes_with_variants(dtype, group, seqlen_q, generator):
