@@ -186,8 +186,11 @@ def decode(
             ``rotary_dim <= D`` and ``L_ro >= `` the cache's capacity; only with ``k``/``v``.
             Rotate the new keys at positions ``cache_seqlens[b] - cache_leftpad[b] + t`` and q
             (as it is loaded; ``q`` itself is not changed) at the same positions when causal or
-            windowed, else every q row at ``cache_seqlens[b] - cache_leftpad[b]``. The first
-            ``rotary_dim`` features rotate, the rest pass through.
+            windowed, else every q row at ``cache_seqlens[b] - cache_leftpad[b]`` (the leftpad
+            clamped as below). Causal or windowed with more queries than new keys (``L_q >
+            L_new``), query ``i`` reaches position ``capacity - L_new + i``: then ``L_ro >=
+            capacity + L_q - L_new`` (a shorter table is refused). The first ``rotary_dim``
+            features rotate, the rest pass through.
         rotary_interleaved: True: pairs of features ``(2j, 2j + 1)`` (GPT-J); False: ``(j, j +
             rotary_dim / 2)`` (GPT-NeoX).
         cache_batch_idx: int32 ``[B]``, dense caches only: row b reads (and writes) cache row

@@ -123,7 +123,9 @@ def make_kvcache_inputs(case: KVCacheCase, device, generator: torch.Generator | 
     if pads is not None:
         args["cache_leftpad"] = pads
     if case.rotary_dim:
-        args["rotary_cos"], args["rotary_sin"] = rotary_tables(capacity, case.rotary_dim, case.rotary_dtype, "cpu")
+        # Every position a key or a query can take: queries past the new keys reach further.
+        positions = capacity + max(0, case.queries - case.seqlen_new)
+        args["rotary_cos"], args["rotary_sin"] = rotary_tables(positions, case.rotary_dim, case.rotary_dtype, "cpu")
     if case.sinks:
         args["sinks"] = torch.randn(case.num_heads, generator=generator, dtype=torch.float32)
     return {name: t.to(device) for name, t in args.items()}

@@ -209,9 +209,35 @@ def test_rotary_windowed_and_fp16_tables(window, generator):
 
 
 def test_rotary_with_more_queries_than_new_keys(generator):
-    """L_q > L_new with causal: q rows past the new keys rotate at their own positions (clamped
-    into the tables)."""
+    """L_q > L_new with causal: q rows past the new keys rotate at their own positions, which the
+    tables must hold (capacity + L_q - L_new rows: a row filled to the capacity's last slot)."""
     _run(KVCacheCase(rotary_dim=64, causal=True, seqlen_new=1, seqlen_q=4, lengths=(150, 20, 299)), generator)
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (20, 0)])
+def test_rotary_tables_too_short_for_the_queries_are_refused(window, generator):
+    """A table as long as the cache, with more queries than new keys (causal or windowed: q rotates
+    per token), is refused from the shapes alone (no length is read): query 3 of a row whose new
+    key fills the last slot would sit past the table, where its last row would be used. One query
+    (or q rotated at the row's length, not causal) needs no more than the cache's capacity."""
+    case = KVCacheCase(rotary_dim=64, causal=window == (-1, -1), window_size=window, seqlen_new=1, seqlen_q=4,
+                       lengths=(150, 20, 299))
+    args = make_kvcache_inputs(case, DEVICE, generator)
+    assert args["rotary_cos"].shape[0] == 303
+    short = {name: args[name][:300] for name in ("rotary_cos", "rotary_sin")}
+    with pytest.raises(ValueError, match=r"rotary_cos: expected at least 303 positions.*query i rotates at "
+                                         r"cache_seqlens - cache_leftpad \+ i.*got 300 \(shape \[300, 32\]\)"):
+        flashsplit.decode(**(args | short), **case.options())
+    with pytest.raises(ValueError, match="rotary_cos: expected at least 303 positions"):
+        flashsplit.flash_attn_with_kvcache(args["q"], args["k_cache"], args["v_cache"], args["k"], args["v"],
+                                           cache_seqlens=args["cache_seqlens"], causal=True, **short)
+    with pytest.raises(ValueError, match="rotary_cos: expected at least 302 positions"):
+        flashsplit.decode(**(args | short | {"q": args["q"][:, :3]}), **case.options())
+    # Not causal, no window: every q row rotates at the row's length, which a 300-row table holds.
+    plain = KVCacheCase(rotary_dim=64, seqlen_new=1, seqlen_q=4, lengths=(150, 20, 299))
+    plain_args = make_kvcache_inputs(plain, DEVICE, generator)
+    run_kvcache_case(plain, flashsplit.decode, DEVICE, generator,
+                     args=plain_args | {name: plain_args[name][:300] for name in ("rotary_cos", "rotary_sin")})
 
 
 @pytest.mark.parametrize("causal", [False, True])
