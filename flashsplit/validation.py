@@ -264,6 +264,7 @@ def check_decode_inputs(tensors: DecodeTensors, options: DecodeOptions = DecodeO
     rotary_dim = _check_rotary(tensors, seqlen_new, head_dim, seqlen_k, q, per_token)
     if not isinstance(options.rotary_interleaved, bool):
         raise TypeError(f"rotary_interleaved: expected a bool, got {type(options.rotary_interleaved).__name__}")
+    _check_cpu_dtype("q", q)
     return DecodeProblem(
         batch=batch,
         seqlen_q=seqlen_q,
@@ -291,6 +292,15 @@ def check_decode_inputs(tensors: DecodeTensors, options: DecodeOptions = DecodeO
         rotary_dim=rotary_dim,
         rotary_interleaved=options.rotary_interleaved,
     )
+
+
+def _check_cpu_dtype(name: str, t: torch.Tensor) -> None:
+    """A CPU tensor runs through the Triton interpreter, whose bfloat16 arithmetic is wrong
+    (``tl.dot`` of bfloat16 tiles returns garbage, conversions to it truncate): refuse it."""
+    if t.dtype == torch.bfloat16 and t.device.type == "cpu":
+        raise TypeError(f"{name}: bfloat16 is not supported on the CPU (the Triton interpreter computes it "
+                        f"wrongly); float16 works on the CPU, bfloat16 needs a CUDA GPU; got a bfloat16 tensor on "
+                        f"{t.device}")
 
 
 def _check_row_index(name: str, t, batch: int, device) -> None:

@@ -312,8 +312,13 @@ class TritonBackend(Backend):
         return out_partial, lse_partial
 
     def combine(self, out_partial, lse_partial, out, lse, sinks=None) -> None:
-        self.launch_combine(out_partial, lse_partial, None, out, lse, skip_single_split_rows=False, sinks=sinks,
+        # The interpreter truncates fp32 to bfloat16 (a GPU rounds to nearest even): on the CPU a
+        # bfloat16 output is merged in fp32 and rounded by torch.
+        merged = torch.empty(out.shape, dtype=torch.float32) if out.dtype == torch.bfloat16 and not out.is_cuda else out
+        self.launch_combine(out_partial, lse_partial, None, merged, lse, skip_single_split_rows=False, sinks=sinks,
                             variant=Variant(has_sinks=sinks is not None))
+        if merged is not out:
+            out.copy_(merged)
 
 
 class PreparedDecode:
