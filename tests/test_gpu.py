@@ -239,7 +239,8 @@ def _paged(k, v, page_size, generator):
 def test_batch_invariant_row_alone_equals_the_row_in_any_batch(backend, generator):
     """With ``batch_invariant=True`` a row decoded alone (a dense cache of its own length) gives
     the same bits (out and lse) as in batches of 1, 4, 16 and 64 rows of random lengths at a
-    random position, in an 8k-key cache dense and in pages of 16 and 48 keys, and alone in caches
+    random position, in an 8k-key cache dense and in pages of 16 and 48 keys (the short row also
+    among 64 rows of a 512-key cache: one split, more programs than one wave), and alone in caches
     of other capacities: 32/8 heads, d = 128, bf16, slots past each row's length NaN. A short row
     (one split) and a long one (many); the row alone is the reference's."""
     heads, heads_kv, dim, capacity = 32, 8, 128, 8192
@@ -273,22 +274,25 @@ def test_batch_invariant_row_alone_equals_the_row_in_any_batch(backend, generato
             got = decode(q_row, k, v, [length])
             what = f"{backend}: a {length}-key row alone in a {other}-key cache"
             assert torch.equal(got[0], alone[0]) and torch.equal(got[1], alone[1]), what
-        for batch in (1, 4, 16, 64):
+        # (64 rows of a 512-key cache: one split, more programs than one wave holds)
+        for batch, keys in [(1, capacity), (4, capacity), (16, capacity), (64, capacity)] + [(64, 512)] * (
+                length <= 512):
             position = int(torch.randint(0, batch, (1,), generator=generator))
-            lens = [int(n) for n in torch.randint(0, capacity + 1, (batch,), generator=generator)]
+            lens = [int(n) for n in torch.randint(0, keys + 1, (batch,), generator=generator)]
             lens[position] = length
-            q, k, v = rand(batch, 1, heads, dim), rand(batch, capacity, heads_kv, dim), rand(batch, capacity,
-                                                                                               heads_kv, dim)
+            q, k, v = rand(batch, 1, heads, dim), rand(batch, keys, heads_kv, dim), rand(batch, keys, heads_kv, dim)
             q[position], k[position, :length], v[position, :length] = q_row[0], k_row[0], v_row[0]
             for i, n in enumerate(lens):
                 k[i, n:], v[i, n:] = POISON, POISON
             for page_size in (0, 16, 48):
+                whole = keys // page_size * page_size if page_size else keys
+                if whole < length:
+                    continue
                 if page_size:
-                    whole = capacity // page_size * page_size
                     k_pages, v_pages, table = _paged(k[:, :whole], v[:, :whole], page_size, generator)
                     got = decode(q, k_pages, v_pages, [min(n, whole) for n in lens], table)
                 else:
                     got = decode(q, k, v, lens)
-                what = f"{backend}: a {length}-key row at {position} of {batch} rows, pages of {page_size}"
+                what = f"{backend}: a {length}-key row at {position} of {batch} rows of {keys}, pages of {page_size}"
                 assert torch.equal(got[0][position], alone[0][0]), what
                 assert torch.equal(got[1][position], alone[1][0]), what
