@@ -162,10 +162,14 @@ def decode(
             denominator only (gpt-oss): ``out = sum_j exp(s_j - lse) v_j`` with ``lse`` (also the
             returned one) counting ``exp(sink)`` once. A query that sees no key gets O = 0 and
             LSE = its sink.
-        batch_invariant: each row's output and LSE are bitwise the same whatever the batch it is
-            decoded in (other rows, their lengths, its position): each row is split by its own
-            length alone (:func:`flashsplit.plan.tokens_per_split`) and its splits merged in a
-            fixed order, on kernel configurations that do not depend on the batch. Per backend;
+        batch_invariant: each row's output and LSE are bitwise the same whatever else is in the
+            call: the batch size, the other rows and their lengths, the row's position in the
+            batch, the cache's capacity, and a dense or a paged cache (any page size). Each row
+            is split by its own length alone (:func:`flashsplit.plan.tokens_per_split`) and its
+            splits merged in a fixed order, on kernel configurations that follow none of these;
+            ``backend="auto"`` picks the same backend for every such call (the ``batch-invariant``
+            rule of :mod:`flashsplit.selection`). Not covered: another backend, GPU model, dtype,
+            head layout, the attention options, or a change of the row's own keys or length.
             ``num_splits`` must then be 0.
         backend: ``"auto"`` (the best backend that supports the problem), ``"triton"`` or ``"cute"``.
         k, v: ``[B, L_new, H_kv, D]`` in q's dtype, last dim contiguous, ``L_new`` >= 1: new keys
@@ -182,8 +186,11 @@ def decode(
             ``rotary_dim <= D`` and ``L_ro >= `` the cache's capacity; only with ``k``/``v``.
             Rotate the new keys at positions ``cache_seqlens[b] - cache_leftpad[b] + t`` and q
             (as it is loaded; ``q`` itself is not changed) at the same positions when causal or
-            windowed, else every q row at ``cache_seqlens[b] - cache_leftpad[b]``. The first
-            ``rotary_dim`` features rotate, the rest pass through.
+            windowed, else every q row at ``cache_seqlens[b] - cache_leftpad[b]`` (the leftpad
+            clamped as below). Causal or windowed with more queries than new keys (``L_q >
+            L_new``), query ``i`` reaches position ``capacity - L_new + i``: then ``L_ro >=
+            capacity + L_q - L_new`` (a shorter table is refused). The first ``rotary_dim``
+            features rotate, the rest pass through.
         rotary_interleaved: True: pairs of features ``(2j, 2j + 1)`` (GPT-J); False: ``(j, j +
             rotary_dim / 2)`` (GPT-NeoX).
         cache_batch_idx: int32 ``[B]``, dense caches only: row b reads (and writes) cache row

@@ -78,7 +78,9 @@ def flash_attn_with_kvcache(
     - ``rotary_cos``/``rotary_sin`` ``[L_ro, rotary_dim / 2]``: rotate the new keys at positions
       ``cache_seqlens - cache_leftpad + t``, and q at the same positions when causal or windowed,
       else at ``cache_seqlens - cache_leftpad``; ``rotary_interleaved`` picks GPT-J pairs (True)
-      or GPT-NeoX halves. The caller's q is not changed.
+      or GPT-NeoX halves. The caller's q is not changed. ``L_ro``: at least the cache's
+      capacity, and ``capacity + L_q - L_new`` for more queries than new keys rotated per token
+      (causal or windowed), as :func:`flashsplit.decode` says.
     - ``page_table`` (or FA2's ``block_table``) int32 ``[B, max_pages]`` for a paged cache
       ``[num_pages, page_size, H_kv, D]``, any page size.
     - ``k_descale``/``v_descale``: fp32, one element or ``[B, H_kv]``, for an fp8 cache (the

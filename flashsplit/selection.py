@@ -8,13 +8,21 @@ it: no Hopper GPU, cutlass missing, a head dim it lacks), the other able backend
 On a GPU model with a measured table (:mod:`flashsplit.measured_table`: both backends timed over
 a grid of head dims, head counts, batches, lengths, query rows, pages and fp8; the H200's and the
 H100's (SXM, 80 GB) ship with flashsplit, ``flashsplit tune`` writes one for any GPU), the
-measured rule decides every problem of a class it timed, after the four rules about features the
-table does not time. The hand rules after it decide the rest: batch-invariant decodes, fp8 pages,
-GPUs without a table.
+measured rule decides every problem of a class it timed, after the rules about features the
+table does not time. The hand rules after it decide the rest: fp8 pages, GPUs without a table.
+Batch-invariant decodes are decided by the first rule, from no fact that follows the batch.
 
 =====================  ========  ===================================================================
 rule                   backend   when (all measured on an H200, 32/8 heads, bf16, CUDA-graph replay)
 =====================  ========  ===================================================================
+``batch-invariant``    triton    every batch-invariant decode: the promise (a row's bits do not
+                                 follow the batch size, the other rows, the row's position, the
+                                 capacity, dense or paged) holds per backend, so the choice
+                                 between them may follow none of these either. No table times this
+                                 path; one constant backend, the one that runs every head dim,
+                                 dtype and page size at its usual speed (cute's gathered pages take
+                                 1.7-2.4x its dense time). Measured against cute on the batch-
+                                 invariant path (dense, d = 128): cute 0.96-1.01x Triton's time.
 ``cache-update``       triton    a call that appends new keys (``k``/``v``, with or without rotary),
                                  or reads rows through ``cache_leftpad`` or ``cache_batch_idx``:
                                  Triton writes the new keys inside its split kernel (one token
@@ -174,9 +182,6 @@ class MeasuredRule:
     why: str = "the faster backend of the nearest cells measured on this GPU"
 
     def pick(self, problem: DecodeProblem) -> tuple[str, str] | None:
-        # The table times the default kernels; batch-invariant decodes run fixed configurations.
-        if problem.batch_invariant:
-            return None
         vote = measured_table.vote(problem)
         return None if vote is None else (vote.backend, vote.describe())
 
@@ -236,8 +241,7 @@ def _one_cta_per_sm(problem: DecodeProblem) -> bool:
 def _swapped_operands(problem: DecodeProblem) -> bool:
     from .cute import choice
 
-    # A batch-invariant decode never takes that kernel (cute's choice: its rule follows the batch).
-    if not _dense_16bit_d128(problem) or problem.batch_invariant:
+    if not _dense_16bit_d128(problem):
         return False
     units, per_sm, splits = _cute_units(problem)
     return choice.swaps(problem.packed_rows, "same", None, 128, units * splits, per_sm, problem.num_sms)
@@ -288,11 +292,17 @@ def _d64_d256(problem: DecodeProblem) -> bool:
     return _dense_16bit(problem, (64, 256))
 
 
+def _batch_invariant(problem: DecodeProblem) -> bool:
+    return problem.batch_invariant
+
+
 def _cache_update(problem: DecodeProblem) -> bool:
     return problem.has_new_kv or problem.has_leftpad or problem.has_batch_idx
 
 
 RULES: tuple[Rule | MeasuredRule, ...] = (
+    Rule("batch-invariant", "triton", "batch-invariant decode: one backend whatever the batch, capacity or "
+         "cache layout", _batch_invariant),
     Rule("cache-update", "triton", "new keys appended inside the split kernel (cute writes them in a kernel of "
          "their own)", _cache_update),
     Rule("paged-gathered", "triton", "pages cute cannot load by TMA (it would copy them row by row)",

@@ -123,17 +123,23 @@ def make_kvcache_inputs(case: KVCacheCase, device, generator: torch.Generator | 
     if pads is not None:
         args["cache_leftpad"] = pads
     if case.rotary_dim:
-        args["rotary_cos"], args["rotary_sin"] = rotary_tables(capacity, case.rotary_dim, case.rotary_dtype, "cpu")
+        # Every position a key or a query can take: queries past the new keys reach further.
+        positions = capacity + max(0, case.queries - case.seqlen_new)
+        args["rotary_cos"], args["rotary_sin"] = rotary_tables(positions, case.rotary_dim, case.rotary_dtype, "cpu")
     if case.sinks:
         args["sinks"] = torch.randn(case.num_heads, generator=generator, dtype=torch.float32)
     return {name: t.to(device) for name, t in args.items()}
 
 
 def _positions(case: KVCacheCase, args: dict, count: int, per_token: bool = True) -> torch.Tensor:
-    """Rotary positions ``[B, count]``: ``cache_seqlens - cache_leftpad (+ t when per_token)``."""
+    """Rotary positions ``[B, count]``: ``cache_seqlens - cache_leftpad (+ t when per_token)``, the
+    leftpad clamped into ``[0, cache_seqlens + L_new]`` (that clamped into the capacity), as the
+    attention range clamps it."""
     start = args["cache_seqlens"].cpu().long()
     if "cache_leftpad" in args:
-        start = start - args["cache_leftpad"].cpu().long()
+        capacity = -(-case.seqlen_k // case.page_size) * case.page_size if case.page_size else case.seqlen_k
+        length = (start + case.seqlen_new).clamp(0, capacity)
+        start = start - torch.minimum(args["cache_leftpad"].cpu().long().clamp(min=0), length)
     steps = torch.arange(count) if per_token else torch.zeros(count, dtype=torch.long)
     return start[:, None] + steps[None, :]
 

@@ -260,9 +260,11 @@ def check_decode_inputs(tensors: DecodeTensors, options: DecodeOptions = DecodeO
     if seqlen_new and num_heads == 0:
         raise ValueError(f"q: expected num_heads >= 1 with k and v (they are written by the decode), got shape "
                          f"{_shape(q)}")
-    rotary_dim = _check_rotary(tensors, seqlen_new, head_dim, seqlen_k, q)
+    per_token = seqlen_q > 1 and (causal or window_left >= 0 or window_right >= 0)
+    rotary_dim = _check_rotary(tensors, seqlen_new, head_dim, seqlen_k, q, per_token)
     if not isinstance(options.rotary_interleaved, bool):
         raise TypeError(f"rotary_interleaved: expected a bool, got {type(options.rotary_interleaved).__name__}")
+    _check_cpu_dtype("q", q)
     return DecodeProblem(
         batch=batch,
         seqlen_q=seqlen_q,
@@ -290,6 +292,15 @@ def check_decode_inputs(tensors: DecodeTensors, options: DecodeOptions = DecodeO
         rotary_dim=rotary_dim,
         rotary_interleaved=options.rotary_interleaved,
     )
+
+
+def _check_cpu_dtype(name: str, t: torch.Tensor) -> None:
+    """A CPU tensor runs through the Triton interpreter, whose bfloat16 arithmetic is wrong
+    (``tl.dot`` of bfloat16 tiles returns garbage, conversions to it truncate): refuse it."""
+    if t.dtype == torch.bfloat16 and t.device.type == "cpu":
+        raise TypeError(f"{name}: bfloat16 is not supported on the CPU (the Triton interpreter computes it "
+                        f"wrongly); float16 works on the CPU, bfloat16 needs a CUDA GPU; got a bfloat16 tensor on "
+                        f"{t.device}")
 
 
 def _check_row_index(name: str, t, batch: int, device) -> None:
@@ -341,11 +352,16 @@ def _check_new_kv(tensors: DecodeTensors, batch: int, num_heads_kv: int, head_di
     return seqlen_new
 
 
-def _check_rotary(tensors: DecodeTensors, seqlen_new: int, head_dim: int, seqlen_k: int, q) -> int:
+def _check_rotary(tensors: DecodeTensors, seqlen_new: int, head_dim: int, seqlen_k: int, q,
+                  per_token: bool = False) -> int:
     """Rotary tables (``rotary_cos``/``rotary_sin``, both or neither, only with new keys):
     ``[L_ro, rotary_dim / 2]``, one dtype (q's or float32), contiguous, ``rotary_dim <= D`` and
-    ``L_ro >= capacity`` (FlashAttention's rule: every position a key can hold). Returns
-    ``rotary_dim`` (0 without them)."""
+    ``L_ro >= capacity`` (FlashAttention's rule: every position a key can hold). With
+    ``per_token`` (query ``i`` rotates at ``cache_seqlens - cache_leftpad + i``: causal or
+    windowed, several queries) and more queries than new keys, the queries past the new keys
+    reach further: ``L_ro >= capacity + L_q - L_new``, every position a query of a row that fits
+    the cache can take (from shapes alone: no length is read). Returns ``rotary_dim`` (0 without
+    them)."""
     cos, sin = tensors.rotary_cos, tensors.rotary_sin
     if cos is None and sin is None:
         return 0
@@ -372,6 +388,13 @@ def _check_rotary(tensors: DecodeTensors, seqlen_new: int, head_dim: int, seqlen
     if seqlen_ro < seqlen_k:
         raise ValueError(f"rotary_cos: expected at least {seqlen_k} positions (the cache's capacity), got "
                          f"{seqlen_ro} (shape {_shape(cos)})")
+    seqlen_q = q.shape[1]
+    if per_token and seqlen_q > seqlen_new and seqlen_ro < seqlen_k + seqlen_q - seqlen_new:
+        raise ValueError(
+            f"rotary_cos: expected at least {seqlen_k + seqlen_q - seqlen_new} positions: with causal or windowed "
+            f"attention query i rotates at cache_seqlens - cache_leftpad + i, and {seqlen_q} queries over "
+            f"{seqlen_new} new keys reach position {seqlen_k + seqlen_q - seqlen_new - 1} in a {seqlen_k}-key "
+            f"cache; got {seqlen_ro} (shape {_shape(cos)})")
     return 2 * half
 
 

@@ -559,3 +559,41 @@ def test_gpu_paged_cache_without_pages(backend, generator):
     out, lse = flashsplit.decode(q, empty, empty, block_table=table[:, :0], cache_seqlens=seqlens, return_lse=True,
                                  backend=backend)
     assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+
+
+BF16_ON_THE_CPU = r"^q: bfloat16 is not supported on the CPU .*float16 works on the CPU, bfloat16 needs a CUDA GPU"
+
+
+def test_bfloat16_decode_on_the_cpu_is_refused(generator):
+    """The Triton interpreter's bfloat16 tl.dot is wrong (a 256-key decode gave outputs of 8e8):
+    decode, decode_into, flash_attn_with_kvcache and check_inputs refuse bfloat16 CPU tensors,
+    with a 16-bit or an fp8 cache, naming q (validation, on any machine: no kernel runs)."""
+    q, k, v = (t.bfloat16() for t in _good(seqlen_k=256))
+    with pytest.raises(TypeError, match=BF16_ON_THE_CPU):
+        flashsplit.decode(q, k, v)
+    with pytest.raises(TypeError, match=BF16_ON_THE_CPU):
+        flashsplit.decode(q, k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn), k_descale=torch.ones(1),
+                          v_descale=torch.ones(1))
+    with pytest.raises(TypeError, match=BF16_ON_THE_CPU):
+        decode_into(q, k, v, torch.empty_like(q), None)
+    with pytest.raises(TypeError, match=BF16_ON_THE_CPU):
+        flashsplit.flash_attn_with_kvcache(q, k, v, k=k[:, :1], v=v[:, :1], cache_seqlens=3)
+    with pytest.raises(TypeError, match=BF16_ON_THE_CPU):
+        flashsplit.check_inputs(q, k, v)
+
+
+@pytest.mark.cpu
+def test_bfloat16_combine_on_the_cpu_rounds_to_nearest(generator):
+    """combine into a bfloat16 output on the CPU (the interpreter truncates fp32 to bfloat16) gives
+    the float32 combine rounded to nearest even, as a GPU's; with bfloat16 sinks too."""
+    out_partial = torch.randn(3, 2, 2, 4, 64, generator=generator)
+    lse_partial = torch.randn(3, 2, 4, 2, generator=generator)
+    lse_partial[1, 0] = float("-inf")  # an empty split
+    sinks = torch.randn(4, generator=generator).bfloat16()
+    for kwargs in (dict(), dict(sinks=sinks)):
+        exact, exact_lse = flashsplit.combine(out_partial, lse_partial, out_dtype=torch.float32, **kwargs)
+        out, lse = flashsplit.combine(out_partial, lse_partial, out_dtype=torch.bfloat16, **kwargs)
+        assert torch.equal(out, exact.bfloat16()) and torch.equal(lse, exact_lse), kwargs
+        given = torch.full((2, 2, 4, 64), float("nan"), dtype=torch.bfloat16)
+        flashsplit.combine(out_partial, lse_partial, out=given, **kwargs)
+        assert torch.equal(given, exact.bfloat16()), kwargs

@@ -18,6 +18,7 @@ from flashsplit.validation import check_decode_inputs
 from flashsplit.reference import attention_ref, split_partials_ref
 from flashsplit.registry import get, names
 from flashsplit.testing import (
+    POISON,
     DecodeCase,
     check_against_reference,
     check_lse,
@@ -219,3 +220,79 @@ def test_triton_paged_splits_longer_than_a_chunk(page_size, fp8, generator):
                                  return_lse=True, backend="triton", **scales)
     check_against_reference(out, lse, q, dequantize(k, scales.get("k_descale")),
                             dequantize(v, scales.get("v_descale")), seqlens, what=f"paged {page_size} {fp8}")
+
+
+def _paged(k, v, page_size, generator):
+    """``k``/``v`` ``[B, L, H_kv, D]`` (L a multiple of ``page_size``) as pages in a shuffled
+    order: ``(k_pages, v_pages, block_table)``; every slot keeps its value (NaN included)."""
+    batch, capacity = k.shape[:2]
+    pages = batch * (capacity // page_size)
+    order = torch.randperm(pages, generator=generator).to(k.device)
+    k_pages, v_pages = torch.empty_like(k).view(pages, page_size, *k.shape[2:]), torch.empty_like(v).view(
+        pages, page_size, *v.shape[2:])
+    k_pages[order] = k.reshape(pages, page_size, *k.shape[2:])
+    v_pages[order] = v.reshape(pages, page_size, *v.shape[2:])
+    return k_pages, v_pages, order.view(batch, -1).to(torch.int32)
+
+
+@pytest.mark.parametrize("backend", ["auto", *BACKENDS])
+def test_batch_invariant_row_alone_equals_the_row_in_any_batch(backend, generator):
+    """With ``batch_invariant=True`` a row decoded alone (a dense cache of its own length) gives
+    the same bits (out and lse) as in batches of 1, 4, 16 and 64 rows of random lengths at a
+    random position, in an 8k-key cache dense and in pages of 16 and 48 keys (the short row also
+    among 64 rows of a 512-key cache: one split, more programs than one wave), and alone in caches
+    of other capacities: 32/8 heads, d = 128, bf16, slots past each row's length NaN. A short row
+    (one split) and a long one (many); the row alone is the reference's."""
+    heads, heads_kv, dim, capacity = 32, 8, 128, 8192
+    dtype = torch.bfloat16
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=generator).to("cuda", dtype)
+
+    def decode(q, k, v, lens, block_table=None):
+        lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        out = torch.full_like(q, POISON)
+        return flashsplit.decode(q, k, v, cache_seqlens=lens, block_table=block_table, out=out, return_lse=True,
+                                 batch_invariant=True, backend=backend)
+
+    if backend != "auto":
+        q = rand(1, 1, heads, dim)
+        _skip_unless(backend, check_decode_inputs(DecodeTensors(q, rand(1, 256, heads_kv, dim), rand(
+            1, 256, heads_kv, dim), None, None, torch.ones(1, dtype=torch.int32, device="cuda")),
+            DecodeOptions(batch_invariant=True)))
+    short, long = (int(torch.randint(1, 512, (1,), generator=generator)),
+                   int(torch.randint(1024, capacity - 31, (1,), generator=generator)))  # fits pages of 48
+    for length in (short, long):
+        q_row, k_row, v_row = rand(1, 1, heads, dim), rand(1, length, heads_kv, dim), rand(1, length, heads_kv, dim)
+        alone = decode(q_row, k_row, v_row, [length])
+        seqlens = torch.tensor([length], dtype=torch.int32, device="cuda")
+        check_against_reference(alone[0], alone[1], q_row, k_row, v_row, seqlens, what=f"alone, {length} keys")
+        for other in (-(-length // 8) * 8 + 8, capacity, 3 * capacity):  # other capacities, NaN past the row
+            k = torch.full((1, other, heads_kv, dim), POISON, dtype=dtype, device="cuda")
+            v = torch.full_like(k, POISON)
+            k[:, :length], v[:, :length] = k_row, v_row
+            got = decode(q_row, k, v, [length])
+            what = f"{backend}: a {length}-key row alone in a {other}-key cache"
+            assert torch.equal(got[0], alone[0]) and torch.equal(got[1], alone[1]), what
+        # (64 rows of a 512-key cache: one split, more programs than one wave holds)
+        for batch, keys in [(1, capacity), (4, capacity), (16, capacity), (64, capacity)] + [(64, 512)] * (
+                length <= 512):
+            position = int(torch.randint(0, batch, (1,), generator=generator))
+            lens = [int(n) for n in torch.randint(0, keys + 1, (batch,), generator=generator)]
+            lens[position] = length
+            q, k, v = rand(batch, 1, heads, dim), rand(batch, keys, heads_kv, dim), rand(batch, keys, heads_kv, dim)
+            q[position], k[position, :length], v[position, :length] = q_row[0], k_row[0], v_row[0]
+            for i, n in enumerate(lens):
+                k[i, n:], v[i, n:] = POISON, POISON
+            for page_size in (0, 16, 48):
+                whole = keys // page_size * page_size if page_size else keys
+                if whole < length:
+                    continue
+                if page_size:
+                    k_pages, v_pages, table = _paged(k[:, :whole], v[:, :whole], page_size, generator)
+                    got = decode(q, k_pages, v_pages, [min(n, whole) for n in lens], table)
+                else:
+                    got = decode(q, k, v, lens)
+                what = f"{backend}: a {length}-key row at {position} of {batch} rows of {keys}, pages of {page_size}"
+                assert torch.equal(got[0][position], alone[0][0]), what
+                assert torch.equal(got[1][position], alone[1][0]), what

@@ -209,9 +209,90 @@ def test_rotary_windowed_and_fp16_tables(window, generator):
 
 
 def test_rotary_with_more_queries_than_new_keys(generator):
-    """L_q > L_new with causal: q rows past the new keys rotate at their own positions (clamped
-    into the tables)."""
+    """L_q > L_new with causal: q rows past the new keys rotate at their own positions, which the
+    tables must hold (capacity + L_q - L_new rows: a row filled to the capacity's last slot)."""
     _run(KVCacheCase(rotary_dim=64, causal=True, seqlen_new=1, seqlen_q=4, lengths=(150, 20, 299)), generator)
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (20, 0)])
+def test_rotary_tables_too_short_for_the_queries_are_refused(window, generator):
+    """A table as long as the cache, with more queries than new keys (causal or windowed: q rotates
+    per token), is refused from the shapes alone (no length is read): query 3 of a row whose new
+    key fills the last slot would sit past the table, where its last row would be used. One query
+    (or q rotated at the row's length, not causal) needs no more than the cache's capacity."""
+    case = KVCacheCase(rotary_dim=64, causal=window == (-1, -1), window_size=window, seqlen_new=1, seqlen_q=4,
+                       lengths=(150, 20, 299))
+    args = make_kvcache_inputs(case, DEVICE, generator)
+    assert args["rotary_cos"].shape[0] == 303
+    short = {name: args[name][:300] for name in ("rotary_cos", "rotary_sin")}
+    with pytest.raises(ValueError, match=r"rotary_cos: expected at least 303 positions.*query i rotates at "
+                                         r"cache_seqlens - cache_leftpad \+ i.*got 300 \(shape \[300, 32\]\)"):
+        flashsplit.decode(**(args | short), **case.options())
+    with pytest.raises(ValueError, match="rotary_cos: expected at least 303 positions"):
+        flashsplit.flash_attn_with_kvcache(args["q"], args["k_cache"], args["v_cache"], args["k"], args["v"],
+                                           cache_seqlens=args["cache_seqlens"], causal=True, **short)
+    with pytest.raises(ValueError, match="rotary_cos: expected at least 302 positions"):
+        flashsplit.decode(**(args | short | {"q": args["q"][:, :3]}), **case.options())
+    # Not causal, no window: every q row rotates at the row's length, which a 300-row table holds.
+    plain = KVCacheCase(rotary_dim=64, seqlen_new=1, seqlen_q=4, lengths=(150, 20, 299))
+    plain_args = make_kvcache_inputs(plain, DEVICE, generator)
+    run_kvcache_case(plain, flashsplit.decode, DEVICE, generator,
+                     args=plain_args | {name: plain_args[name][:300] for name in ("rotary_cos", "rotary_sin")})
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("page_size", [0, 16])
+def test_negative_leftpad_rotates_as_no_leftpad(causal, page_size, generator):
+    """A negative cache_leftpad is clamped to 0 for the rotary positions (new keys and q) as for
+    the attention range: the caches, out and LSE are bitwise those of cache_leftpad = 0, and the
+    reference's (which clamps alike)."""
+    lengths, seqlen_new = (8, 37, 0), 3
+    padded = KVCacheCase(rotary_dim=64, causal=causal, seqlen_new=seqlen_new, lengths=lengths, leftpad=(-3, -1, -7),
+                         page_size=page_size, num_splits=2)
+    plain = KVCacheCase(rotary_dim=64, causal=causal, seqlen_new=seqlen_new, lengths=lengths, leftpad=(0, 0, 0),
+                        page_size=page_size, num_splits=2)
+    state = generator.get_state()
+    got = _run(padded, generator)  # (every able backend: on a GPU cute too, through its cache update kernel)
+    generator.set_state(state)
+    expected = _run(plain, generator)
+    assert len(got) == len(expected)
+    for i, (padded_result, plain_result) in enumerate(zip(got, expected)):  # backend by backend
+        for name in ("k_cache", "v_cache"):  # (bytes: unused slots hold NaN)
+            assert torch.equal(padded_result[name].view(torch.int16), plain_result[name].view(torch.int16)), (i, name)
+        assert torch.equal(padded_result["out"], plain_result["out"]), i
+        assert torch.equal(padded_result["lse"], plain_result["lse"]), i
+
+
+@pytest.mark.parametrize("page_size", [0, 16])
+def test_cache_update_kernel_clamps_the_leftpad(page_size, generator):
+    """The cache-update kernel (what the cute backend runs ahead of its attention) rotates the new
+    keys and q from the leftpad clamped into [0, cache_seqlens + L_new]: a negative one writes and
+    rotates as 0, one past the row's keys as the row's length, bit for bit."""
+    from flashsplit.triton.cache_update import append_new_keys
+
+    lengths, seqlen_new = (8, 37, 100), 3
+    results = {}
+    for pads in ((-3, -1, -7), (0, 0, 0), (10, 45, 250), (10, 40, 103)):
+        case = KVCacheCase(rotary_dim=64, causal=True, seqlen_new=seqlen_new, lengths=lengths, leftpad=pads,
+                           page_size=page_size)
+        args = make_kvcache_inputs(case, DEVICE, torch.Generator().manual_seed(7))
+        args["k_cache"], args["v_cache"] = args["k_cache"].nan_to_num(), args["v_cache"].nan_to_num()  # (pads differ)
+        options = DecodeOptions(causal=True)
+        q, _ = append_new_keys(_tensors(args), check_decode_inputs(_tensors(args), options).variant)
+        results[pads] = q, args["k_cache"], args["v_cache"]
+    for clamped, raw in (((0, 0, 0), (-3, -1, -7)), ((10, 40, 103), (10, 45, 250))):
+        for got, expected in zip(results[raw], results[clamped]):
+            assert torch.equal(got, expected), (raw, clamped)
+    assert not torch.equal(results[(0, 0, 0)][0], results[(10, 40, 103)][0])  # (the pads do move q)
+
+
+@pytest.mark.parametrize("seqlen_q", [1, 3, 5])
+def test_leftpad_past_the_row_with_rotary(seqlen_q, generator):
+    """A cache_leftpad past cache_seqlens (inside the new keys, or past them all) is clamped into
+    the row with its new keys: the new keys are still written, rotated from the clamped first
+    key; a row whose leftpad covers every key gets O = 0 and LSE = -inf; the reference's."""
+    _run(KVCacheCase(rotary_dim=64, causal=True, seqlen_new=3, seqlen_q=seqlen_q, lengths=(8, 40, 100),
+                     leftpad=(10, 43, 250), num_splits=2), generator)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -144,8 +144,12 @@ def test_check_inputs_catches_what_needs_the_values(generator):
     args["block_table"][1, 1] = 10 ** 6  # the page the append opens
     with pytest.raises(ValueError, match=r"^block_table: row 1 entry 1 is page 1000000"):
         flashsplit.check_inputs(**args)
+    # Queries past the new keys: a table as long as the cache is refused from the shapes, before
+    # any length is read (row 1's query 3 would sit at position 65).
     spec, args = _args(generator, rotary_dim=32, seqlen_k=64, lengths=(10, 62, 30), causal=True, seqlen_q=4)
-    with pytest.raises(ValueError, match=r"^rotary_cos: row 1 rotates position 65, past the tables' 64 positions"):
-        flashsplit.check_inputs(**args, causal=True)
+    flashsplit.check_inputs(**args, causal=True)  # tables of 67 positions: valid
+    short = {name: args[name][:64] for name in ("rotary_cos", "rotary_sin")}
+    with pytest.raises(ValueError, match=r"^rotary_cos: expected at least 67 positions.*got 64"):
+        flashsplit.check_inputs(**(args | short), causal=True)
     spec, args = _args(generator, rotary_dim=32, leftpad=(1, 2, 3), batch_idx="permutation")
     flashsplit.check_inputs(**args)  # all valid

@@ -2,7 +2,8 @@
 float64 reference, caches and attention both (flashsplit.testing_kvcache).
 
 Drawn: 1-16 new keys and 1-16 queries, GQA groups of 1-9 (up to two row tiles per KV head),
-lengths from 0 to the capacity's last slot, left padding, dense caches or rows of a larger one
+lengths from 0 to the capacity's last slot, left padding (negative and past the row's keys
+too), dense caches or rows of a larger one
 (cache_batch_idx), pages of 1, 16 or 48 keys, fp8 caches, rotary of either pairing, causal
 masks and windows (short enough that new keys fall before a window's first split), softcap,
 sinks, batch invariance, and split counts from 1 to 7 or the heuristic's (batch-invariant calls take their own). Every slot a row does
@@ -30,8 +31,9 @@ _SETTINGS = dict(derandomize=True, deadline=None, database=None, print_blob=True
 
 
 @st.composite
-def kvcache_cases(draw) -> KVCacheCase:
-    """A valid cache-updating call: the new keys fit each row's capacity."""
+def kvcache_cases(draw, padded_rotary: bool = False) -> KVCacheCase:
+    """A valid cache-updating call: the new keys fit each row's capacity. ``padded_rotary``: always
+    left padding and rotary."""
     batch = draw(st.integers(1, 3))
     page_size = draw(st.sampled_from([0, 0, 1, 16, 48]))
     seqlen_k = draw(st.sampled_from([64, 200, 300]))
@@ -44,14 +46,17 @@ def kvcache_cases(draw) -> KVCacheCase:
                              st.integers(1, seqlen_new))
     lengths = tuple(draw(st.lists(st.one_of(st.integers(0, room), near_granule), min_size=batch, max_size=batch)))
     leftpad = None
-    if draw(st.booleans()):
-        leftpad = tuple(draw(st.integers(0, n)) for n in lengths)
+    if padded_rotary or draw(st.booleans()):
+        # In the row's keys, or out of range: negative (clamped to 0) or past its old keys, into or
+        # past the new ones (clamped to the row's length with them).
+        leftpad = tuple(draw(st.one_of(st.integers(0, n), st.integers(-9, -1), st.integers(n + 1, n + seqlen_new + 9)))
+                        for n in lengths)
     causal = draw(st.booleans())
     window = draw(st.sampled_from([(-1, -1), (-1, -1), (0, 0), (2, 0), (40, 0), (30, -1)]))
     if causal and window[1] not in (-1, 0):
         window = (window[0], 0)
     head_dim = draw(st.sampled_from([32, 64]))
-    rotary_dim = draw(st.sampled_from([0, 0, 16, head_dim]))
+    rotary_dim = draw(st.sampled_from([16, head_dim] if padded_rotary else [0, 0, 16, head_dim]))
     return KVCacheCase(
         batch=batch, seqlen_k=seqlen_k, num_heads_kv=draw(st.integers(1, 2)), group=draw(st.integers(1, 9)),
         head_dim=head_dim, dtype=draw(st.sampled_from(DTYPES)), lengths=lengths, seqlen_new=seqlen_new,
@@ -79,4 +84,19 @@ def test_drawn_appends_match_the_reference(case):
 @given(case=kvcache_cases())
 @settings(max_examples=300, **_SETTINGS)
 def test_drawn_appends_match_the_reference_full(case):
+    _check(case)
+
+
+@given(case=kvcache_cases(padded_rotary=True))
+@settings(max_examples=4, **_SETTINGS)
+def test_drawn_padded_rotary_appends_match_the_reference(case):
+    """Left padding with rotary, the pads negative or past the row's keys as often as inside them:
+    rotary positions count from the pad clamped as the attention range clamps it."""
+    _check(case)
+
+
+@pytest.mark.full
+@given(case=kvcache_cases(padded_rotary=True))
+@settings(max_examples=100, **_SETTINGS)
+def test_drawn_padded_rotary_appends_match_the_reference_full(case):
     _check(case)

@@ -93,7 +93,8 @@ GOLDEN = [
     (_problem(batch=16, seqlen_k=16384, seqlen_q=4), "one-cta-per-sm"),
     (_problem(batch=1, seqlen_k=307200, seqlen_q=4), "one-cta-per-sm"),
     (_problem(batch=1, seqlen_k=4096, seqlen_q=2), "swapped-operands"),  # 8 packed rows
-    (_problem(batch=1, seqlen_k=131072, batch_invariant=True), "long-splits"),  # no swapped operands
+    (_problem(batch=1, seqlen_k=131072, batch_invariant=True), "batch-invariant"),
+    (_problem(batch=64, seqlen_k=4096, page_size=16, batch_invariant=True), "batch-invariant"),
     (_problem(batch=16, seqlen_k=16384, num_heads_kv=32), "default"),  # one packed row, two waves
     (_problem(batch=64, seqlen_k=1024, num_heads_kv=32), "mha-many-waves"),  # Llama-2-7B heads, 2048 units
     (_problem(batch=64, seqlen_k=65536, num_heads_kv=32), "mha-many-waves"),
@@ -312,3 +313,32 @@ def test_cute_runs_cache_updates_and_auto_takes_triton_for_them(field):
     assert get("cute").supports(problem) is None
     assert select(problem, "cute")[0].name == "cute"
     assert select(problem, "auto")[0].name == "triton"
+
+
+#: Head layouts (q heads, KV heads, head dim, query rows, cache dtype) the batch-invariant test plans.
+INVARIANT_LAYOUTS = [(32, 8, 128, 1, None), (32, 32, 128, 1, None), (64, 8, 64, 1, None), (16, 2, 256, 1, None),
+                     (32, 8, 96, 1, None), (40, 8, 128, 4, None), (28, 4, 64, 2, None), (32, 8, 128, 1, FP8),
+                     (32, 8, 80, 1, None)]
+
+
+@pytest.mark.parametrize("gpu", [*sorted(KNOWN_GPUS), RULES_GPU, "cpu"], ids=str)
+def test_batch_invariant_auto_choice_follows_no_batch_fact(gpu):
+    """auto's backend and a row's split boundaries, for a batch-invariant decode, are the same at
+    every batch size, capacity (1k-256k keys) and cache layout (dense, pages of 1, 16, 48, 128),
+    for each head layout, on every GPU flashsplit has a table or a name for (and the interpreter)."""
+    target = dict(device="cpu") if gpu == "cpu" else dict(gpu=gpu)
+    row_lengths = (0, 1, 300, 513, 1000)  # at most the smallest capacity
+    for heads, heads_kv, dim, seqlen_q, kv_dtype in INVARIANT_LAYOUTS:
+        seen = set()
+        for batch in (1, 2, 4, 16, 64, 256):
+            for capacity in (1024, 4096, 16384, 65536, 262144):
+                for page_size in (0, 1, 16, 48, 128):
+                    p = flashsplit.plan(batch, capacity // page_size * page_size if page_size else capacity, heads,
+                                        heads_kv, dim, seqlen_q=seqlen_q, causal=seqlen_q > 1, kv_dtype=kv_dtype,
+                                        page_size=page_size, batch_invariant=True, **target)
+                    bounds = tuple(tuple((s, e) for s, e in p.boundaries(n) if e > s) for n in row_lengths)
+                    seen.add((p.backend, p.rule, bounds))
+        assert len(seen) == 1, (heads, heads_kv, dim, seqlen_q, kv_dtype, sorted(seen)[:2])
+        backend, rule, bounds = seen.pop()
+        assert (backend, rule) == ("triton", "batch-invariant")
+        assert bounds[3] == ((0, 512), (512, 513)) and bounds[0] == ()  # splits of >= 512 keys from the row's length

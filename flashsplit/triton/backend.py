@@ -172,10 +172,15 @@ class TritonBackend(Backend):
         block_m = choose_tiles(seqlen_q * group, head_dim).block_m
         row_blocks = cdiv(seqlen_q * group, block_m)
         span = planned_span(seqlen_k, seqlen_q, variant.window_left)
-        # Batch-invariant: tiles that do not follow the capacity (a row's split length does not either).
-        split_keys = BATCH_INVARIANT_MIN_SPLIT if variant.batch_invariant else tokens_per_split(span, num_splits)
-        tiles = choose_tiles(seqlen_q * group, head_dim, num_splits, num_splits * batch * num_heads_kv * row_blocks,
-                             split_keys, k_descale is not None, device_num_sms(q.device.type, q.device.index))
+        # Batch-invariant: tiles (keys and stages) that follow neither the capacity nor the batch (a
+        # row's split length does not either).
+        if variant.batch_invariant:
+            tiles = choose_tiles(seqlen_q * group, head_dim, split_keys=BATCH_INVARIANT_MIN_SPLIT,
+                                 fp8_cache=k_descale is not None)
+        else:
+            tiles = choose_tiles(seqlen_q * group, head_dim, num_splits, num_splits * batch * num_heads_kv * row_blocks,
+                                 tokens_per_split(span, num_splits), k_descale is not None,
+                                 device_num_sms(q.device.type, q.device.index))
         heads_first = launches_heads_first(num_heads_kv, batch) if self.heads_first is None else self.heads_first
         if heads_first:
             grid = (num_heads_kv * row_blocks, num_splits, batch)
@@ -307,8 +312,13 @@ class TritonBackend(Backend):
         return out_partial, lse_partial
 
     def combine(self, out_partial, lse_partial, out, lse, sinks=None) -> None:
-        self.launch_combine(out_partial, lse_partial, None, out, lse, skip_single_split_rows=False, sinks=sinks,
+        # The interpreter truncates fp32 to bfloat16 (a GPU rounds to nearest even): on the CPU a
+        # bfloat16 output is merged in fp32 and rounded by torch.
+        merged = torch.empty(out.shape, dtype=torch.float32) if out.dtype == torch.bfloat16 and not out.is_cuda else out
+        self.launch_combine(out_partial, lse_partial, None, merged, lse, skip_single_split_rows=False, sinks=sinks,
                             variant=Variant(has_sinks=sinks is not None))
+        if merged is not out:
+            out.copy_(merged)
 
 
 class PreparedDecode:

@@ -23,7 +23,7 @@ from ..problem import Variant
 from .backend import new_key_tile
 from .launch import descale_strides, strides_or_zeros
 from .new_keys import FP8_FORMATS, row_cache_bases, row_descales, write_new_keys
-from .rotary import load_rotated_rows, load_rows_rotated_at
+from .rotary import load_rotated_rows, load_rows_rotated_at, row_rotary_start
 
 #: q rows rotated per step of the rotation loop (registers: BLOCK_R x BLOCK_D fp32, twice).
 Q_ROWS = 16
@@ -52,8 +52,9 @@ def cache_update_kernel(
     Q/Q_OUT ``[B, L_q, H_q, D]``; K/V ``[B_cache, capacity, H_kv, D]``, or pages ``[num_pages,
     PAGE_SIZE, H_kv, D]`` (PAGED, ``BLOCK_TABLE [B, pages per row]``); K_NEW/V_NEW ``[B, L_new,
     H_kv, D]``; SEQLENS/SEQLENS_OUT/LEFTPAD/BATCH_IDX int32 ``[B]``; descales fp32 (fp8 caches);
-    COS/SIN ``[seqlen_ro, rotary_half]``. Rotary positions count from ``LEFTPAD[b]``: new token t
-    at ``SEQLENS[b] - LEFTPAD[b] + t``, q row m at the same position as token m (PER_TOKEN) or
+    COS/SIN ``[seqlen_ro, rotary_half]``. Rotary positions count from ``LEFTPAD[b]`` (clamped into
+    the row, as the attention clamps it: :func:`~flashsplit.triton.rotary.row_rotary_start`): new
+    token t at ``SEQLENS[b] - LEFTPAD[b] + t``, q row m at the same position as token m (PER_TOKEN) or
     at token 0's. Keys past the capacity are not written; page ids and cache rows are clamped
     into the cache (a wrong value writes a wrong slot of the cache, never stray memory).
     """
@@ -62,10 +63,6 @@ def cache_update_kernel(
     seqlen0 = tl.load(SEQLENS + b)
     if kvh == 0:
         tl.store(SEQLENS_OUT + b, seqlen0 + seqlen_new)
-    rot_position = seqlen0
-    if HAS_LEFTPAD:
-        rot_position -= tl.load(LEFTPAD + b)
-
     k_base, v_base = row_cache_bases(K, V, BATCH_IDX, b, kvh, num_pages, stride_kb, stride_kh, stride_vb, stride_vh,
                                      PAGED, HAS_BATCH_IDX)
     bt_row = BLOCK_TABLE  # the row's page table (PAGED)
@@ -74,6 +71,7 @@ def cache_update_kernel(
     k_scale, v_scale = row_descales(K_DESCALE, V_DESCALE, b, kvh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
                                     HAS_DESCALE)
     total = tl.minimum(tl.maximum(seqlen0 + seqlen_new, 0), capacity)
+    rot_position = row_rotary_start(SEQLENS, LEFTPAD, b, total, HAS_LEFTPAD)
     lo = tl.minimum(tl.maximum(seqlen0, 0), total)
     write_new_keys(K_NEW + b * stride_knb + kvh * stride_knh, V_NEW + b * stride_vnb + kvh * stride_vnh, k_base,
                    v_base, bt_row, lo, total, seqlen0, rot_position, k_scale, v_scale, num_pages, stride_knt,

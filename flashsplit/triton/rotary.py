@@ -11,6 +11,17 @@ import triton.language as tl
 
 
 @triton.jit
+def row_rotary_start(SEQLENS, LEFTPAD, b, seqlen, HAS_LEFTPAD: tl.constexpr):
+    """The rotary position of row ``b``'s first new key: its old length ``SEQLENS[b]`` counted
+    from its first real key, ``LEFTPAD[b]`` clamped into ``[0, seqlen]`` (``seqlen``: the row's
+    length with its new keys, clamped into the capacity) as the attention range clamps it."""
+    position = tl.load(SEQLENS + b)
+    if HAS_LEFTPAD:
+        position -= tl.minimum(tl.maximum(tl.load(LEFTPAD + b), 0), seqlen)
+    return position
+
+
+@triton.jit
 def rotary_pairs(offs_d, rotary_half, INTERLEAVED: tl.constexpr):
     """``(rotated, pair, first, partner)`` ``[BLOCK_D]`` for columns ``offs_d``: whether the column
     rotates, its table column, whether it is its pair's first, and the column it mixes with

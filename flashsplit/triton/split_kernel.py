@@ -13,7 +13,7 @@ from triton.language.extra.cuda import gdc_launch_dependents
 
 from .attend import attend_range, chunk_page_ids, q_for_fp16_dots
 from .new_keys import row_cache_bases, row_descales, write_new_keys
-from .rotary import load_rotated_rows, load_rows_rotated_at
+from .rotary import load_rotated_rows, load_rows_rotated_at, row_rotary_start
 from .split_rule import (add_sink, load_leftpad, load_seqlen, padded_row_first_key, row_first_key, row_split_range,
                          row_splits_used)
 
@@ -229,7 +229,8 @@ def split_kv_kernel(
     cache ``FP8_EMIN``/``FP8_MBITS``/``FP8_MAX`` describe its format). HAS_LEFTPAD: its keys start at
     ``LEFTPAD[b]`` (masks are unchanged: a query's position and the keys' shift alike);
     HAS_BATCH_IDX: a dense row b reads cache row ``BATCH_IDX[b]``. ROTARY: q is rotated by
-    ``COS``/``SIN`` (:mod:`~flashsplit.triton.rotary`) at position ``SEQLENS[b] - LEFTPAD[b]``, plus
+    ``COS``/``SIN`` (:mod:`~flashsplit.triton.rotary`) at position ``SEQLENS[b] - LEFTPAD[b]`` (LEFTPAD
+    clamped as for the keys: :func:`~flashsplit.triton.rotary.row_rotary_start`), plus
     the query's index with ROTARY_PER_TOKEN; new keys at the same position plus their token index.
 
     Writes the fp32 partial ``OUT_PARTIAL[split, b, m, hq, :]``, ``LSE_PARTIAL[split, b, hq, m]``
@@ -282,9 +283,7 @@ def split_kv_kernel(
 
     rot_position = 0
     if ROTARY:  # at the row's old length (leftpad-relative), as the new keys
-        rot_position = tl.load(SEQLENS + b)
-        if HAS_LEFTPAD:
-            rot_position -= tl.load(LEFTPAD + b)
+        rot_position = row_rotary_start(SEQLENS, LEFTPAD, b, seqlen, HAS_LEFTPAD)
         q_rows = Q + b * stride_qb + offs_m * stride_qm + offs_hq * stride_qh
         if ROTARY_PER_TOKEN:
             q = load_rotated_rows(q_rows, mask_r, rot_position + offs_m, COS, SIN, stride_cos, seqlen_ro,
