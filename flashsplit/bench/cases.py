@@ -249,9 +249,10 @@ class Case:
 
     @property
     def rotary_positions(self) -> int:
-        """Rows of the rotary tables: the capacity, or more where query ``L_q - 1`` (rotated at
-        ``cache_seqlens + L_q - 1``, FlashAttention's causal convention) sits past it."""
-        return max(self.capacity, self.seqlen_k - self.append + self.seqlen_q)
+        """Rows of the rotary tables: the capacity, plus the queries past the new keys (a query
+        ``i`` rotates at ``cache_seqlens + i``, FlashAttention's causal convention), which is
+        what decode asks of a table."""
+        return self.capacity + max(0, self.seqlen_q - self.append)
 
     @property
     def append_bytes(self) -> int:
