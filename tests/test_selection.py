@@ -312,3 +312,18 @@ def test_cute_runs_cache_updates_and_auto_takes_triton_for_them(field):
     assert get("cute").supports(problem) is None
     assert select(problem, "cute")[0].name == "cute"
     assert select(problem, "auto")[0].name == "triton"
+
+
+@pytest.mark.cpu
+def test_plan_by_default_describes_where_decode_runs_here():
+    """Without CUDA, plan() describes the interpreter path decode takes; a named GPU (or an SM
+    count) plans for that GPU instead."""
+    here = flashsplit.plan(4, 32768, 32, 8, 128, dtype=torch.float16)
+    assert here.backend == "triton" and here.gpu == "cpu"
+    assert str(here).startswith("on the CPU (Triton interpreter): backend triton")
+    assert "CTA slots" not in str(here) and "split as for a 132-SM GPU" in str(here)
+    h200 = flashsplit.plan(4, 32768, 32, 8, 128, gpu="h200")
+    assert h200.gpu == "NVIDIA H200" and str(h200).startswith("on NVIDIA H200: backend ")
+    assert flashsplit.plan(4, 32768, 32, 8, 128, num_sms=66, backend="triton").gpu == "NVIDIA H200"
+    with pytest.raises(ValueError, match="num_sms: only for device='cuda'"):
+        flashsplit.plan(4, 32768, 32, 8, 128, num_sms=66, device="cpu")
