@@ -25,6 +25,7 @@ if not HAS_CUDA:
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 import flashsplit  # noqa: E402,F401  (its Triton kernels are defined once, with the interpreter chosen)
+from flashsplit.cute.backend import CUTLASS_MISSING  # noqa: E402  (a string: imports no cutlass)
 
 
 FULL_SKIP_REASON = "full CPU matrix: run with pytest --full"
@@ -34,7 +35,7 @@ HAS_SM90 = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
 CUTE_GPU_MARKS = [
     pytest.mark.gpu,
     pytest.mark.skipif(not HAS_SM90, reason="needs a CUDA device of compute capability 9.0"),
-    pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="nvidia-cutlass-dsl is not installed"),
+    pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason=CUTLASS_MISSING),
 ]
 
 

@@ -35,10 +35,11 @@ from flashsplit.cute.config_lists import compile_check_configs
 from flashsplit import selection
 from flashsplit.plan import SPLIT_GRANULE
 from flashsplit.problem import DecodeProblem
+from flashsplit.cute.backend import CUTLASS_MISSING
 from flashsplit.target import KNOWN_GPUS
 
 _HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
-needs_cutlass = pytest.mark.skipif(not _HAS_CUTLASS, reason="nvidia-cutlass-dsl is not installed")
+needs_cutlass = pytest.mark.skipif(not _HAS_CUTLASS, reason=CUTLASS_MISSING)
 
 
 def _arch_ok() -> bool:
@@ -1035,7 +1036,7 @@ def test_supports_reason_without_cutlass(monkeypatch):
     import flashsplit.cute.backend as backend
 
     monkeypatch.setattr(backend, "cutlass_available", lambda: False)
-    assert CuteBackend().supports(_problem()) == "nvidia-cutlass-dsl is not installed"
+    assert CuteBackend().supports(_problem()) == "nvidia-cutlass-dsl is not installed: pip install 'flashsplit[hopper]'"
 
 
 @needs_cutlass

@@ -13,9 +13,10 @@ from flashsplit import selection
 from flashsplit.problem import DecodeProblem
 from flashsplit.registry import get, select
 from flashsplit.target import KNOWN_GPUS, GpuTarget
+from flashsplit.cute.backend import CUTLASS_MISSING
 
 HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
-needs_cutlass = pytest.mark.skipif(not HAS_CUTLASS, reason="nvidia-cutlass-dsl is not installed")
+needs_cutlass = pytest.mark.skipif(not HAS_CUTLASS, reason=CUTLASS_MISSING)
 FP8 = torch.float8_e4m3fn
 H200 = KNOWN_GPUS["h200"]
 #: The hand rules' GPU in these tests: an H200's SM count, no measured table (the H200 and the
