@@ -30,12 +30,16 @@ from flashsplit.cute.backend import CUTLASS_MISSING  # noqa: E402  (a string: im
 
 FULL_SKIP_REASON = "full CPU matrix: run with pytest --full"
 
+HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
+#: A test that plans or compiles for the cute backend: it needs the [hopper] extra.
+NEEDS_CUTLASS = pytest.mark.skipif(not HAS_CUTLASS, reason=CUTLASS_MISSING)
+
 HAS_SM90 = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
 #: The marks of a module that launches the cute backend: a Hopper GPU and nvidia-cutlass-dsl.
 CUTE_GPU_MARKS = [
     pytest.mark.gpu,
     pytest.mark.skipif(not HAS_SM90, reason="needs a CUDA device of compute capability 9.0"),
-    pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason=CUTLASS_MISSING),
+    NEEDS_CUTLASS,
 ]
 
 

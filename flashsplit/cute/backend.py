@@ -56,10 +56,10 @@ class CuteBackend(Backend):
             return "q/k_cache/v_cache/out need 16-byte aligned pointers and strides (TMA, vector stores)"
         if problem.cache_dtype != problem.dtype and problem.cache_dtype not in FP8_DTYPES:
             return f"{problem.cache_dtype} caches are not implemented in the cute backend yet"
-        if not cutlass_available():
-            return CUTLASS_MISSING
         if problem.target is None:
             return f"needs a CUDA device, got {problem.device_type}"
+        if not cutlass_available():
+            return CUTLASS_MISSING
         if problem.target.capability != (9, 0):
             major, minor = problem.target.capability
             return f"needs compute capability 9.0 (Hopper, sm_90a), got {major}.{minor} ({problem.target.name})"
