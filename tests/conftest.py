@@ -11,8 +11,11 @@ launching (``CUTE_DSL_ARCH``, which cutlass reads when it is first imported, whi
 imports it first).
 """
 
+import contextlib
 import importlib.util
 import os
+import re
+import warnings
 import zlib
 
 import pytest
@@ -61,6 +64,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_cpu)
         if item.get_closest_marker("full") and not full:
             item.add_marker(skip_full)
+
+
+@contextlib.contextmanager
+def torch_notice_silenced(message: str):
+    """Silence torch's UserWarning that starts with ``message``: its notice about a tensor kind
+    (ComplexHalf, sparse CSR) that a test builds on purpose, to see flashsplit refuse or handle it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=re.escape(message), category=UserWarning)
+        yield
 
 
 @pytest.fixture
