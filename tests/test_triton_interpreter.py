@@ -61,6 +61,7 @@ with warnings.catch_warnings(record=True) as caught:
     except ValueError as e:
         report["decode_error"] = str(e)
 report["warnings"] = interpreter_warnings(caught)
+report["warned_at"] = [os.path.basename(w.filename) for w in caught if "TRITON_INTERPRET" in str(w.message)]
 print(json.dumps(report))
 """
 
@@ -89,6 +90,7 @@ def test_import_without_cuda_chooses_the_interpreter_and_warns_at_the_first_cpu_
     assert report["import_warnings"] == []  # importing (and planning) decodes nothing: nothing to say yet
     assert report["plan"].startswith("on the CPU (Triton interpreter)")
     assert len(report["warnings"]) == 1, report["warnings"]  # two decodes, one warning
+    assert report["warned_at"] == ["child.py"]  # the user's decode call, not flashsplit's insides
     assert "process-wide" in report["warnings"][0]
     assert report["interpreter_active"] is True
     # The interpreter is a process-wide mode: the warning says the user's kernels use it too.

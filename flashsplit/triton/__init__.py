@@ -66,7 +66,11 @@ def warn_interpreter_once() -> None:
     global _warning_due
     if _warning_due:
         _warning_due = False
-        warnings.warn(INTERPRETER_WARNING, UserWarning, stacklevel=2)
+        # Attributed to the first caller outside flashsplit (the user's decode call).
+        level, frame = 2, sys._getframe(1)
+        while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "flashsplit":
+            level, frame = level + 1, frame.f_back
+        warnings.warn(INTERPRETER_WARNING, UserWarning, stacklevel=level)
 
 import triton.language as tl  # noqa: E402  (after the interpreter is chosen)
 from triton.runtime import JITFunction  # noqa: E402

@@ -135,7 +135,8 @@ def descale_strides(scale: torch.Tensor | None) -> tuple[int, int]:
 def launch(fn, grid: tuple[int, int, int], tensors: Sequence, tail: Sequence, options: dict) -> Relaunch | None:
     """``fn[grid](*tensors, *tail, **options)``; returns a :class:`Relaunch` of it, or None where
     replaying is not possible (the interpreter, another triton version)."""
-    warn_interpreter_once()  # a no-op unless this is the first kernel flashsplit interprets for a user
+    # Once per process, if flashsplit chose the interpreter for the user: the first kernel it runs.
+    warn_interpreter_once()
     compiled = fn[grid](*tensors, *tail, **options)
     if compiled is None or not fast_relaunch_available():
         return None
