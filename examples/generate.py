@@ -6,17 +6,27 @@
 
 A batch of prompts of different lengths, left-padded, decodes over a StaticCache with flashsplit
 (prefill runs on SDPA), then again with SDPA, and the new tokens are compared. Needs
-``pip install 'flashsplit[transformers]'``. Without CUDA, flashsplit's kernels run through the
+``pip install "flashsplit[transformers]"``. Without CUDA, flashsplit's kernels run through the
 Triton interpreter (slow, fp16).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
+import sys
 
 import torch
 
-import flashsplit.integrations.transformers as fs_transformers
+if not torch.cuda.is_available():
+    # Choose the Triton interpreter for this process before flashsplit imports triton (flashsplit
+    # would choose it too, and warn that it did).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import flashsplit.integrations.transformers as fs_transformers  # noqa: E402  (after the interpreter is chosen)
+
+INSTALL_HINT = 'this example needs transformers: pip install "flashsplit[transformers]"'
 
 PROMPTS = ["The capital of France is", "Split-KV attention divides the cache", "Hello"]
 
@@ -48,6 +58,8 @@ def main(argv=None) -> None:
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--compile", action="store_true", help="let transformers compile the decode step (GPU)")
     args = parser.parse_args(argv)
+    if importlib.util.find_spec("transformers") is None:
+        sys.exit(INSTALL_HINT)  # exit code 1, the hint on stderr
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

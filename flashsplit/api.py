@@ -31,7 +31,7 @@ def plan(
     kv_dtype: torch.dtype | None = None,
     num_splits: int = 0,
     num_sms: int | None = None,
-    device: str | torch.device = "cuda",
+    device: str | torch.device | None = None,
     backend: str = "auto",
     gpu: str | GpuTarget | None = None,
     window_size: tuple[int, int] = (-1, -1),
@@ -47,10 +47,12 @@ def plan(
 
     ``seqlen_k`` is the cache capacity (``k_cache.shape[1]``, or ``max_pages_per_row *
     page_size`` for a paged cache, with ``page_size`` given); ``kv_dtype`` an fp8 cache's dtype.
-    ``gpu`` plans for a named GPU (``"h200"``, ``"h100"``, ... :data:`flashsplit.target.KNOWN_GPUS`,
-    or a :class:`~flashsplit.target.GpuTarget`) from any machine; by default the current CUDA
-    device, or an H200 when there is none. ``num_sms`` overrides the GPU's SM count.
-    ``device="cpu"`` plans for the Triton interpreter. ``window_size``, ``softcap``,
+    By default it plans for the device :func:`decode` would run on here: the current CUDA
+    device, or on a machine without one the CPU (the Triton interpreter). ``gpu`` plans for a
+    named GPU (``"h200"``, ``"h100"``, ... :data:`flashsplit.target.KNOWN_GPUS`, or a
+    :class:`~flashsplit.target.GpuTarget`) from any machine; ``num_sms`` overrides the GPU's SM
+    count (and, like ``gpu``, plans for a GPU). ``device="cuda"`` on a machine without CUDA plans
+    for an H200; ``device="cpu"`` for the Triton interpreter. ``window_size``, ``softcap``,
     ``has_sinks`` (``sinks`` given) and ``batch_invariant`` as in :func:`decode`: a left window
     bound shrinks the span the splits cover (``SplitPlan.span``). ``seqlen_new`` (new keys per row,
     ``k``/``v`` given), ``has_leftpad``, ``has_batch_idx`` and ``rotary_dim`` describe a call that
@@ -65,6 +67,8 @@ def plan(
     >>> plan(1, 4096, 32, 8, 128, gpu="h20").rule   # no table: the hand rules (cute's swapped operands)
     'swapped-operands'
     """
+    if device is None:  # where decode would run here, unless a GPU is described
+        device = "cuda" if gpu is not None or num_sms is not None or torch.cuda.is_available() else "cpu"
     device = check_plan_args(batch, seqlen_k, num_heads, num_heads_kv, head_dim, seqlen_q, dtype, causal,
                              has_cache_seqlens, page_size, kv_dtype, num_splits, num_sms, device, backend)
     target = None
@@ -72,8 +76,9 @@ def plan(
         target = gpu_target(gpu) if gpu is not None else device_target(device.index)
         if num_sms is not None:
             target = dataclasses.replace(target, num_sms=num_sms)
-    elif gpu is not None:
-        raise ValueError(f"gpu: only for device='cuda', got device={str(device)!r}")
+    elif gpu is not None or num_sms is not None:
+        name = "gpu" if gpu is not None else "num_sms"
+        raise ValueError(f"{name}: only for device='cuda' (a GPU), got device={str(device)!r}")
     window_left, window_right = check_window(_pair(window_size), causal)
     if not isinstance(has_sinks, bool) or not isinstance(batch_invariant, bool):
         raise TypeError(f"has_sinks, batch_invariant: expected bools, got {has_sinks!r}, {batch_invariant!r}")

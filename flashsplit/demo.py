@@ -48,6 +48,8 @@ def run_demo(backend: str = "auto") -> int:
     print(f"flashsplit demo: {shape_name}")
     print(f"  q {list(q.shape)}, k/v cache {list(k.shape)} {str(dtype).replace('torch.', '')}, cache_seqlens {lengths}")
     print(f"  plan: {the_plan}")
+    if not on_gpu:
+        print(f"  a GPU's plan from here: flashsplit.plan({batch}, {seqlen_k}, {heads}, {heads_kv}, {dim}, gpu=\"h200\")")
     started = time.perf_counter()
     out, lse = decode(q, k, v, cache_seqlens=cache_seqlens, return_lse=True, backend=backend)
     if on_gpu:

@@ -245,7 +245,8 @@ class SplitPlan:
     num_sms: int
     units_per_sm: int
     runs_combine: bool
-    #: The GPU planned for (``"cpu"`` for the Triton interpreter).
+    #: The GPU planned for (``"cpu"`` for the Triton interpreter, which splits as a GPU of
+    #: ``num_sms`` SMs would).
     gpu: str = "cpu"
     span: int = 0
     seqlen_q: int = 1
@@ -261,8 +262,14 @@ class SplitPlan:
     def __str__(self) -> str:
         combine = "then a combine kernel" if self.runs_combine else "no combine (one split)"
         window = f" (a window of {self.window_left} keys: splits cover {self.span})" if self.window_left >= 0 else ""
+        where, split_reason = f"on {self.gpu}", self.split_reason
+        if self.gpu == "cpu":
+            where = "on the CPU (Triton interpreter)"
+            if not self.batch_invariant and split_reason != "requested":
+                # The interpreter has no SMs: it runs the splits the heuristic gives a GPU of this size.
+                split_reason = f"split as for a {self.num_sms}-SM GPU, whose programs the interpreter runs one by one"
         return (
-            f"on {self.gpu}: backend {self.backend} ({self.backend_reason}); {self.num_splits} split(s) of up to "
-            f"{self.tokens_per_split} keys{window} ({self.split_reason}); grid {self.grid}, "
+            f"{where}: backend {self.backend} ({self.backend_reason}); {self.num_splits} split(s) of up to "
+            f"{self.tokens_per_split} keys{window} ({split_reason}); grid {self.grid}, "
             f"{self.block_m}-row tiles x {self.row_blocks}; {combine}"
         )

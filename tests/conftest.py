@@ -11,8 +11,11 @@ launching (``CUTE_DSL_ARCH``, which cutlass reads when it is first imported, whi
 imports it first).
 """
 
+import contextlib
 import importlib.util
 import os
+import re
+import warnings
 import zlib
 
 import pytest
@@ -25,16 +28,21 @@ if not HAS_CUDA:
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 import flashsplit  # noqa: E402,F401  (its Triton kernels are defined once, with the interpreter chosen)
+from flashsplit.cute.backend import CUTLASS_MISSING  # noqa: E402  (a string: imports no cutlass)
 
 
 FULL_SKIP_REASON = "full CPU matrix: run with pytest --full"
+
+HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
+#: A test that plans or compiles for the cute backend: it needs the [hopper] extra.
+NEEDS_CUTLASS = pytest.mark.skipif(not HAS_CUTLASS, reason=CUTLASS_MISSING)
 
 HAS_SM90 = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
 #: The marks of a module that launches the cute backend: a Hopper GPU and nvidia-cutlass-dsl.
 CUTE_GPU_MARKS = [
     pytest.mark.gpu,
     pytest.mark.skipif(not HAS_SM90, reason="needs a CUDA device of compute capability 9.0"),
-    pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="nvidia-cutlass-dsl is not installed"),
+    NEEDS_CUTLASS,
 ]
 
 
@@ -56,6 +64,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_cpu)
         if item.get_closest_marker("full") and not full:
             item.add_marker(skip_full)
+
+
+@contextlib.contextmanager
+def torch_notice_silenced(message: str):
+    """Silence torch's UserWarning that starts with ``message``: its notice about a tensor kind
+    (ComplexHalf, sparse CSR) that a test builds on purpose, to see flashsplit refuse or handle it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=re.escape(message), category=UserWarning)
+        yield
 
 
 @pytest.fixture

@@ -17,6 +17,8 @@ import pytest
 import torch
 from rich.console import Console
 
+from conftest import NEEDS_CUTLASS
+
 import flashsplit
 from flashsplit.bench import cases, cli, contenders, device, formats, options, render, rows, runner, sweep
 from flashsplit.bench.cases import Case, Shape, build_grid, rotation_count
@@ -613,6 +615,7 @@ def test_dense_inputs_are_unchanged_by_the_format_code():
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
 
 
+@NEEDS_CUTLASS
 def test_peers_skip_paged_and_fp8_with_reasons():
     paged, fp8 = Case(1, 4096, 32, 8, 128, page_size=16), Case(1, 4096, 32, 8, 128, kv_dtype="fp8e4m3")
     both, dense = Case(1, 4096, 32, 8, 128, page_size=1, kv_dtype="fp8e5m2"), Case(1, 4096, 32, 8, 128)
@@ -948,6 +951,7 @@ def test_plot_lines_keep_query_counts_apart():
     assert render.line_label(data[0], data[:1]) == "triton"
 
 
+@NEEDS_CUTLASS
 def test_dry_run_lists_l_q_and_plans_for_it(monkeypatch, capsys):
     monkeypatch.setattr(device, "cuda_available", lambda: False)
     argv = ["--seqlen-q", "1", "4", "--batch", "1", "16", "--seqlen", "4k", "16k", "--no-flex"]

@@ -96,8 +96,10 @@ def test_demo_unavailable_backend_is_reported_from_plan(monkeypatch, capsys):
 def test_demo_runs_checks_and_exits_0_on_the_cpu(capsys):
     assert cli.main(["demo", "--backend", "triton"]) == 0
     out = capsys.readouterr().out
-    assert "plan: on cpu: backend triton" in out and "max |out - float64 reference|" in out
+    assert "plan: on the CPU (Triton interpreter): backend triton" in out and "max |out - float64 reference|" in out
     assert "FAILED" not in out
+    assert "SMs x" not in out and "CTA slots" not in out  # the CPU has none
+    assert 'flashsplit.plan(2, 1024, 8, 2, 64, gpu="h200")' in out  # how to see a GPU's plan
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="runs the CPU demo shape")

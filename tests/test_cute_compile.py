@@ -35,10 +35,11 @@ from flashsplit.cute.config_lists import compile_check_configs
 from flashsplit import selection
 from flashsplit.plan import SPLIT_GRANULE
 from flashsplit.problem import DecodeProblem
+from flashsplit.cute.backend import CUTLASS_MISSING
 from flashsplit.target import KNOWN_GPUS
 
 _HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
-needs_cutlass = pytest.mark.skipif(not _HAS_CUTLASS, reason="nvidia-cutlass-dsl is not installed")
+needs_cutlass = pytest.mark.skipif(not _HAS_CUTLASS, reason=CUTLASS_MISSING)
 
 
 def _arch_ok() -> bool:
@@ -596,6 +597,7 @@ def test_heads_first_configs():
     assert choice.choose(invariant, 8, 132, heads_first=True).heads_first
 
 
+@needs_cutlass
 @pytest.mark.parametrize("gpu, shape, splits, cluster", [
     ("h200", dict(seqlen_k=4096), 8, True),  # 8 row tiles x 8 splits: one cluster each
     ("h200", dict(seqlen_k=2048, num_heads=64), 8, True),
@@ -1015,8 +1017,6 @@ def _without_table(problem: DecodeProblem) -> DecodeProblem:
     (dict(kv_dtype=torch.float8_e5m2, dtype=torch.float16, head_dim=96, page_size=8), "CUDA device"),
 ])
 def test_supports_reasons_on_cpu_problems(overrides, needle):
-    if not _HAS_CUTLASS and needle == "CUDA device":
-        needle = "not installed"
     reason = CuteBackend().supports(_problem(**overrides))
     assert reason is not None and needle in reason, reason
 
@@ -1027,15 +1027,19 @@ def test_gathered_pages_supported_but_ranked_below_triton(overrides):
     """Any page size passes the paged checks (then fails only on the CPU device); auto ranks
     gathered pages below Triton (measured slower)."""
     reason = CuteBackend().supports(_problem(**overrides))
-    assert reason is not None and ("CUDA device" in reason or "not installed" in reason), reason
+    assert reason is not None and "CUDA device" in reason, reason
     assert selection.rule_for(_problem(**overrides)).name == "paged-gathered"
 
 
 def test_supports_reason_without_cutlass(monkeypatch):
     import flashsplit.cute.backend as backend
 
+    from flashsplit.target import KNOWN_GPUS
+
     monkeypatch.setattr(backend, "cutlass_available", lambda: False)
-    assert CuteBackend().supports(_problem()) == "nvidia-cutlass-dsl is not installed"
+    on_h200 = _problem(device_type="cuda", gpu=KNOWN_GPUS["h200"])
+    assert CuteBackend().supports(on_h200) == "nvidia-cutlass-dsl is not installed: pip install 'flashsplit[hopper]'"
+    assert CuteBackend().supports(_problem()) == "needs a CUDA device, got cpu"  # the reason that comes first
 
 
 @needs_cutlass
@@ -1222,7 +1226,7 @@ def test_supports_every_variant(overrides):
     """Windows, softcap, sinks and batch-invariant decode (alone, together, on paged and fp8 caches)
     pass every check but the device's."""
     reason = CuteBackend().supports(_problem(**overrides))
-    assert reason is not None and ("CUDA device" in reason or "not installed" in reason), reason
+    assert reason is not None and "CUDA device" in reason, reason
 
 
 def test_launch_packers_follow_the_schemas():
@@ -1322,6 +1326,7 @@ def test_timeline_probe_compiles_only_when_switched_on(tmp_path, monkeypatch):
     assert "%smid" not in default_ptx
 
 
+@needs_cutlass
 @pytest.mark.parametrize("cluster", [False, True])
 def test_cluster_launch_asks_for_its_compile_key(cluster, monkeypatch):
     """``CuteBackend.prepare`` with the cluster merge on (``choice.CLUSTER_MERGE``) gives a B = 1
@@ -1349,6 +1354,7 @@ def test_cluster_launch_asks_for_its_compile_key(cluster, monkeypatch):
     assert config.units_per_sm == (1 if cluster else 2) and (config.stages == 3)
 
 
+@needs_cutlass
 def test_split_cap_follows_the_cluster_setting(monkeypatch):
     """The plan's cluster cap is part of the cute launch rules: forcing the counter
     (``choice.CLUSTER_MERGE = False``, then ``registry.invalidate()``) drops it from the next plan

@@ -17,8 +17,10 @@ import sys
 
 import pytest
 
+from flashsplit.cute.backend import CUTLASS_MISSING
+
 _HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
-pytestmark = pytest.mark.skipif(not _HAS_CUTLASS, reason="nvidia-cutlass-dsl is not installed")
+pytestmark = pytest.mark.skipif(not _HAS_CUTLASS, reason=CUTLASS_MISSING)
 
 if _HAS_CUTLASS and "cutlass" not in sys.modules:
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")

@@ -14,8 +14,10 @@ import importlib.util
 import numpy as np
 import pytest
 
+from flashsplit.cute.backend import CUTLASS_MISSING
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("cutlass") is None,
-                                reason="nvidia-cutlass-dsl is not installed")
+                                reason=CUTLASS_MISSING)
 
 
 def _warp_reduction_sum(values: np.ndarray) -> np.float32:

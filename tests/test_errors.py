@@ -9,7 +9,7 @@ from flashsplit.call import DecodeTensors
 from flashsplit.api import decode_into
 from flashsplit.testing import check_against_reference, to_paged
 
-from conftest import DEVICE
+from conftest import DEVICE, torch_notice_silenced
 
 
 def _good(batch=2, seqlen_q=1, num_heads=8, num_heads_kv=2, seqlen_k=64, head_dim=64, dtype=torch.float16):
@@ -239,6 +239,11 @@ def _partials(num_splits=3, batch=2, seqlen_q=2, num_heads=4, head_dim=32):
             torch.randn(num_splits, batch, num_heads, seqlen_q))
 
 
+def _csr(t):
+    with torch_notice_silenced("Sparse CSR tensor support is in beta state"):
+        return t.to_sparse_csr()
+
+
 COMBINE_CASES = [
     ("out not a tensor", dict(out=[0.0]), TypeError, "out: expected a torch.Tensor, got list"),
     ("out last dim strided", dict(out=torch.zeros(2, 2, 4, 64)[..., ::2]), ValueError,
@@ -266,7 +271,7 @@ COMBINE_CASES = [
      r"out_partial: expected head_dim \(dim 4\) <= 256"),
     ("out_partial no splits", dict(out_partial=torch.randn(0, 2, 2, 4, 32), lse_partial=torch.randn(0, 2, 4, 2)),
      ValueError, "out_partial: expected 1..256 splits"),
-    ("lse_partial csr", dict(lse_partial=torch.randn(6, 8).to_sparse_csr()), TypeError,
+    ("lse_partial csr", dict(lse_partial=_csr(torch.randn(6, 8))), TypeError,
      "lse_partial: expected a dense"),
     ("lse_partial last dim strided", dict(lse_partial=torch.randn(3, 2, 4, 4)[..., ::2]), ValueError,
      "lse_partial: the last dim must be contiguous"),
@@ -307,7 +312,8 @@ def test_combine_honours_partial_strides(out_dtype, generator):
 # -- Sparse, nested and negated tensors, and the cached fast path -----------------------------
 
 def _nested(t):
-    return torch.nested.nested_tensor([t[0], t[1]])
+    with torch_notice_silenced("The PyTorch API of nested tensors is in prototype stage"):
+        return torch.nested.nested_tensor([t[0], t[1]])
 
 
 def _negated(t):
@@ -321,7 +327,8 @@ def _negated(t):
 def _imag_of_conj(t):
     """A negated view as public ops make it: the imaginary part of a conjugated complex tensor
     (strides twice t's), and a plain view of the same facts."""
-    z = torch.complex(torch.zeros_like(t), -t)
+    with torch_notice_silenced("ComplexHalf support is experimental"):  # z only carries the negation
+        z = torch.complex(torch.zeros_like(t), -t)
     view, twin = z.conj().imag, torch.view_as_real(z)[..., 1]
     assert view.is_neg() and torch.equal(view, t) and not twin.is_neg()
     assert (view.stride(), view.data_ptr()) == (twin.stride(), twin.data_ptr())

@@ -10,6 +10,8 @@ import math
 import pytest
 import torch
 
+from conftest import NEEDS_CUTLASS
+
 import flashsplit
 from flashsplit import measured_table, selection
 from flashsplit.problem import DecodeProblem
@@ -147,6 +149,7 @@ def test_malformed_tables_are_refused(table, change, message):
     assert str(e.value).startswith("h200.json: ")
 
 
+@NEEDS_CUTLASS
 def test_plan_reports_the_vote():
     p = flashsplit.plan(64, 1024, 28, 4, 64, gpu="h200")  # measured: cute 1.058x faster
     assert (p.backend, p.rule) == ("cute", "measured")
@@ -159,6 +162,7 @@ def test_plan_reports_the_vote():
     assert vote.exact and math.isclose(vote.ratio, cell.cute_us / cell.triton_us, rel_tol=1e-9)
 
 
+@NEEDS_CUTLASS
 def test_h100_table_corrects_a_hand_rule():
     """28/4 heads, d = 256, four causal queries, B = 1 x 16k: the hand rule ``wide-rows`` picks
     Triton, which the H100 table timed at 1.3x cute's time; on the H100 the table decides."""

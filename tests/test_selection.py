@@ -13,9 +13,10 @@ from flashsplit import selection
 from flashsplit.problem import DecodeProblem
 from flashsplit.registry import get, select
 from flashsplit.target import KNOWN_GPUS, GpuTarget
+from flashsplit.cute.backend import CUTLASS_MISSING
 
 HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
-needs_cutlass = pytest.mark.skipif(not HAS_CUTLASS, reason="nvidia-cutlass-dsl is not installed")
+needs_cutlass = pytest.mark.skipif(not HAS_CUTLASS, reason=CUTLASS_MISSING)
 FP8 = torch.float8_e4m3fn
 H200 = KNOWN_GPUS["h200"]
 #: The hand rules' GPU in these tests: an H200's SM count, no measured table (the H200 and the
@@ -342,3 +343,18 @@ def test_batch_invariant_auto_choice_follows_no_batch_fact(gpu):
         backend, rule, bounds = seen.pop()
         assert (backend, rule) == ("triton", "batch-invariant")
         assert bounds[3] == ((0, 512), (512, 513)) and bounds[0] == ()  # splits of >= 512 keys from the row's length
+
+
+@pytest.mark.cpu
+def test_plan_by_default_describes_where_decode_runs_here():
+    """Without CUDA, plan() describes the interpreter path decode takes; a named GPU (or an SM
+    count) plans for that GPU instead."""
+    here = flashsplit.plan(4, 32768, 32, 8, 128, dtype=torch.float16)
+    assert here.backend == "triton" and here.gpu == "cpu"
+    assert str(here).startswith("on the CPU (Triton interpreter): backend triton")
+    assert "CTA slots" not in str(here) and "split as for a 132-SM GPU" in str(here)
+    h200 = flashsplit.plan(4, 32768, 32, 8, 128, gpu="h200")
+    assert h200.gpu == "NVIDIA H200" and str(h200).startswith("on NVIDIA H200: backend ")
+    assert flashsplit.plan(4, 32768, 32, 8, 128, num_sms=66, backend="triton").gpu == "NVIDIA H200"
+    with pytest.raises(ValueError, match="num_sms: only for device='cuda'"):
+        flashsplit.plan(4, 32768, 32, 8, 128, num_sms=66, device="cpu")

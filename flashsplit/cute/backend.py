@@ -27,6 +27,10 @@ from .launcher import CuteLauncher, PreparedCuteDecode, compact_strides, raw_str
 _DTYPE_NAMES = (torch.float16, torch.bfloat16)
 
 
+#: Why the backend cannot run without its CuteDSL compiler (an optional extra of flashsplit).
+CUTLASS_MISSING = "nvidia-cutlass-dsl is not installed: pip install 'flashsplit[hopper]'"
+
+
 def cutlass_available() -> bool:
     return importlib.util.find_spec("cutlass") is not None
 
@@ -52,10 +56,10 @@ class CuteBackend(Backend):
             return "q/k_cache/v_cache/out need 16-byte aligned pointers and strides (TMA, vector stores)"
         if problem.cache_dtype != problem.dtype and problem.cache_dtype not in FP8_DTYPES:
             return f"{problem.cache_dtype} caches are not implemented in the cute backend yet"
-        if not cutlass_available():
-            return "nvidia-cutlass-dsl is not installed"
         if problem.target is None:
             return f"needs a CUDA device, got {problem.device_type}"
+        if not cutlass_available():
+            return CUTLASS_MISSING
         if problem.target.capability != (9, 0):
             major, minor = problem.target.capability
             return f"needs compute capability 9.0 (Hopper, sm_90a), got {major}.{minor} ({problem.target.name})"

@@ -17,7 +17,7 @@ import torch
 import triton
 
 from ..workspace import _raw_stream
-from . import interpreter_active
+from . import interpreter_active, warn_interpreter_once
 
 _RUN_SIGNATURE_VERSIONS = ("3.6.",)  # CompiledKernel.run(gx, gy, gz, stream, function, packed_metadata,
 #                                      launch_metadata, enter_hook, exit_hook, *args)
@@ -135,6 +135,8 @@ def descale_strides(scale: torch.Tensor | None) -> tuple[int, int]:
 def launch(fn, grid: tuple[int, int, int], tensors: Sequence, tail: Sequence, options: dict) -> Relaunch | None:
     """``fn[grid](*tensors, *tail, **options)``; returns a :class:`Relaunch` of it, or None where
     replaying is not possible (the interpreter, another triton version)."""
+    # Once per process, if flashsplit chose the interpreter for the user: the first kernel it runs.
+    warn_interpreter_once()
     compiled = fn[grid](*tensors, *tail, **options)
     if compiled is None or not fast_relaunch_available():
         return None
