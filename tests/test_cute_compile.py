@@ -1056,13 +1056,13 @@ def test_launch_arguments(paged, fp8, page_size, monkeypatch):
     calls = []
     monkeypatch.setattr(compile_mod, "compile_split", lambda config: lambda *args: calls.append((config, args)))
     batch, heads, heads_kv, d = 3, 8, 2, 128
-    q = torch.zeros(batch, 1, heads, d, dtype=torch.bfloat16)
+    q = torch.zeros(batch, 1, heads, d, dtype=torch.float16)
     seqlens = torch.tensor([5, 300, 0], dtype=torch.int32)
     if paged:
-        k = torch.zeros(11, page_size, heads_kv, d, dtype=torch.bfloat16)  # 11 pages
+        k = torch.zeros(11, page_size, heads_kv, d, dtype=torch.float16)  # 11 pages
         table = torch.zeros(batch, 6, dtype=torch.int32)[:, :4]  # row stride 6, 4 pages per row
     else:
-        k, table = torch.zeros(batch, 700, heads_kv, d, dtype=torch.bfloat16), None
+        k, table = torch.zeros(batch, 700, heads_kv, d, dtype=torch.float16), None
     k_descale = v_descale = None
     if fp8:
         k = k.to(torch.float8_e5m2)
