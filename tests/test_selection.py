@@ -322,7 +322,7 @@ INVARIANT_LAYOUTS = [(32, 8, 128, 1, None), (32, 32, 128, 1, None), (64, 8, 64, 
                      (32, 8, 80, 1, None)]
 
 
-@pytest.mark.parametrize("gpu", [*sorted(KNOWN_GPUS), RULES_GPU, "cpu"], ids=str)
+@pytest.mark.parametrize("gpu", [*sorted(KNOWN_GPUS), RULES_GPU, pytest.param("cpu", marks=pytest.mark.cpu)], ids=str)
 def test_batch_invariant_auto_choice_follows_no_batch_fact(gpu):
     """auto's backend and a row's split boundaries, for a batch-invariant decode, are the same at
     every batch size, capacity (1k-256k keys) and cache layout (dense, pages of 1, 16, 48, 128),
