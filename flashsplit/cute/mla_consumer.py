@@ -1,0 +1,197 @@
+"""The MLA split kernel's consumer warpgroups: ``S = Q K^T`` over 576, online softmax, ``O += P V``.
+
+A CTA's 64 packed q rows (``r = m * H_q + h``: query token ``m``, q head ``h``) attend its
+split's 64-key tiles. O is 64 x 512 fp32: 256 registers a thread in one warpgroup, too many, so
+two warpgroups each own 256 of its columns. Each computes the whole ``S`` tile itself (the same
+wgmmas on the same operands, so both hold the same bits and the same softmax state: no exchange
+between them), then ``O[:, its half] += P V[:, its half]`` with P from registers and V read
+from the K stage itself (the first 512 features of the key rows, an MN-major view of the same
+swizzled bytes). Accumulator element ``(c, r, v)`` of a thread sits at row
+``16 warp + lane / 4 + 8 r`` and column ``2 (lane % 4) + c + 8 v`` of its tile (the wgmma C
+layout): each thread keeps the softmax state of two rows.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import warpgroup
+
+from . import softmax
+from .mla_configs import CONSUMER_THREADS, HEAD_DIM, HEAD_DIM_V, ROWS, STAGES, TILE_N
+from .row_consumer import RowConsumer
+
+#: Named barriers (0 is ``__syncthreads``): both consumer warpgroups, then one per warpgroup.
+CONSUMERS_BARRIER_ID = 1
+WARPGROUP_BARRIER_ID = 2
+COLS = HEAD_DIM_V // 2  # O columns a warpgroup owns
+
+
+def publish_to_consumers() -> None:
+    """Generic-proxy shared-memory writes (the Q tile) become visible to both warpgroups' wgmmas."""
+    cute.arch.fence_proxy("async.shared", space="cta")
+    cute.arch.barrier(barrier_id=CONSUMERS_BARRIER_ID, number_of_threads=CONSUMER_THREADS)
+
+
+def publish_to_warpgroup(wg) -> None:
+    """Generic-proxy shared-memory writes of one warpgroup become visible to its own wgmmas."""
+    cute.arch.fence_proxy("async.shared", space="cta")
+    cute.arch.barrier(barrier_id=WARPGROUP_BARRIER_ID + wg, number_of_threads=128)
+
+
+class MLAConsumer:
+    """One consumer warpgroup of the MLA split kernel (``causal``: bottom-right aligned mask)."""
+
+    def __init__(self, causal: bool, dtype):
+        self.causal = causal
+        self.dtype = dtype
+
+    @cute.jit
+    def load_q(self, mQ, sQ, tidx, batch_idx, row_block, seqlen_q, num_heads):
+        """Both warpgroups gather the CTA's 64 packed q rows into the swizzled wgmma A tile
+        ``sQ`` (8 elements per load; rows past ``seqlen_q * num_heads`` are zero)."""
+        chunks_per_row = HEAD_DIM // 8
+        num_rows = seqlen_q * num_heads
+        for i in cutlass.range_constexpr(ROWS * chunks_per_row // CONSUMER_THREADS):
+            chunk = tidx + i * CONSUMER_THREADS
+            row = chunk // chunks_per_row
+            col = (chunk % chunks_per_row) * 8
+            r = row_block * ROWS + row
+            frag = cute.make_rmem_tensor((8,), self.dtype)
+            frag.fill(0.0)
+            if r < num_rows:
+                gsrc = cute.local_tile(mQ[r // num_heads, r % num_heads, None, batch_idx], (8,), (col // 8,))
+                cute.autovec_copy(gsrc, frag)
+            for j in cutlass.range_constexpr(8):
+                sQ[row, col + j, 0] = frag[j]
+        publish_to_consumers()
+
+    @cute.jit
+    def run(self, qk_mma, pv_mma, mO, mLSE, sQ, sK, sV, kv_pipeline, wg, wtidx, batch_idx, split_idx, row_block,
+            seqlen_q, num_heads, n_keys, end, first_tile, num_tiles, scale_log2):
+        """Every tile of the split (q already in ``sQ``), then this warpgroup's half of O and (the
+        first warpgroup) the LSE. ``sV``: this warpgroup's ``(256, keys, stages)`` view of the K
+        stages; ``wtidx``: the thread's index in its warpgroup."""
+        lane = wtidx % 32
+        warp = wtidx // 32
+        qk_thr = qk_mma.get_slice(wtidx)
+        pv_thr = pv_mma.get_slice(wtidx)
+        tSrQ = qk_mma.make_fragment_A(qk_thr.partition_A(sQ))
+        tSrK = qk_mma.make_fragment_B(qk_thr.partition_B(sK))
+        tOrV = pv_mma.make_fragment_B(pv_thr.partition_B(sV))
+        acc_o = pv_thr.make_fragment_C(pv_thr.partition_shape_C((ROWS, COLS)))
+        acc_s_shape = qk_thr.partition_shape_C((ROWS, TILE_N))
+        acc_o.fill(0.0)
+
+        row_max = cute.make_rmem_tensor((2,), Float32)
+        row_sum = cute.make_rmem_tensor((2,), Float32)
+        key_limit = cute.make_rmem_tensor((2,), Int32)  # the first key a row may not see
+        for r in cutlass.range_constexpr(2):
+            row_max[r] = -Float32.inf
+            row_sum[r] = 0.0
+            key_limit[r] = end
+            if cutlass.const_expr(self.causal):
+                m = (row_block * ROWS + warp * 16 + lane // 4 + 8 * r) // num_heads
+                key_limit[r] = cutlass.min(end, n_keys - seqlen_q + m + 1)
+        rows_here = cutlass.min(seqlen_q * num_heads - row_block * ROWS, ROWS)
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, STAGES)
+        for i in cutlass.range(num_tiles, unroll=1):
+            tile_start = (first_tile + i) * TILE_N
+            kv_pipeline.consumer_wait(state)
+            if tile_start + TILE_N > end:
+                # Slots past the split's end may hold anything (NaN): P is 0 there, but 0 * NaN
+                # is not, so this warpgroup zeroes its V columns of those rows (their scores are
+                # masked by selection, whatever the other warpgroup's S reads).
+                self.zero_tail_v(sV, state.index, end - tile_start, wtidx, wg)
+
+            acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, 0], tSrK[None, None, kb, state.index], acc_s)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+
+            # A warp's 8-row half of padding rows (past seqlen_q x H_q) skips the softmax: its O
+            # rows are never written.
+            for r in cutlass.range_constexpr(2):
+                if warp * 16 + 8 * r < rows_here:
+                    self.softmax_row(acc_s, acc_o, row_max, row_sum, key_limit, r, tile_start, lane, scale_log2)
+
+            tOrP = cute.make_rmem_tensor(RowConsumer.p_layout(acc_s.layout), self.dtype)
+            tOrP_as_acc = cute.make_tensor(tOrP.iterator, acc_s.layout)
+            tOrP_as_acc.store(acc_s.load().to(self.dtype))
+
+            warpgroup.fence()
+            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+            for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, state.index], acc_o)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            kv_pipeline.consumer_release(state)
+            state.advance()
+
+        self.epilogue(acc_o, row_max, row_sum, mO, mLSE, wg, lane, warp, batch_idx, split_idx, row_block, seqlen_q,
+                      num_heads)
+
+    @cute.jit
+    def zero_tail_v(self, sV, stage, valid, wtidx, wg):
+        """Zero rows ``>= valid`` of this warpgroup's 256 V columns of one stage."""
+        for idx in cutlass.range(wtidx, (TILE_N - valid) * COLS, 128, unroll=1):
+            sV[idx % COLS, valid + idx // COLS, stage] = self.dtype(0.0)
+        publish_to_warpgroup(wg)
+
+    @cute.jit
+    def softmax_row(self, acc_s, acc_o, row_max, row_sum, key_limit, r, tile_start, lane, scale_log2):
+        """Row ``r`` (0 or 1) of the thread's S rows: scale, mask keys at or past the row's limit
+        by selection, online-softmax update, ``acc_s`` -> P, ``acc_o`` rescaled."""
+        limit = key_limit[r] - tile_start
+        tile_max = -Float32.inf
+        for v in cutlass.range_constexpr(TILE_N // 8):
+            for c in cutlass.range_constexpr(2):
+                idx = c + 2 * r + 4 * v
+                s = acc_s[idx] * scale_log2
+                if (lane % 4) * 2 + c + 8 * v >= limit:
+                    s = -Float32.inf
+                acc_s[idx] = s
+                tile_max = cute.arch.fmax(tile_max, s)
+        tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=1))
+        tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
+        safe_max, rescale = softmax.raise_max(row_max, r, tile_max)
+        tile_sum = Float32(0.0)
+        for v in cutlass.range_constexpr(TILE_N // 8):
+            for c in cutlass.range_constexpr(2):
+                idx = c + 2 * r + 4 * v
+                p = cute.math.exp2(acc_s[idx] - safe_max, fastmath=True)
+                acc_s[idx] = p
+                tile_sum += p
+        row_sum[r] = row_sum[r] * rescale + tile_sum
+        for v in cutlass.range_constexpr(COLS // 8):
+            for c in cutlass.range_constexpr(2):
+                acc_o[c + 2 * r + 4 * v] = acc_o[c + 2 * r + 4 * v] * rescale
+
+    @cute.jit
+    def epilogue(self, acc_o, row_max, row_sum, mO, mLSE, wg, lane, warp, batch_idx, split_idx, row_block, seqlen_q,
+                 num_heads):
+        """Normalize and write this warpgroup's 256 columns of each real row's fp32 partial and
+        (the first warpgroup) its natural-log LSE. A row that saw no key of the split (an empty
+        split, or a causal row whose keys all lie past it) writes LSE -inf and zeros."""
+        for r in cutlass.range_constexpr(2):
+            total = row_sum[r]
+            total += cute.arch.shuffle_sync_bfly(total, offset=1)
+            total += cute.arch.shuffle_sync_bfly(total, offset=2)
+            lse, inv = softmax.finalize(row_max, r, total)
+            packed = row_block * ROWS + warp * 16 + lane // 4 + 8 * r
+            if packed < seqlen_q * num_heads:
+                m = packed // num_heads
+                h = packed % num_heads
+                if wg == 0:
+                    if lane % 4 == 0:
+                        mLSE[split_idx, batch_idx, h, m] = lse
+                g_out = mO[split_idx, batch_idx, m, h, None]
+                for v in cutlass.range_constexpr(COLS // 8):
+                    for c in cutlass.range_constexpr(2):
+                        g_out[wg * COLS + (lane % 4) * 2 + c + 8 * v] = acc_o[c + 2 * r + 4 * v] * inv
