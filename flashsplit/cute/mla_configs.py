@@ -41,11 +41,14 @@ CONSUMER_REGISTERS = 232
 class MLAConfig:
     """Compile key of the MLA split kernel: q's and the cache's 16-bit ``dtype``, whether the
     cache is ``paged`` (``[num_pages, page, 1, 576]``, page a runtime multiple of
-    :data:`TILE_N`) or dense (``[B, L, 1, 576]``), and the bottom-right ``causal`` mask."""
+    :data:`TILE_N`) or dense (``[B, L, 1, 576]``), the bottom-right ``causal`` mask, and how the
+    two consumer warpgroups share ``S`` (``split_keys``: each computes half the keys and P goes
+    through shared memory; else each computes the whole tile, :mod:`~flashsplit.cute.mla_consumer`)."""
 
     dtype: str
     paged: bool
     causal: bool
+    split_keys: bool = False
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -53,13 +56,15 @@ class MLAConfig:
 
     @property
     def smem_bytes(self) -> int:
-        """Shared memory of one CTA: the Q tile, the K stages and their mbarrier pairs."""
-        return ROWS * HEAD_DIM * 2 + STAGES * TILE_N * HEAD_DIM * 2 + STAGES * 2 * 8
+        """Shared memory of one CTA: the Q tile, the K stages, their mbarrier pairs and (split
+        keys) the P tile and the two warpgroups' row maxima."""
+        fixed = ROWS * HEAD_DIM * 2 + STAGES * TILE_N * HEAD_DIM * 2 + STAGES * 2 * 8
+        return fixed + (ROWS * TILE_N * 2 + CONSUMER_WARPGROUPS * ROWS * 4 if self.split_keys else 0)
 
 
 def all_mla_configs() -> list[MLAConfig]:
     """Every configuration the launcher can compile."""
-    return [MLAConfig(d, p, c) for d in DTYPES for p in (False, True) for c in (False, True)]
+    return [MLAConfig(d, p, c, k) for d in DTYPES for p in (False, True) for c in (False, True) for k in (False, True)]
 
 
 def mla_supports(*, dtype, kv_dtype, head_dim, head_dim_v, num_heads_q, seqlen_q, paged, page_size) -> str | None:
@@ -81,4 +86,4 @@ def mla_supports(*, dtype, kv_dtype, head_dim, head_dim_v, num_heads_q, seqlen_q
     return None
 
 
-assert MLAConfig("bfloat16", False, False).smem_bytes <= SMEM_PER_CTA_MAX
+assert MLAConfig("bfloat16", False, False, True).smem_bytes <= SMEM_PER_CTA_MAX

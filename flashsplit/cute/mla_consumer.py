@@ -2,13 +2,21 @@
 
 A CTA's 64 packed q rows (``r = m * H_q + h``: query token ``m``, q head ``h``) attend its
 split's 64-key tiles. O is 64 x 512 fp32: 256 registers a thread in one warpgroup, too many, so
-two warpgroups each own 256 of its columns. Each computes the whole ``S`` tile itself (the same
-wgmmas on the same operands, so both hold the same bits and the same softmax state: no exchange
-between them), then ``O[:, its half] += P V[:, its half]`` with P from registers and V read
-from the K stage itself (the first 512 features of the key rows, an MN-major view of the same
-swizzled bytes). Accumulator element ``(c, r, v)`` of a thread sits at row
-``16 warp + lane / 4 + 8 r`` and column ``2 (lane % 4) + c + 8 v`` of its tile (the wgmma C
-layout): each thread keeps the softmax state of two rows.
+two warpgroups each own 256 of its columns, ``O[:, half] += P V[:, half]``, V read from the K
+stage itself (the first 512 features of the key rows, an MN-major view of the same swizzled
+bytes). ``S`` is shared one of two ways (``MLAConfig.split_keys``):
+
+- whole tiles: each warpgroup computes the whole 64 x 64 ``S`` itself (the same wgmmas on the
+  same operands: both hold the same bits and the same softmax state, nothing is exchanged) and
+  keeps P in registers, the A operand of its PV wgmma; 1.5x the tensor work of the attention;
+- split keys: warpgroup ``w`` computes ``S`` for keys ``[32 w, 32 w + 32)`` of the tile; the two
+  exchange their row maxima through shared memory (a barrier), each writes its P columns into
+  one shared 64 x 64 P tile (a barrier), and both read it as the A operand of their PV wgmmas.
+  Each keeps the sum of its own keys' P (the same max sequence in both: they add up at the end).
+
+Accumulator element ``(c, r, v)`` of a thread sits at row ``16 warp + lane / 4 + 8 r`` and
+column ``2 (lane % 4) + c + 8 v`` of its tile (the wgmma C layout): each thread keeps the
+softmax state of two rows.
 """
 
 from __future__ import annotations
@@ -29,10 +37,15 @@ WARPGROUP_BARRIER_ID = 2
 COLS = HEAD_DIM_V // 2  # O columns a warpgroup owns
 
 
+def consumers_barrier() -> None:
+    """Every thread of both consumer warpgroups reaches this point before any goes on."""
+    cute.arch.barrier(barrier_id=CONSUMERS_BARRIER_ID, number_of_threads=CONSUMER_THREADS)
+
+
 def publish_to_consumers() -> None:
     """Generic-proxy shared-memory writes (the Q tile) become visible to both warpgroups' wgmmas."""
     cute.arch.fence_proxy("async.shared", space="cta")
-    cute.arch.barrier(barrier_id=CONSUMERS_BARRIER_ID, number_of_threads=CONSUMER_THREADS)
+    consumers_barrier()
 
 
 def publish_to_warpgroup(wg) -> None:
@@ -42,11 +55,14 @@ def publish_to_warpgroup(wg) -> None:
 
 
 class MLAConsumer:
-    """One consumer warpgroup of the MLA split kernel (``causal``: bottom-right aligned mask)."""
+    """One consumer warpgroup of the MLA split kernel (``causal``: bottom-right aligned mask;
+    ``split_keys``: how the warpgroups share S, see the module docstring)."""
 
-    def __init__(self, causal: bool, dtype):
+    def __init__(self, causal: bool, split_keys: bool, dtype):
         self.causal = causal
+        self.split_keys = split_keys
         self.dtype = dtype
+        self.keys = TILE_N // 2 if split_keys else TILE_N  # S columns a warpgroup computes
 
     @cute.jit
     def load_q(self, mQ, sQ, tidx, batch_idx, row_block, seqlen_q, num_heads):
@@ -69,11 +85,13 @@ class MLAConsumer:
         publish_to_consumers()
 
     @cute.jit
-    def run(self, qk_mma, pv_mma, mO, mLSE, sQ, sK, sV, kv_pipeline, wg, wtidx, batch_idx, split_idx, row_block,
-            seqlen_q, num_heads, n_keys, end, first_tile, num_tiles, scale_log2):
+    def run(self, qk_mma, pv_mma, mO, mLSE, sQ, sK, sV, sP, sRed, kv_pipeline, wg, wtidx, batch_idx, split_idx,
+            row_block, seqlen_q, num_heads, n_keys, end, first_tile, num_tiles, scale_log2):
         """Every tile of the split (q already in ``sQ``), then this warpgroup's half of O and (the
-        first warpgroup) the LSE. ``sV``: this warpgroup's ``(256, keys, stages)`` view of the K
-        stages; ``wtidx``: the thread's index in its warpgroup."""
+        first warpgroup) the LSE. ``sK``: the K stages, or with split keys this warpgroup's 32
+        keys of them; ``sV``: this warpgroup's ``(256, keys, stages)`` view of the K stages;
+        split keys: ``sP`` the shared P tile, ``sRed`` ``(2, 64)`` fp32 (each warpgroup's row
+        maxima, then sums); ``wtidx``: the thread's index in its warpgroup."""
         lane = wtidx % 32
         warp = wtidx // 32
         qk_thr = qk_mma.get_slice(wtidx)
@@ -81,12 +99,19 @@ class MLAConsumer:
         tSrQ = qk_mma.make_fragment_A(qk_thr.partition_A(sQ))
         tSrK = qk_mma.make_fragment_B(qk_thr.partition_B(sK))
         tOrV = pv_mma.make_fragment_B(pv_thr.partition_B(sV))
+        tOrP_smem = None
+        if cutlass.const_expr(self.split_keys):
+            tOrP_smem = pv_mma.make_fragment_A(pv_thr.partition_A(sP))
         acc_o = pv_thr.make_fragment_C(pv_thr.partition_shape_C((ROWS, COLS)))
-        acc_s_shape = qk_thr.partition_shape_C((ROWS, TILE_N))
+        acc_s_shape = qk_thr.partition_shape_C((ROWS, self.keys))
         acc_o.fill(0.0)
+        key_base = 0  # this warpgroup's first S column in the tile
+        if cutlass.const_expr(self.split_keys):
+            key_base = wg * self.keys
 
         row_max = cute.make_rmem_tensor((2,), Float32)
         row_sum = cute.make_rmem_tensor((2,), Float32)
+        tile_max = cute.make_rmem_tensor((2,), Float32)
         key_limit = cute.make_rmem_tensor((2,), Int32)  # the first key a row may not see
         for r in cutlass.range_constexpr(2):
             row_max[r] = -Float32.inf
@@ -116,24 +141,58 @@ class MLAConsumer:
             warpgroup.wait_group(0)
 
             # A warp's 8-row half of padding rows (past seqlen_q x H_q) skips the softmax: its O
-            # rows are never written.
+            # rows are never written (it still meets the other warpgroup at every barrier).
+            col_start = tile_start + key_base
             for r in cutlass.range_constexpr(2):
                 if warp * 16 + 8 * r < rows_here:
-                    self.softmax_row(acc_s, acc_o, row_max, row_sum, key_limit, r, tile_start, lane, scale_log2)
+                    self.mask_row(acc_s, tile_max, key_limit, r, col_start, lane, scale_log2)
+                    if cutlass.const_expr(self.split_keys):
+                        if lane % 4 == 0:
+                            sRed[wg, warp * 16 + lane // 4 + 8 * r] = tile_max[r]
+            if cutlass.const_expr(self.split_keys):
+                consumers_barrier()  # both warpgroups' row maxima are in sRed
+            for r in cutlass.range_constexpr(2):
+                if warp * 16 + 8 * r < rows_here:
+                    if cutlass.const_expr(self.split_keys):
+                        other = sRed[1 - wg, warp * 16 + lane // 4 + 8 * r]
+                        tile_max[r] = cute.arch.fmax(tile_max[r], other)
+                    self.exp_row(acc_s, acc_o, row_max, row_sum, tile_max, r)
 
-            tOrP = cute.make_rmem_tensor(RowConsumer.p_layout(acc_s.layout), self.dtype)
-            tOrP_as_acc = cute.make_tensor(tOrP.iterator, acc_s.layout)
-            tOrP_as_acc.store(acc_s.load().to(self.dtype))
-
-            warpgroup.fence()
-            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
-            for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-                cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, state.index], acc_o)
+            if cutlass.const_expr(self.split_keys):
+                self.store_p(acc_s, sP, wg, warp, lane)
+                publish_to_consumers()  # the whole P tile, to both warpgroups' wgmmas
+                warpgroup.fence()
+                pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+                for kb in cutlass.range_constexpr(cute.size(tOrP_smem, mode=[2])):
+                    cute.gemm(pv_mma, acc_o, tOrP_smem[None, None, kb, 0], tOrV[None, None, kb, state.index],
+                              acc_o)
+            else:
+                tOrP = cute.make_rmem_tensor(RowConsumer.p_layout(acc_s.layout), self.dtype)
+                tOrP_as_acc = cute.make_tensor(tOrP.iterator, acc_s.layout)
+                tOrP_as_acc.store(acc_s.load().to(self.dtype))
+                warpgroup.fence()
+                pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+                for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                    cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, state.index], acc_o)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
             kv_pipeline.consumer_release(state)
             state.advance()
 
+        for r in cutlass.range_constexpr(2):
+            total = row_sum[r]
+            total += cute.arch.shuffle_sync_bfly(total, offset=1)
+            total += cute.arch.shuffle_sync_bfly(total, offset=2)
+            row_sum[r] = total
+        if cutlass.const_expr(self.split_keys):
+            # Each warpgroup summed its own keys' P: the row's sum is both. (The last tile's
+            # maxima in sRed were read before the P barrier that every thread has passed.)
+            for r in cutlass.range_constexpr(2):
+                if lane % 4 == 0:
+                    sRed[wg, warp * 16 + lane // 4 + 8 * r] = row_sum[r]
+            consumers_barrier()
+            for r in cutlass.range_constexpr(2):
+                row_sum[r] = row_sum[r] + sRed[1 - wg, warp * 16 + lane // 4 + 8 * r]
         self.epilogue(acc_o, row_max, row_sum, mO, mLSE, wg, lane, warp, batch_idx, split_idx, row_block, seqlen_q,
                       num_heads)
 
@@ -145,24 +204,29 @@ class MLAConsumer:
         publish_to_warpgroup(wg)
 
     @cute.jit
-    def softmax_row(self, acc_s, acc_o, row_max, row_sum, key_limit, r, tile_start, lane, scale_log2):
-        """Row ``r`` (0 or 1) of the thread's S rows: scale, mask keys at or past the row's limit
-        by selection, online-softmax update, ``acc_s`` -> P, ``acc_o`` rescaled."""
-        limit = key_limit[r] - tile_start
-        tile_max = -Float32.inf
-        for v in cutlass.range_constexpr(TILE_N // 8):
+    def mask_row(self, acc_s, tile_max, key_limit, r, col_start, lane, scale_log2):
+        """Row ``r`` (0 or 1) of the thread's S rows, whose first column is key ``col_start``:
+        scale, mask keys at or past the row's limit by selection; ``tile_max[r]`` = their max."""
+        limit = key_limit[r] - col_start
+        top = -Float32.inf
+        for v in cutlass.range_constexpr(self.keys // 8):
             for c in cutlass.range_constexpr(2):
                 idx = c + 2 * r + 4 * v
                 s = acc_s[idx] * scale_log2
                 if (lane % 4) * 2 + c + 8 * v >= limit:
                     s = -Float32.inf
                 acc_s[idx] = s
-                tile_max = cute.arch.fmax(tile_max, s)
-        tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=1))
-        tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
-        safe_max, rescale = softmax.raise_max(row_max, r, tile_max)
+                top = cute.arch.fmax(top, s)
+        top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=1))
+        tile_max[r] = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=2))
+
+    @cute.jit
+    def exp_row(self, acc_s, acc_o, row_max, row_sum, tile_max, r):
+        """Online-softmax update of row ``r`` with the tile's max ``tile_max[r]``: ``acc_s`` -> P,
+        the thread's part of the row's sum, ``acc_o`` rescaled."""
+        safe_max, rescale = softmax.raise_max(row_max, r, tile_max[r])
         tile_sum = Float32(0.0)
-        for v in cutlass.range_constexpr(TILE_N // 8):
+        for v in cutlass.range_constexpr(self.keys // 8):
             for c in cutlass.range_constexpr(2):
                 idx = c + 2 * r + 4 * v
                 p = cute.math.exp2(acc_s[idx] - safe_max, fastmath=True)
@@ -174,16 +238,23 @@ class MLAConsumer:
                 acc_o[c + 2 * r + 4 * v] = acc_o[c + 2 * r + 4 * v] * rescale
 
     @cute.jit
+    def store_p(self, acc_s, sP, wg, warp, lane):
+        """Split keys: this warpgroup's 32 P columns (16-bit) into the shared P tile."""
+        for r in cutlass.range_constexpr(2):
+            row = warp * 16 + lane // 4 + 8 * r
+            for v in cutlass.range_constexpr(self.keys // 8):
+                for c in cutlass.range_constexpr(2):
+                    sP[row, wg * self.keys + (lane % 4) * 2 + c + 8 * v, 0] = acc_s[c + 2 * r + 4 * v].to(self.dtype)
+
+    @cute.jit
     def epilogue(self, acc_o, row_max, row_sum, mO, mLSE, wg, lane, warp, batch_idx, split_idx, row_block, seqlen_q,
                  num_heads):
         """Normalize and write this warpgroup's 256 columns of each real row's fp32 partial and
-        (the first warpgroup) its natural-log LSE. A row that saw no key of the split (an empty
-        split, or a causal row whose keys all lie past it) writes LSE -inf and zeros."""
+        (the first warpgroup) its natural-log LSE, from the rows' full sums ``row_sum``. A row
+        that saw no key of the split (an empty split, or a causal row whose keys all lie past
+        it) writes LSE -inf and zeros."""
         for r in cutlass.range_constexpr(2):
-            total = row_sum[r]
-            total += cute.arch.shuffle_sync_bfly(total, offset=1)
-            total += cute.arch.shuffle_sync_bfly(total, offset=2)
-            lse, inv = softmax.finalize(row_max, r, total)
+            lse, inv = softmax.finalize(row_max, r, row_sum[r])
             packed = row_block * ROWS + warp * 16 + lane // 4 + 8 * r
             if packed < seqlen_q * num_heads:
                 m = packed // num_heads

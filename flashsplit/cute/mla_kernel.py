@@ -41,7 +41,8 @@ class MLASplitKernel:
         self.config = config
         self.dtype = cutlass.Float16 if config.dtype == "float16" else cutlass.BFloat16
         self.paged = config.paged
-        self.consumer = MLAConsumer(config.causal, self.dtype)
+        self.split_keys = config.split_keys
+        self.consumer = MLAConsumer(config.causal, config.split_keys, self.dtype)
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -116,14 +117,18 @@ class MLASplitKernel:
 
         op = self.dtype
         k_major = LayoutEnum.ROW_MAJOR
+        # S per warpgroup: the whole tile, or its half of the keys. P: registers, or (split keys)
+        # the shared P tile, K-major like Q.
         qk_mma = sm90_utils.make_trivial_tiled_mma(
-            op, op, k_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(), Float32, (1, 1, 1), (ROWS, TILE_N),
+            op, op, k_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(), Float32, (1, 1, 1),
+            (ROWS, self.consumer.keys),
         )
         pv_mma = sm90_utils.make_trivial_tiled_mma(
             op, op, cute.nvgpu.OperandMajorMode.K, LayoutEnum.COL_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1),
-            (ROWS, COLS), warpgroup.OperandSource.RMEM,
+            (ROWS, COLS), warpgroup.OperandSource.SMEM if self.split_keys else warpgroup.OperandSource.RMEM,
         )
         q_layout = sm90_utils.make_smem_layout_a(k_major, (ROWS, TILE_N, HEAD_DIM), op, 1)
+        p_layout = sm90_utils.make_smem_layout_a(k_major, (ROWS, COLS, TILE_N), op, 1)
         k_layout = sm90_utils.make_smem_layout_b(k_major, (ROWS, TILE_N, HEAD_DIM), op, STAGES)
         tma_k, mK_tma = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), mK, cute.slice_(k_layout, (None, None, 0)), (TILE_N, HEAD_DIM)
@@ -135,12 +140,14 @@ class MLASplitKernel:
             sQ: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(q_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(k_layout)], 1024]
             kv_mbar: cute.struct.MemRange[cutlass.Int64, STAGES * 2]
+            sP: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(p_layout) if self.split_keys else 8], 1024]
+            red: cute.struct.MemRange[Float32, CONSUMER_WARPGROUPS * ROWS if self.split_keys else 1]
 
         self.shared_storage = SharedStorage
         self.tx_bytes = tx_bytes
 
-        self.kernel(qk_mma, pv_mma, tma_k, mK_tma, mQ, mO, mLSE, mSeqlens, mBlockTable, q_layout, k_layout, seqlen_q,
-                    num_heads, num_splits, capacity, tiles_per_page, softmax_scale_log2).launch(
+        self.kernel(qk_mma, pv_mma, tma_k, mK_tma, mQ, mO, mLSE, mSeqlens, mBlockTable, q_layout, k_layout, p_layout,
+                    seqlen_q, num_heads, num_splits, capacity, tiles_per_page, softmax_scale_log2).launch(
             grid=[num_splits, batch, row_blocks],
             block=[THREADS, 1, 1],
             stream=stream,
@@ -166,7 +173,8 @@ class MLASplitKernel:
     @cute.kernel
     def kernel(self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, tma_k: cute.CopyAtom, mK_tma: cute.Tensor,
                mQ: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mSeqlens: cute.Tensor, mBlockTable: cute.Tensor,
-               q_layout: cute.ComposedLayout, k_layout: cute.ComposedLayout, seqlen_q: Int32, num_heads: Int32,
+               q_layout: cute.ComposedLayout, k_layout: cute.ComposedLayout, p_layout: cute.ComposedLayout,
+               seqlen_q: Int32, num_heads: Int32,
                num_splits: Int32, capacity: Int32, tiles_per_page: Int32, softmax_scale_log2: Float32):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -204,8 +212,15 @@ class MLASplitKernel:
             wg = warp_idx // 4
             # This warpgroup's 256 V columns: the second's start 4 feature blocks further on.
             sV = cute.flat_divide(self.v_view(storage, k_layout), (COLS,))[None, wg, None, None]
-            self.consumer.run(qk_mma, pv_mma, mO, mLSE, sQ, sK, sV, kv_pipeline, wg, tidx % 128, batch_idx, split_idx,
-                              row_block, seqlen_q, num_heads, n_keys, end, first_tile, num_tiles, softmax_scale_log2)
+            sS_K, sP, sRed = sK, None, None
+            if cutlass.const_expr(self.split_keys):
+                # This warpgroup's 32 keys of each K stage: S's B operand.
+                sS_K = cute.flat_divide(sK, (self.consumer.keys,))[None, wg, None, None]
+                sP = storage.sP.get_tensor(p_layout.outer, swizzle=p_layout.inner)
+                sRed = storage.red.get_tensor(cute.make_layout((CONSUMER_WARPGROUPS, ROWS), stride=(ROWS, 1)))
+            self.consumer.run(qk_mma, pv_mma, mO, mLSE, sQ, sS_K, sV, sP, sRed, kv_pipeline, wg, tidx % 128,
+                              batch_idx, split_idx, row_block, seqlen_q, num_heads, n_keys, end, first_tile, num_tiles,
+                              softmax_scale_log2)
 
     @cute.jit
     def produce(self, tma_k, mK_tma, mBlockTable, sK, kv_pipeline, batch_idx, first_tile, num_tiles, tiles_per_page):

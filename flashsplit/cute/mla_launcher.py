@@ -30,6 +30,10 @@ MLA_ARGS: tuple[Arg, ...] = (
     Arg("stream", "stream"),
 )
 
+#: How the consumer warpgroups share S (``MLAConfig.split_keys``); tests and timings set it to
+#: compare the two.
+SPLIT_KEYS = False
+
 _CACHE: dict[MLAConfig, object] = {}
 _LOCK = threading.Lock()
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -119,7 +123,7 @@ def mla_split_forward(q, kv_cache, cache_seqlens, block_table, out_partial, lse_
            and kv_cache.data_ptr() % 16 == 0, "kv_cache", "16-byte aligned rows, last dim contiguous",
            kv_cache.stride())
 
-    config = MLAConfig(_DTYPE_NAMES[q.dtype], paged, bool(causal))
+    config = MLAConfig(_DTYPE_NAMES[q.dtype], paged, bool(causal), SPLIT_KEYS)
     compiled = compile_mla(config)
     if paged:
         cache_rows, cache_len = kv_cache.shape[0], kv_cache.shape[1]
