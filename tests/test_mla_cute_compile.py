@@ -3,13 +3,14 @@
 Each configuration's PTX must hold the instructions the design rests on: 36 wgmmas of
 ``S = Q K^T`` (576 features, 16 per wgmma; ``m64n64k16``, or ``m64n32k16`` for a warpgroup's
 half of the keys) and 4 ``m64n256k16`` of ``O += P V`` (a warpgroup's 256 columns, 64 keys) in
-q's dtype, the latter reading V MN-major (transposed B) and P from registers or shared memory;
+q's dtype, the latter reading V MN-major (transposed B) and P from registers or shared memory; an e4m3 cache's kernel
+converts pairs of fp8 values (``cvt.rn.f16x2.e4m3x2``) and still runs 16-bit wgmma;
 nine ``cp.async.bulk.tensor`` loads of a K tile (64-feature boxes), whose last (cache row)
 coordinate comes from a block-table load in a paged kernel and from none in a dense one; and
 ``setmaxnreg`` (the producer warpgroup's registers go to the consumers). Where ``cuobjdump`` is
 at hand, the cubin has no stack frame or local memory. ``seqlen_q``, the head count, the page
 size and the split count are runtime values: one build serves every ``s_q`` (1 and 2 run on the
-GPU tests). The default run builds three configurations; ``pytest --full`` all sixteen.
+GPU tests). The default run builds three configurations; ``pytest --full`` all 32.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from flashsplit.cute.mla_configs import MLAConfig, all_mla_configs, mla_supports
 
 needs_cutlass = pytest.mark.skipif(importlib.util.find_spec("cutlass") is None,
                                    reason="nvidia-cutlass-dsl is not installed")
-DEFAULT = [MLAConfig("bfloat16", False, False), MLAConfig("float16", True, True),
+DEFAULT = [MLAConfig("bfloat16", False, False), MLAConfig("float16", True, True, False, "float8_e4m3fn"),
            MLAConfig("bfloat16", True, True, True)]
 PTX_TYPES = {"bfloat16": "bf16", "float16": "f16"}
 
@@ -69,7 +70,8 @@ def _check_ptx(config: MLAConfig, ptx: str) -> None:
     else:  # P from registers
         pv = re.findall(pv_regex + r"\{[^}]*\}, %rd\d+, p, 1,\s*1, (\d);", ptx)
         assert pv == ["1"] * 4, pv
-    assert "wgmma.mma_async" in ptx and not re.search(r"wgmma\.mma_async[^\n]*\.(?:e4m3|e5m2)", ptx)
+    assert not re.search(r"wgmma\.mma_async[^\n]*\.(?:e4m3|e5m2)", ptx)  # fp8 tiles are converted first
+    assert ("cvt.rn.f16x2.e4m3x2" in ptx) == config.fp8
     coords = [[c.strip() for c in g.split(",")]
               for g in re.findall(r"cp\.async\.bulk\.tensor[^\n]*?\{([^}]*)\}", ptx)]
     assert len(coords) == 9, len(coords)  # 576 features = nine 64-column boxes per tile
@@ -100,7 +102,8 @@ def _check_no_spills(dump_dir: Path) -> None:
 @needs_cutlass
 @pytest.mark.parametrize("config", [pytest.param(c, marks=[] if c in DEFAULT else [pytest.mark.full],
                                                  id=f"{c.dtype}-{'paged' if c.paged else 'dense'}"
-                                                    f"{'-causal' if c.causal else ''}{'-split' if c.split_keys else ''}")
+                                                    f"{'-causal' if c.causal else ''}{'-split' if c.split_keys else ''}"
+                                                    f"{'-e4m3' if c.fp8 else ''}")
                                     for c in all_mla_configs()])
 def test_mla_kernel_compiles_with_wgmma_and_tma(config, tmp_path):
     if not _arch_ok():
@@ -132,7 +135,8 @@ def test_mla_supports_names_each_refusal():
     assert _supports() is None
     assert _supports(dtype="float16", kv_dtype="float16", num_heads_q=16, seqlen_q=4, page_size=128) is None
     assert _supports(paged=False, page_size=0) is None
-    assert "fp8" in _supports(kv_dtype="float8_e4m3fn")
+    assert _supports(kv_dtype="float8_e4m3fn") is None
+    assert "float8_e5m2" in _supports(kv_dtype="float8_e5m2")
     assert "float32" in _supports(dtype="float32", kv_dtype="float32")
     assert "576" in _supports(head_dim=128)
     assert "129" in _supports(num_heads_q=129)

@@ -35,20 +35,25 @@ def split_keys(request, monkeypatch):
     return request.param
 
 
-def _inputs(batch, seqlen_q, heads, lengths, dtype, paged, gen, capacity=None):
-    """q, the cache (NaN past each row's length and in unused pages), its block table (or None)
-    and the int32 lengths, on the GPU."""
+def _inputs(batch, seqlen_q, heads, lengths, dtype, paged, gen, capacity=None, fp8=False):
+    """q, the cache (NaN past each row's length and in unused pages), its block table (or None),
+    the int32 lengths, the keys the cache holds (fp32 ``[B, capacity, 576]``, dequantized) and
+    the descale of an e4m3 cache (else None), on the GPU."""
     capacity = capacity or max(max(lengths), 1)
     q = torch.randn(batch, seqlen_q, heads, D, generator=gen).to(dtype)
-    keys = torch.randn(batch, capacity, D, generator=gen).to(dtype)
+    keys = torch.randn(batch, capacity, D, generator=gen).to(dtype).float()
     for b, n in enumerate(lengths):
         keys[b, n:] = float("nan")
+    storage, descale = dtype, None
+    if fp8:  # the cache holds keys / descale in e4m3; the reference attends what it holds
+        storage, descale = torch.float8_e4m3fn, torch.tensor([0.02])
+        keys = (keys / descale).to(storage).float()
     if not paged:
         cache, table = keys[:, :, None, :], None
     else:
         pages_per_row = -(-capacity // PAGE)
         num_pages = batch * pages_per_row + 3  # spare pages: NaN, never referenced
-        cache = torch.full((num_pages, PAGE, 1, D), float("nan"), dtype=dtype)
+        cache = torch.full((num_pages, PAGE, 1, D), float("nan"))
         perm = torch.randperm(num_pages, generator=gen)
         table = torch.full((batch, pages_per_row + 2), 10**6, dtype=torch.int32)  # garbage past a row's pages
         for b, n in enumerate(lengths):
@@ -58,7 +63,9 @@ def _inputs(batch, seqlen_q, heads, lengths, dtype, paged, gen, capacity=None):
                 rows = keys[b, p * PAGE:(p + 1) * PAGE]
                 cache[page, :rows.shape[0], 0] = rows
         table = table.cuda()
-    return q.cuda(), cache.cuda(), table, torch.tensor(lengths, dtype=torch.int32).cuda(), keys
+    real_keys = keys * descale if fp8 else keys
+    return (q.cuda(), cache.to(storage).cuda(), table, torch.tensor(lengths, dtype=torch.int32).cuda(),
+            real_keys.cuda(), None if descale is None else descale.cuda())
 
 
 def _attend(q, keys, n, lo, hi, causal, scale, dtype):
@@ -97,18 +104,18 @@ def _merge(out_partial, lse_partial):
     return out, lse
 
 
-def _run(batch, seqlen_q, heads, lengths, dtype, paged, causal, num_splits, gen, capacity=None):
+def _run(batch, seqlen_q, heads, lengths, dtype, paged, causal, num_splits, gen, capacity=None, fp8=False):
     from flashsplit.cute.mla_launcher import mla_split_forward
 
-    q, cache, table, seqlens, keys = _inputs(batch, seqlen_q, heads, lengths, dtype, paged, gen, capacity)
+    q, cache, table, seqlens, keys, descale = _inputs(batch, seqlen_q, heads, lengths, dtype, paged, gen, capacity,
+                                                      fp8)
     scale = D ** -0.5
     out_p = torch.full((num_splits, batch, seqlen_q, heads, DV), float("nan"), device="cuda")
     lse_p = torch.full((num_splits, batch, heads, seqlen_q), float("nan"), device="cuda")
     mla_split_forward(q, cache, seqlens, table, out_p, lse_p, softmax_scale=scale, causal=causal,
-                      num_splits=num_splits)
+                      num_splits=num_splits, kv_descale=descale)
     torch.cuda.synchronize()
     assert not out_p.isnan().any() and not lse_p.isnan().any(), "the kernel left NaN in its partials"
-    keys = keys.cuda()
     for b, n in enumerate(lengths):
         bounds = split_bounds(n, num_splits)
         for s in range(num_splits):
@@ -140,6 +147,14 @@ def test_mla_split_matches_reference(dtype, paged, heads, seqlen_q, causal, gene
     """Three rows of random lengths (one of 0 keys, one of 1), 3 splits."""
     lengths = [int(torch.randint(200, 700, (1,), generator=generator)), 0, 1]
     _run(3, seqlen_q, heads, lengths, dtype, paged, causal, 3, generator)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads,seqlen_q,causal", [(16, 1, False), (128, 2, True)])
+def test_mla_fp8_cache_matches_reference(dtype, heads, seqlen_q, causal, generator, split_keys):
+    """An e4m3 cache with a per-tensor descale, paged: the reference attends its dequantized keys."""
+    lengths = [int(torch.randint(200, 700, (1,), generator=generator)), 0, 1]
+    _run(3, seqlen_q, heads, lengths, dtype, True, causal, 3, generator, fp8=True)
 
 
 @pytest.mark.parametrize("num_splits", [1, 2, 7])
@@ -176,6 +191,9 @@ def test_mla_rejects_bad_input():
     with pytest.raises(ValueError, match="out_partial"):
         mla_split_forward(q, cache.bfloat16(), seqlens, None, out[:1], lse, softmax_scale=0.1, causal=False,
                           num_splits=2)
+    with pytest.raises(ValueError, match="kv_descale"):
+        mla_split_forward(q, cache.bfloat16(), seqlens, None, out, lse, softmax_scale=0.1, causal=False,
+                          num_splits=2, kv_descale=torch.ones(1, device="cuda"))
 
 
 def _graph_time_us(fn_per_copy, copies: int, reps: int = 50) -> float:

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 from .configs import DTYPES, SMEM_PER_CTA_MAX
 
+#: The cache's element type: q's ("same") or e4m3 with a per-tensor descale.
+KV_DTYPES = ("same", "float8_e4m3fn")
+
 #: Features of a q row and of a latent cache row (K), and the leading ones V takes.
 HEAD_DIM = 576
 HEAD_DIM_V = 512
@@ -49,22 +52,35 @@ class MLAConfig:
     paged: bool
     causal: bool
     split_keys: bool = False
+    #: "same" (q's dtype) or "float8_e4m3fn": fp8 tiles land by TMA in staging slots and the
+    #: consumers convert each into one 16-bit operand buffer (a per-tensor descale).
+    kv_dtype: str = "same"
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {DTYPES}, got {self.dtype!r}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype: expected one of {KV_DTYPES}, got {self.kv_dtype!r}")
+
+    @property
+    def fp8(self) -> bool:
+        return self.kv_dtype != "same"
 
     @property
     def smem_bytes(self) -> int:
-        """Shared memory of one CTA: the Q tile, the K stages, their mbarrier pairs and (split
-        keys) the P tile and the two warpgroups' row maxima."""
-        fixed = ROWS * HEAD_DIM * 2 + STAGES * TILE_N * HEAD_DIM * 2 + STAGES * 2 * 8
+        """Shared memory of one CTA: the Q tile, the K stages (fp8: one 16-bit operand buffer
+        and the fp8 staging slots), their mbarrier pairs and (split keys) the P tile and the two
+        warpgroups' row maxima."""
+        tile = TILE_N * HEAD_DIM
+        stages = tile * 2 + STAGES * tile if self.fp8 else STAGES * tile * 2
+        fixed = ROWS * HEAD_DIM * 2 + stages + STAGES * 2 * 8
         return fixed + (ROWS * TILE_N * 2 + CONSUMER_WARPGROUPS * ROWS * 4 if self.split_keys else 0)
 
 
 def all_mla_configs() -> list[MLAConfig]:
     """Every configuration the launcher can compile."""
-    return [MLAConfig(d, p, c, k) for d in DTYPES for p in (False, True) for c in (False, True) for k in (False, True)]
+    return [MLAConfig(d, p, c, k, kv) for d in DTYPES for p in (False, True) for c in (False, True)
+            for k in (False, True) for kv in KV_DTYPES]
 
 
 def mla_supports(*, dtype, kv_dtype, head_dim, head_dim_v, num_heads_q, seqlen_q, paged, page_size) -> str | None:
@@ -73,8 +89,8 @@ def mla_supports(*, dtype, kv_dtype, head_dim, head_dim_v, num_heads_q, seqlen_q
     page (ignored when not ``paged``)."""
     if dtype not in DTYPES:
         return f"q dtype {dtype} is not one of {DTYPES}"
-    if kv_dtype != dtype:
-        return f"the cache dtype {kv_dtype} differs from q's {dtype} (fp8 caches have no MLA kernel yet)"
+    if kv_dtype not in (dtype, "float8_e4m3fn"):
+        return f"the cache dtype {kv_dtype} is neither q's {dtype} nor float8_e4m3fn"
     if head_dim != HEAD_DIM or head_dim_v != HEAD_DIM_V:
         return f"head dims {head_dim}/{head_dim_v} are not {HEAD_DIM}/{HEAD_DIM_V}"
     if not MIN_HEADS_Q <= num_heads_q <= MAX_HEADS_Q:
@@ -86,4 +102,4 @@ def mla_supports(*, dtype, kv_dtype, head_dim, head_dim_v, num_heads_q, seqlen_q
     return None
 
 
-assert MLAConfig("bfloat16", False, False, True).smem_bytes <= SMEM_PER_CTA_MAX
+assert max(c.smem_bytes for c in all_mla_configs()) <= SMEM_PER_CTA_MAX

@@ -58,10 +58,12 @@ class MLAConsumer:
     """One consumer warpgroup of the MLA split kernel (``causal``: bottom-right aligned mask;
     ``split_keys``: how the warpgroups share S, see the module docstring)."""
 
-    def __init__(self, causal: bool, split_keys: bool, dtype):
+    def __init__(self, causal: bool, split_keys: bool, dtype, kv_dtype):
         self.causal = causal
         self.split_keys = split_keys
         self.dtype = dtype
+        self.kv_dtype = kv_dtype
+        self.fp8 = kv_dtype is not dtype
         self.keys = TILE_N // 2 if split_keys else TILE_N  # S columns a warpgroup computes
 
     @cute.jit
@@ -86,12 +88,15 @@ class MLAConsumer:
 
     @cute.jit
     def run(self, qk_mma, pv_mma, mO, mLSE, sQ, sK, sV, sP, sRed, kv_pipeline, wg, wtidx, batch_idx, split_idx,
-            row_block, seqlen_q, num_heads, n_keys, end, first_tile, num_tiles, scale_log2):
+            row_block, seqlen_q, num_heads, n_keys, end, first_tile, num_tiles, scale_log2, sK_all=None, sK8=None,
+            v_scale=None):
         """Every tile of the split (q already in ``sQ``), then this warpgroup's half of O and (the
         first warpgroup) the LSE. ``sK``: the K stages, or with split keys this warpgroup's 32
         keys of them; ``sV``: this warpgroup's ``(256, keys, stages)`` view of the K stages;
         split keys: ``sP`` the shared P tile, ``sRed`` ``(2, 64)`` fp32 (each warpgroup's row
-        maxima, then sums); ``wtidx``: the thread's index in its warpgroup."""
+        maxima, then sums); ``wtidx``: the thread's index in its warpgroup. fp8: ``sK8`` the
+        staging slots, converted into the one operand buffer ``sK_all`` (stage 0);
+        ``scale_log2`` holds the descale, ``v_scale`` is it."""
         lane = wtidx % 32
         warp = wtidx // 32
         qk_thr = qk_mma.get_slice(wtidx)
@@ -126,7 +131,14 @@ class MLAConsumer:
         for i in cutlass.range(num_tiles, unroll=1):
             tile_start = (first_tile + i) * TILE_N
             kv_pipeline.consumer_wait(state)
-            if tile_start + TILE_N > end:
+            stage = state.index  # the operand stage the wgmmas read
+            if cutlass.const_expr(self.fp8):
+                stage = 0
+                consumers_barrier()  # both warpgroups' wgmmas of the last tile read the buffer: done
+                self.convert(sK8, sK_all, state.index, end - tile_start, wg * 128 + wtidx)
+                publish_to_consumers()
+                kv_pipeline.consumer_release(state)
+            elif tile_start + TILE_N > end:
                 # Slots past the split's end may hold anything (NaN): P is 0 there, but 0 * NaN
                 # is not, so this warpgroup zeroes its V columns of those rows (their scores are
                 # masked by selection, whatever the other warpgroup's S reads).
@@ -136,7 +148,7 @@ class MLAConsumer:
             warpgroup.fence()
             for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
                 qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, 0], tSrK[None, None, kb, state.index], acc_s)
+                cute.gemm(qk_mma, acc_s, tSrQ[None, None, kb, 0], tSrK[None, None, kb, stage], acc_s)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
 
@@ -164,8 +176,7 @@ class MLAConsumer:
                 warpgroup.fence()
                 pv_mma.set(warpgroup.Field.ACCUMULATE, True)
                 for kb in cutlass.range_constexpr(cute.size(tOrP_smem, mode=[2])):
-                    cute.gemm(pv_mma, acc_o, tOrP_smem[None, None, kb, 0], tOrV[None, None, kb, state.index],
-                              acc_o)
+                    cute.gemm(pv_mma, acc_o, tOrP_smem[None, None, kb, 0], tOrV[None, None, kb, stage], acc_o)
             else:
                 tOrP = cute.make_rmem_tensor(RowConsumer.p_layout(acc_s.layout), self.dtype)
                 tOrP_as_acc = cute.make_tensor(tOrP.iterator, acc_s.layout)
@@ -173,10 +184,11 @@ class MLAConsumer:
                 warpgroup.fence()
                 pv_mma.set(warpgroup.Field.ACCUMULATE, True)
                 for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-                    cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, state.index], acc_o)
+                    cute.gemm(pv_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb, stage], acc_o)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
-            kv_pipeline.consumer_release(state)
+            if cutlass.const_expr(not self.fp8):
+                kv_pipeline.consumer_release(state)
             state.advance()
 
         for r in cutlass.range_constexpr(2):
@@ -194,7 +206,25 @@ class MLAConsumer:
             for r in cutlass.range_constexpr(2):
                 row_sum[r] = row_sum[r] + sRed[1 - wg, warp * 16 + lane // 4 + 8 * r]
         self.epilogue(acc_o, row_max, row_sum, mO, mLSE, wg, lane, warp, batch_idx, split_idx, row_block, seqlen_q,
-                      num_heads)
+                      num_heads, v_scale)
+
+    @cute.jit
+    def convert(self, sK8, sK, slot, valid, tidx):
+        """fp8 staging slot ``slot`` -> the 16-bit operand buffer (its swizzled wgmma layout), 16
+        features per step, by both warpgroups (``tidx`` 0..255); key rows ``>= valid`` (past the
+        split's end: anything, NaN included) are written as 0."""
+        chunks_per_row = HEAD_DIM // 16
+        for i in cutlass.range_constexpr(TILE_N * chunks_per_row // CONSUMER_THREADS):
+            chunk = tidx + i * CONSUMER_THREADS
+            n = chunk // chunks_per_row
+            c = chunk % chunks_per_row
+            k16 = cute.make_rmem_tensor((16,), self.dtype)
+            k16.fill(0.0)
+            if n < valid:
+                k8 = cute.make_rmem_tensor((16,), self.kv_dtype)
+                cute.autovec_copy(cute.local_tile(sK8[n, None, slot], (16,), (c,)), k8)
+                k16.store(k8.load().to(self.dtype))
+            cute.autovec_copy(k16, cute.local_tile(sK[n, None, 0], (16,), (c,)))
 
     @cute.jit
     def zero_tail_v(self, sV, stage, valid, wtidx, wg):
@@ -248,13 +278,13 @@ class MLAConsumer:
 
     @cute.jit
     def epilogue(self, acc_o, row_max, row_sum, mO, mLSE, wg, lane, warp, batch_idx, split_idx, row_block, seqlen_q,
-                 num_heads):
+                 num_heads, v_scale=None):
         """Normalize and write this warpgroup's 256 columns of each real row's fp32 partial and
         (the first warpgroup) its natural-log LSE, from the rows' full sums ``row_sum``. A row
         that saw no key of the split (an empty split, or a causal row whose keys all lie past
-        it) writes LSE -inf and zeros."""
+        it) writes LSE -inf and zeros. ``v_scale``: an fp8 cache's descale (O's factor)."""
         for r in cutlass.range_constexpr(2):
-            lse, inv = softmax.finalize(row_max, r, row_sum[r])
+            lse, inv = softmax.finalize(row_max, r, row_sum[r], v_scale)
             packed = row_block * ROWS + warp * 16 + lane // 4 + 8 * r
             if packed < seqlen_q * num_heads:
                 m = packed // num_heads

@@ -5,12 +5,17 @@ computed on the device from ``cache_seqlens[b]`` with the shared rule of :mod:`f
 (:mod:`~flashsplit.cute.split_rule`), and 64 packed q rows ``r = m * H_q + h`` of the
 ``seqlen_q x H_q`` rows that all share the one latent KV head. 384 threads:
 
-- warpgroup 2, the producer (its first warp; the warpgroup gives its registers up): one TMA load per 64-key tile of all 576 features (nine 64-column boxes)
-  into a ring of two shared-memory stages (full/empty mbarrier pairs, ``PipelineTmaAsync``);
-  a paged cache's page id comes from the block table, read one tile ahead;
+- warpgroup 2, the producer (its first warp; the warpgroup gives its registers up): one TMA
+  load per 64-key tile of all 576 features (nine 64-column boxes) into a ring of two
+  shared-memory stages (full/empty mbarrier pairs, ``PipelineTmaAsync``); a paged cache's page id
+  comes from the block table, read one tile ahead;
 - warps 0-7, two consumer warpgroups (:class:`~flashsplit.cute.mla_consumer.MLAConsumer`): K is
   the stage read K-major (the B operand of ``S = Q K^T``), V the same stage's first 512 features
   read MN-major (the B operand of ``O += P V``): each key tile is loaded once.
+
+An e4m3 cache (``MLAConfig.kv_dtype``) lands in two fp8 staging slots; per tile the consumers
+convert it into one 16-bit operand buffer (exact: e4m3 values are bf16 and fp16 values) and hand
+the slot back at once, and the per-tensor descale multiplies the scores and the output.
 
 The caches are viewed as ``(slot, 576, cache row)``: a dense ``[B, L, 1, 576]`` cache has cache
 row = batch row, a paged ``[num_pages, page, 1, 576]`` one cache row = page (its page size a
@@ -32,6 +37,7 @@ from . import split_rule
 from .mla_configs import (CONSUMER_REGISTERS, CONSUMER_WARPGROUPS, HEAD_DIM, HEAD_DIM_V, PRODUCER_REGISTERS,
                           PRODUCER_WARP, ROWS, STAGES, THREADS, TILE_N, MLAConfig)
 from .mla_consumer import COLS, MLAConsumer
+from .mla_storage import mla_shared_storage
 
 
 class MLASplitKernel:
@@ -42,7 +48,11 @@ class MLASplitKernel:
         self.dtype = cutlass.Float16 if config.dtype == "float16" else cutlass.BFloat16
         self.paged = config.paged
         self.split_keys = config.split_keys
-        self.consumer = MLAConsumer(config.causal, config.split_keys, self.dtype)
+        self.fp8 = config.fp8
+        self.kv_dtype = cutlass.Float8E4M3FN if config.fp8 else self.dtype
+        # 16-bit operand stages: the TMA stages, or one buffer the consumers convert fp8 tiles into.
+        self.operand_stages = 1 if config.fp8 else STAGES
+        self.consumer = MLAConsumer(config.causal, config.split_keys, self.dtype, self.kv_dtype)
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -77,6 +87,7 @@ class MLASplitKernel:
         lse_stride_h: Int64,
         lse_stride_l: Int64,
         softmax_scale_log2: Float32,
+        descale_ptr: cute.Pointer,
         stream,
     ):
         """Launch on raw pointers; sizes and strides are runtime values.
@@ -87,7 +98,8 @@ class MLASplitKernel:
         ``block_table`` is ``[batch, max_pages]``, never read when dense); ``capacity``: a row's
         keys at most (lengths are clamped to it). Writes the fp32 partials ``o`` ``[num_splits,
         batch, seqlen_q, num_heads, 512]`` and ``lse`` ``[num_splits, batch, num_heads,
-        seqlen_q]``. ``softmax_scale_log2``: the softmax scale times log2(e).
+        seqlen_q]``. ``softmax_scale_log2``: the softmax scale times log2(e). An fp8 cache's
+        fp32 ``descale`` (one element) scales the scores and the output (16-bit: never read).
         """
         row_blocks = (seqlen_q * num_heads + ROWS - 1) // ROWS
         mQ = cute.make_tensor(
@@ -129,25 +141,26 @@ class MLASplitKernel:
         )
         q_layout = sm90_utils.make_smem_layout_a(k_major, (ROWS, TILE_N, HEAD_DIM), op, 1)
         p_layout = sm90_utils.make_smem_layout_a(k_major, (ROWS, COLS, TILE_N), op, 1)
-        k_layout = sm90_utils.make_smem_layout_b(k_major, (ROWS, TILE_N, HEAD_DIM), op, STAGES)
+        k_layout = sm90_utils.make_smem_layout_b(k_major, (ROWS, TILE_N, HEAD_DIM), op, self.operand_stages)
+        load_layout = k_layout
+        if cutlass.const_expr(self.fp8):
+            # fp8 staging slots: plain 64-byte rows of 64-feature blocks (nine TMA boxes a tile).
+            load_layout = cute.make_layout((TILE_N, (64, HEAD_DIM // 64), STAGES),
+                                           stride=(64, (1, 64 * TILE_N), TILE_N * HEAD_DIM))
         tma_k, mK_tma = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), mK, cute.slice_(k_layout, (None, None, 0)), (TILE_N, HEAD_DIM)
+            cpasync.CopyBulkTensorTileG2SOp(), mK, cute.slice_(load_layout, (None, None, 0)), (TILE_N, HEAD_DIM)
         )
-        tx_bytes = cute.size_in_bytes(op, cute.slice_(k_layout, (None, None, 0)))
-
-        @cute.struct
-        class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(q_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(k_layout)], 1024]
-            kv_mbar: cute.struct.MemRange[cutlass.Int64, STAGES * 2]
-            sP: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(p_layout) if self.split_keys else 8], 1024]
-            red: cute.struct.MemRange[Float32, CONSUMER_WARPGROUPS * ROWS if self.split_keys else 1]
-
-        self.shared_storage = SharedStorage
+        tx_bytes = cute.size_in_bytes(self.kv_dtype, cute.slice_(load_layout, (None, None, 0)))
+        mDescale = None
+        if cutlass.const_expr(self.fp8):
+            mDescale = cute.make_tensor(descale_ptr, cute.make_layout((1,)))
+        self.shared_storage = mla_shared_storage(self.config, op, self.kv_dtype, q_layout, k_layout, p_layout,
+                                                 load_layout)
         self.tx_bytes = tx_bytes
 
         self.kernel(qk_mma, pv_mma, tma_k, mK_tma, mQ, mO, mLSE, mSeqlens, mBlockTable, q_layout, k_layout, p_layout,
-                    seqlen_q, num_heads, num_splits, capacity, tiles_per_page, softmax_scale_log2).launch(
+                    load_layout, seqlen_q, num_heads, num_splits, capacity, tiles_per_page, softmax_scale_log2,
+                    mDescale).launch(
             grid=[num_splits, batch, row_blocks],
             block=[THREADS, 1, 1],
             stream=stream,
@@ -156,15 +169,14 @@ class MLASplitKernel:
             preferred_smem_carveout=100,
         )
 
-    @staticmethod
-    def v_view(storage, k_layout):
+    def v_view(self, storage, k_layout):
         """The K stages' first 512 features as V: ``(512, keys, stages)``, d contiguous (MN-major
         for the PV wgmma's B operand). The K stage's swizzled (keys, 576) layout puts feature
         ``d`` of key ``n`` at the same place as this view's ``(d, n)``: 64-feature blocks of
         8-key atoms, the 64 x 64 blocks ``64 * 64`` elements apart."""
         stage_stride = TILE_N * HEAD_DIM
         outer = cute.make_layout(
-            ((64, HEAD_DIM_V // 64), (8, TILE_N // 8), (1, STAGES)),
+            ((64, HEAD_DIM_V // 64), (8, TILE_N // 8), (1, self.operand_stages)),
             stride=((1, 64 * TILE_N), (64, 512), (0, stage_stride)),
         )
         return storage.sK.get_tensor(outer, swizzle=k_layout.inner)
@@ -174,8 +186,8 @@ class MLASplitKernel:
     def kernel(self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, tma_k: cute.CopyAtom, mK_tma: cute.Tensor,
                mQ: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mSeqlens: cute.Tensor, mBlockTable: cute.Tensor,
                q_layout: cute.ComposedLayout, k_layout: cute.ComposedLayout, p_layout: cute.ComposedLayout,
-               seqlen_q: Int32, num_heads: Int32,
-               num_splits: Int32, capacity: Int32, tiles_per_page: Int32, softmax_scale_log2: Float32):
+               load_layout, seqlen_q: Int32, num_heads: Int32, num_splits: Int32, capacity: Int32,
+               tiles_per_page: Int32, softmax_scale_log2: Float32, mDescale: cute.Tensor | None):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         split_idx, batch_idx, row_block = cute.arch.block_idx()
@@ -197,6 +209,9 @@ class MLASplitKernel:
 
         sQ = storage.sQ.get_tensor(q_layout.outer, swizzle=q_layout.inner)
         sK = storage.sK.get_tensor(k_layout.outer, swizzle=k_layout.inner)
+        sK8 = None  # the loads' destination: the operand stages, or the fp8 staging slots
+        if cutlass.const_expr(self.fp8):
+            sK8 = storage.sK8.get_tensor(load_layout)
 
         n_keys = split_rule.load_seqlen(mSeqlens, batch_idx, capacity)
         start, end, first_tile, num_tiles = split_rule.split_tiles(n_keys, None, split_idx, num_splits, None, TILE_N)
@@ -204,7 +219,7 @@ class MLASplitKernel:
         if warp_idx >= PRODUCER_WARP:
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
         if warp_idx == PRODUCER_WARP:
-            self.produce(tma_k, mK_tma, mBlockTable, sK, kv_pipeline, batch_idx, first_tile, num_tiles,
+            self.produce(tma_k, mK_tma, mBlockTable, sK8 if cutlass.const_expr(self.fp8) else sK, kv_pipeline, batch_idx, first_tile, num_tiles,
                          tiles_per_page)
         if warp_idx < PRODUCER_WARP:
             cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
@@ -218,9 +233,14 @@ class MLASplitKernel:
                 sS_K = cute.flat_divide(sK, (self.consumer.keys,))[None, wg, None, None]
                 sP = storage.sP.get_tensor(p_layout.outer, swizzle=p_layout.inner)
                 sRed = storage.red.get_tensor(cute.make_layout((CONSUMER_WARPGROUPS, ROWS), stride=(ROWS, 1)))
+            qk_scale = softmax_scale_log2
+            v_scale = None
+            if cutlass.const_expr(self.fp8):  # the descale multiplies every score and the output
+                qk_scale = softmax_scale_log2 * mDescale[0]
+                v_scale = mDescale[0]
             self.consumer.run(qk_mma, pv_mma, mO, mLSE, sQ, sS_K, sV, sP, sRed, kv_pipeline, wg, tidx % 128,
                               batch_idx, split_idx, row_block, seqlen_q, num_heads, n_keys, end, first_tile, num_tiles,
-                              softmax_scale_log2)
+                              qk_scale, sK, sK8, v_scale)
 
     @cute.jit
     def produce(self, tma_k, mK_tma, mBlockTable, sK, kv_pipeline, batch_idx, first_tile, num_tiles, tiles_per_page):

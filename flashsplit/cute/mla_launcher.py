@@ -16,9 +16,9 @@ import torch
 from .launch_args import Arg, cute_args
 from .mla_configs import HEAD_DIM, HEAD_DIM_V, MLAConfig, mla_supports
 
-#: ``MLASplitKernel.__call__``'s arguments (the element role "q" is q's dtype).
+#: ``MLASplitKernel.__call__``'s arguments (element roles: "q" q's dtype, "kv" the cache's).
 MLA_ARGS: tuple[Arg, ...] = (
-    Arg("q_ptr", "ptr", "q"), Arg("kv_ptr", "ptr", "q"), Arg("o_ptr", "ptr", "float32", 4),
+    Arg("q_ptr", "ptr", "q"), Arg("kv_ptr", "ptr", "kv"), Arg("o_ptr", "ptr", "float32", 4),
     Arg("lse_ptr", "ptr", "float32", 4), Arg("seqlens_ptr", "ptr", "int32", 4),
     Arg("block_table_ptr", "ptr", "int32", 4),
     *(Arg(n, "i32") for n in ("batch", "seqlen_q", "num_heads", "num_splits", "cache_rows", "cache_len",
@@ -26,7 +26,7 @@ MLA_ARGS: tuple[Arg, ...] = (
     *(Arg(n, "i64") for n in ("block_table_stride_b", "q_stride_b", "q_stride_l", "q_stride_h", "kv_stride_b",
                               "kv_stride_l", "o_stride_s", "o_stride_b", "o_stride_l", "o_stride_h", "lse_stride_s",
                               "lse_stride_b", "lse_stride_h", "lse_stride_l")),
-    Arg("softmax_scale_log2", "f32"),
+    Arg("softmax_scale_log2", "f32"), Arg("descale_ptr", "ptr", "float32", 4),
     Arg("stream", "stream"),
 )
 
@@ -36,7 +36,8 @@ SPLIT_KEYS = False
 
 _CACHE: dict[MLAConfig, object] = {}
 _LOCK = threading.Lock()
-_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn"}
+_ONES: dict[torch.device, torch.Tensor] = {}  # the descale of an fp8 cache given none
 
 
 def compile_mla(config: MLAConfig, options: str | None = None):
@@ -48,13 +49,17 @@ def compile_mla(config: MLAConfig, options: str | None = None):
 
     from .mla_kernel import MLASplitKernel
 
-    args = cute_args(MLA_ARGS, {"q": config.dtype})
+    args = cute_args(MLA_ARGS, _elements(config))
     if options:
         return cute.compile(MLASplitKernel(config), *args, options=options)
     compiled = cute.compile(MLASplitKernel(config), *args)
     with _LOCK:
         _CACHE[config] = compiled
     return compiled
+
+
+def _elements(config: MLAConfig) -> dict[str, str]:
+    return {"q": config.dtype, "kv": config.dtype if config.kv_dtype == "same" else config.kv_dtype}
 
 
 def mla_compile_cache_size() -> int:
@@ -79,10 +84,9 @@ def mla_split_forward(q, kv_cache, cache_seqlens, block_table, out_partial, lse_
     ``causal``: query token ``i`` sees keys ``< n - s_q + 1 + i``. Writes ``out_partial`` fp32
     ``[num_splits, B, s_q, H_q, 512]`` (zeros where a row saw no key of the split) and
     ``lse_partial`` fp32 ``[num_splits, B, H_q, s_q]`` (natural log, -inf where a row saw no
-    key). ``kv_descale`` (an fp8 cache's) is not supported yet and must be None.
+    key). An e4m3 cache (``torch.float8_e4m3fn``) holds values times ``1 / kv_descale``: fp32,
+    one element on q's device (None: 1); a 16-bit cache takes none.
     """
-    if kv_descale is not None:
-        raise ValueError("kv_descale: the MLA cute kernel has no fp8 cache path; expected None")
     _check(q.dim() == 4, "q", "[B, s_q, H_q, 576]", tuple(q.shape))
     batch, seqlen_q, num_heads, head_dim = q.shape
     paged = block_table is not None
@@ -93,6 +97,12 @@ def mla_split_forward(q, kv_cache, cache_seqlens, block_table, out_partial, lse_
                           page_size=kv_cache.shape[1])
     if reason is not None:
         raise ValueError(f"q, kv_cache: {reason}")
+    fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    if kv_descale is not None:
+        _check(fp8, "kv_descale", "None for a 16-bit cache", "a tensor")
+        _check(isinstance(kv_descale, torch.Tensor) and kv_descale.dtype == torch.float32
+               and kv_descale.numel() == 1 and kv_descale.device == q.device, "kv_descale",
+               f"a one-element fp32 tensor on {q.device}", kv_descale)
     _check(kv_cache.shape[3] == HEAD_DIM, "kv_cache", f"a last dim of {HEAD_DIM}", tuple(kv_cache.shape))
     _check(isinstance(num_splits, int) and num_splits >= 1, "num_splits", "an int >= 1", num_splits)
     _check(tuple(out_partial.shape) == (num_splits, batch, seqlen_q, num_heads, HEAD_DIM_V)
@@ -119,11 +129,17 @@ def mla_split_forward(q, kv_cache, cache_seqlens, block_table, out_partial, lse_
     # 16-byte aligned rows: q's 8-element loads, the cache's TMA (every stride but the last).
     _check(q.stride(3) == 1 and all(s % 8 == 0 for s in q.stride()[:3]) and q.data_ptr() % 16 == 0, "q",
            "16-byte aligned rows (strides multiples of 8, last dim contiguous)", q.stride())
-    _check(kv_cache.stride(3) == 1 and kv_cache.stride(1) % 8 == 0 and kv_cache.stride(0) % 8 == 0
+    align = 16 // kv_cache.element_size()
+    _check(kv_cache.stride(3) == 1 and kv_cache.stride(1) % align == 0 and kv_cache.stride(0) % align == 0
            and kv_cache.data_ptr() % 16 == 0, "kv_cache", "16-byte aligned rows, last dim contiguous",
            kv_cache.stride())
 
-    config = MLAConfig(_DTYPE_NAMES[q.dtype], paged, bool(causal), SPLIT_KEYS)
+    config = MLAConfig(_DTYPE_NAMES[q.dtype], paged, bool(causal), SPLIT_KEYS, "float8_e4m3fn" if fp8 else "same")
+    descale = kv_descale
+    if descale is None:  # (16-bit: never read)
+        descale = _ONES.get(q.device)
+        if descale is None:
+            descale = _ONES[q.device] = torch.ones(1, dtype=torch.float32, device=q.device)
     compiled = compile_mla(config)
     if paged:
         cache_rows, cache_len = kv_cache.shape[0], kv_cache.shape[1]
@@ -138,6 +154,6 @@ def mla_split_forward(q, kv_cache, cache_seqlens, block_table, out_partial, lse_
            batch, seqlen_q, num_heads, num_splits, cache_rows, cache_len, capacity, max_pages,
            bt_stride, q.stride(0), q.stride(1), q.stride(2), kv_cache.stride(0), kv_cache.stride(1),
            *out_partial.stride()[:4], *lse_partial.stride(),
-           float(softmax_scale) * math.log2(math.e),
+           float(softmax_scale) * math.log2(math.e), descale.data_ptr(),
            torch.cuda.current_stream(q.device).cuda_stream)
-    compiled(*cute_args(MLA_ARGS, {"q": config.dtype}, raw))
+    compiled(*cute_args(MLA_ARGS, _elements(config), raw))
