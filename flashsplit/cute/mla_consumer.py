@@ -82,8 +82,7 @@ class MLAConsumer:
             if r < num_rows:
                 gsrc = cute.local_tile(mQ[r // num_heads, r % num_heads, None, batch_idx], (8,), (col // 8,))
                 cute.autovec_copy(gsrc, frag)
-            for j in cutlass.range_constexpr(8):
-                sQ[row, col + j, 0] = frag[j]
+            cute.autovec_copy(frag, cute.local_tile(sQ[row, None, 0], (8,), (col // 8,)))
         publish_to_consumers()
 
     @cute.jit
@@ -294,5 +293,7 @@ class MLAConsumer:
                         mLSE[split_idx, batch_idx, h, m] = lse
                 g_out = mO[split_idx, batch_idx, m, h, None]
                 for v in cutlass.range_constexpr(COLS // 8):
+                    pair = cute.make_rmem_tensor((2,), Float32)  # two adjacent columns: one 8-byte store
                     for c in cutlass.range_constexpr(2):
-                        g_out[wg * COLS + (lane % 4) * 2 + c + 8 * v] = acc_o[c + 2 * r + 4 * v] * inv
+                        pair[c] = acc_o[c + 2 * r + 4 * v] * inv
+                    cute.autovec_copy(pair, cute.local_tile(g_out, (2,), (wg * (COLS // 2) + lane % 4 + 4 * v,)))

@@ -97,7 +97,7 @@ class MLASplitKernel:
         paged: ``cache_rows = num_pages``, ``cache_len`` = the page size, and the int32
         ``block_table`` is ``[batch, max_pages]``, never read when dense); ``capacity``: a row's
         keys at most (lengths are clamped to it). Writes the fp32 partials ``o`` ``[num_splits,
-        batch, seqlen_q, num_heads, 512]`` and ``lse`` ``[num_splits, batch, num_heads,
+        batch, seqlen_q, num_heads, 512]`` (16-byte aligned, strides multiples of 4) and ``lse`` ``[num_splits, batch, num_heads,
         seqlen_q]``. ``softmax_scale_log2``: the softmax scale times log2(e). An fp8 cache's
         fp32 ``descale`` (one element) scales the scores and the output (16-bit: never read).
         """
@@ -114,7 +114,8 @@ class MLASplitKernel:
         mO = cute.make_tensor(
             o_ptr,
             cute.make_layout((num_splits, batch, seqlen_q, num_heads, HEAD_DIM_V),
-                             stride=(o_stride_s, o_stride_b, o_stride_l, o_stride_h, 1)),
+                             stride=(*(cute.assume(x, divby=4) for x in (o_stride_s, o_stride_b, o_stride_l,
+                                                                          o_stride_h)), 1)),
         )
         mLSE = cute.make_tensor(
             lse_ptr,

@@ -18,7 +18,7 @@ from .mla_configs import HEAD_DIM, HEAD_DIM_V, MLAConfig, mla_supports
 
 #: ``MLASplitKernel.__call__``'s arguments (element roles: "q" q's dtype, "kv" the cache's).
 MLA_ARGS: tuple[Arg, ...] = (
-    Arg("q_ptr", "ptr", "q"), Arg("kv_ptr", "ptr", "kv"), Arg("o_ptr", "ptr", "float32", 4),
+    Arg("q_ptr", "ptr", "q"), Arg("kv_ptr", "ptr", "kv"), Arg("o_ptr", "ptr", "float32", 16),
     Arg("lse_ptr", "ptr", "float32", 4), Arg("seqlens_ptr", "ptr", "int32", 4),
     Arg("block_table_ptr", "ptr", "int32", 4),
     *(Arg(n, "i32") for n in ("batch", "seqlen_q", "num_heads", "num_splits", "cache_rows", "cache_len",
@@ -106,8 +106,9 @@ def mla_split_forward(q, kv_cache, cache_seqlens, block_table, out_partial, lse_
     _check(kv_cache.shape[3] == HEAD_DIM, "kv_cache", f"a last dim of {HEAD_DIM}", tuple(kv_cache.shape))
     _check(isinstance(num_splits, int) and num_splits >= 1, "num_splits", "an int >= 1", num_splits)
     _check(tuple(out_partial.shape) == (num_splits, batch, seqlen_q, num_heads, HEAD_DIM_V)
-           and out_partial.dtype == torch.float32 and out_partial.stride(-1) == 1, "out_partial",
-           f"fp32 [{num_splits}, {batch}, {seqlen_q}, {num_heads}, {HEAD_DIM_V}] with a contiguous last dim",
+           and out_partial.dtype == torch.float32 and out_partial.stride(-1) == 1
+           and all(x % 4 == 0 for x in out_partial.stride()[:4]) and out_partial.data_ptr() % 16 == 0, "out_partial",
+           f"fp32 [{num_splits}, {batch}, {seqlen_q}, {num_heads}, {HEAD_DIM_V}], 16-byte aligned rows",
            f"{out_partial.dtype} {tuple(out_partial.shape)}")
     _check(tuple(lse_partial.shape) == (num_splits, batch, num_heads, seqlen_q)
            and lse_partial.dtype == torch.float32, "lse_partial",
