@@ -13,7 +13,6 @@ caches rotated out of L2); they are not asserted.
 from __future__ import annotations
 
 import math
-import statistics
 
 import pytest
 import torch
@@ -196,31 +195,6 @@ def test_mla_rejects_bad_input():
                           num_splits=2, kv_descale=torch.ones(1, device="cuda"))
 
 
-def _graph_time_us(fn_per_copy, copies: int, reps: int = 50) -> float:
-    """Median of ``reps`` CUDA-graph replays, cycling over ``copies`` graphs (inputs rotated out
-    of L2), in microseconds."""
-    graphs = []
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for c in range(copies):
-            fn_per_copy(c)  # compile and warm up outside the capture
-        torch.cuda.synchronize()
-        for c in range(copies):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=stream):
-                fn_per_copy(c)
-            graphs.append(g)
-    times = []
-    for i in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graphs[i % copies].replay()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e3)
-    return statistics.median(times)
-
-
 def _paged_on_gpu(batch, heads, length, seed):
     """A full paged bf16 cache built on the GPU (shuffled pages), for timing: q, cache, table,
     lengths."""
@@ -236,9 +210,13 @@ def _paged_on_gpu(batch, heads, length, seed):
 @pytest.mark.parametrize("split_keys", [False, True], ids=["whole-tiles", "split-keys"], indirect=True)
 def test_mla_split_timings(split_keys):
     """Checks each cell's decode of row 0, then prints its split kernel's time: H_q 16 and 128,
-    B 1 and 32, L 4k and 16k, bf16, pages of 64, about one split CTA per SM (the partials'
-    combine excluded). TFLOPS count 2 x (576 + 512) per q row and key; GB/s the cache read."""
+    B 1 and 32, L 4k and 16k, bf16, pages of 64, the plan's split count for one CTA per SM (the
+    partials' combine excluded). Device time per call: the median replay of a CUDA graph of
+    calls cycling caches that together exceed the L2 (``flashsplit.bench.timing``). TFLOPS
+    count 2 x (576 + 512) per q row and key; GB/s the cache read."""
+    from flashsplit.bench.timing import TimingConfig, calls_per_graph, time_graph
     from flashsplit.cute.mla_launcher import mla_split_forward
+    from flashsplit.plan import choose_num_splits
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"\n{torch.cuda.get_device_name(0)}: MLA split kernel ({'split keys' if split_keys else 'whole tiles'}), "
@@ -247,7 +225,7 @@ def test_mla_split_timings(split_keys):
         for batch in (1, 32):
             for length in (4096, 16384):
                 row_blocks = -(-heads // 64)
-                splits = max(1, min(sms // (batch * row_blocks), length // 256))
+                splits, _ = choose_num_splits(batch * row_blocks, length, sms, 1)
                 cache_bytes = batch * length * D * 2
                 copies = max(1, min(64, -(-(200 << 20) // cache_bytes)))  # 200 MB: past L2
                 inputs = [_paged_on_gpu(batch, heads, length, c) for c in range(copies)]
@@ -266,7 +244,8 @@ def test_mla_split_timings(split_keys):
                 ref, _ = _attend(q[0], keys, length, 0, length, False, D ** -0.5, torch.float64)
                 low, _ = _attend(q[0], keys, length, 0, length, False, D ** -0.5, torch.bfloat16)
                 assert (out[0] - ref).abs().max().item() <= 2 * (low - ref).abs().max().item() + 2e-3
-                us = _graph_time_us(call, copies)
+                config = TimingConfig()
+                us = time_graph(call, copies, config, calls_per_graph(config, copies))
                 flops = 2 * batch * heads * length * (D + DV)
                 print(f"H_q {heads:3d} B {batch:2d} L {length:5d} splits {splits:3d}: {us:9.1f} us "
                       f"{flops / us / 1e6:7.1f} TFLOPS {cache_bytes / us / 1e3:7.1f} GB/s")

@@ -69,20 +69,26 @@ class MLAConsumer:
     @cute.jit
     def load_q(self, mQ, sQ, tidx, batch_idx, row_block, seqlen_q, num_heads):
         """Both warpgroups gather the CTA's 64 packed q rows into the swizzled wgmma A tile
-        ``sQ`` (8 elements per load; rows past ``seqlen_q * num_heads`` are zero)."""
+        ``sQ`` (8 elements per load; rows past ``seqlen_q * num_heads`` are zero). Every load is
+        issued before the first store, so their latencies overlap."""
         chunks_per_row = HEAD_DIM // 8
         num_rows = seqlen_q * num_heads
-        for i in cutlass.range_constexpr(ROWS * chunks_per_row // CONSUMER_THREADS):
+        steps = ROWS * chunks_per_row // CONSUMER_THREADS
+        frags = []
+        for i in cutlass.range_constexpr(steps):
             chunk = tidx + i * CONSUMER_THREADS
-            row = chunk // chunks_per_row
-            col = (chunk % chunks_per_row) * 8
-            r = row_block * ROWS + row
+            r = row_block * ROWS + chunk // chunks_per_row
             frag = cute.make_rmem_tensor((8,), self.dtype)
             frag.fill(0.0)
             if r < num_rows:
+                col = (chunk % chunks_per_row) * 8
                 gsrc = cute.local_tile(mQ[r // num_heads, r % num_heads, None, batch_idx], (8,), (col // 8,))
                 cute.autovec_copy(gsrc, frag)
-            cute.autovec_copy(frag, cute.local_tile(sQ[row, None, 0], (8,), (col // 8,)))
+            frags.append(frag)
+        for i in cutlass.range_constexpr(steps):
+            chunk = tidx + i * CONSUMER_THREADS
+            col = (chunk % chunks_per_row) * 8
+            cute.autovec_copy(frags[i], cute.local_tile(sQ[chunk // chunks_per_row, None, 0], (8,), (col // 8,)))
         publish_to_consumers()
 
     @cute.jit
