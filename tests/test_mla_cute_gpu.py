@@ -5,9 +5,8 @@ the first 512); query token ``i`` of ``s_q`` sees keys ``< n - s_q + 1 + i`` whe
 split's partials are compared with the reference restricted to that split's keys
 (``flashsplit.plan.split_bounds``), and the partials merged in float64 with the whole
 attention. Errors are judged against PyTorch's in the same dtype. Unused cache slots and pages
-hold NaN, the partials start as NaN. Both ways the consumer warpgroups share S run
-(``MLAConfig.split_keys``). The last test also prints timings (CUDA graph replay, median,
-caches rotated out of L2); they are not asserted.
+hold NaN, the partials start as NaN. The last test also prints timings (CUDA graph replay,
+median, caches rotated out of L2); they are not asserted.
 """
 
 from __future__ import annotations
@@ -24,14 +23,6 @@ from conftest import CUTE_GPU_MARKS
 pytestmark = CUTE_GPU_MARKS
 
 D, DV, PAGE = 576, 512, 64
-
-
-@pytest.fixture(params=[False, True], ids=["whole-tiles", "split-keys"])
-def split_keys(request, monkeypatch):
-    from flashsplit.cute import mla_launcher
-
-    monkeypatch.setattr(mla_launcher, "SPLIT_KEYS", request.param)
-    return request.param
 
 
 def _inputs(batch, seqlen_q, heads, lengths, dtype, paged, gen, capacity=None, fp8=False):
@@ -142,7 +133,7 @@ def _run(batch, seqlen_q, heads, lengths, dtype, paged, causal, num_splits, gen,
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("paged", [False, True])
 @pytest.mark.parametrize("heads,seqlen_q,causal", [(16, 1, False), (16, 2, True), (128, 1, False), (128, 2, True)])
-def test_mla_split_matches_reference(dtype, paged, heads, seqlen_q, causal, generator, split_keys):
+def test_mla_split_matches_reference(dtype, paged, heads, seqlen_q, causal, generator):
     """Three rows of random lengths (one of 0 keys, one of 1), 3 splits."""
     lengths = [int(torch.randint(200, 700, (1,), generator=generator)), 0, 1]
     _run(3, seqlen_q, heads, lengths, dtype, paged, causal, 3, generator)
@@ -150,24 +141,24 @@ def test_mla_split_matches_reference(dtype, paged, heads, seqlen_q, causal, gene
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads,seqlen_q,causal", [(16, 1, False), (128, 2, True)])
-def test_mla_fp8_cache_matches_reference(dtype, heads, seqlen_q, causal, generator, split_keys):
+def test_mla_fp8_cache_matches_reference(dtype, heads, seqlen_q, causal, generator):
     """An e4m3 cache with a per-tensor descale, paged: the reference attends its dequantized keys."""
     lengths = [int(torch.randint(200, 700, (1,), generator=generator)), 0, 1]
     _run(3, seqlen_q, heads, lengths, dtype, True, causal, 3, generator, fp8=True)
 
 
 @pytest.mark.parametrize("num_splits", [1, 2, 7])
-def test_mla_split_counts_and_partial_tiles(num_splits, generator, split_keys):
+def test_mla_split_counts_and_partial_tiles(num_splits, generator):
     """One row whose length ends inside a tile, split 1, 2 and 7 ways (some splits empty)."""
     _run(1, 1, 16, [517], torch.bfloat16, True, False, num_splits, generator)
 
 
-def test_mla_causal_rows_without_keys(generator, split_keys):
+def test_mla_causal_rows_without_keys(generator):
     """s_q 4 causal over 1-3 keys: the first queries see no key (LSE -inf, O 0)."""
     _run(3, 4, 16, [1, 2, 3], torch.bfloat16, False, True, 2, generator, capacity=70)
 
 
-def test_mla_same_compile_for_new_shapes(generator, split_keys):
+def test_mla_same_compile_for_new_shapes(generator):
     """New batch sizes, lengths, head counts and split counts reuse the compiled kernel."""
     from flashsplit.cute.mla_launcher import mla_compile_cache_size
 
@@ -207,8 +198,7 @@ def _paged_on_gpu(batch, heads, length, seed):
     return q, cache, table, torch.full((batch,), length, dtype=torch.int32, device="cuda")
 
 
-@pytest.mark.parametrize("split_keys", [False, True], ids=["whole-tiles", "split-keys"], indirect=True)
-def test_mla_split_timings(split_keys):
+def test_mla_split_timings():
     """Checks each cell's decode of row 0, then prints its split kernel's time: H_q 16 and 128,
     B 1 and 32, L 4k and 16k, bf16, pages of 64, the plan's split count for one CTA per SM (the
     partials' combine excluded). Device time per call: the median replay of a CUDA graph of
@@ -219,8 +209,7 @@ def test_mla_split_timings(split_keys):
     from flashsplit.plan import choose_num_splits
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(f"\n{torch.cuda.get_device_name(0)}: MLA split kernel ({'split keys' if split_keys else 'whole tiles'}), "
-          f"bf16, pages of {PAGE}, graph replay median")
+    print(f"\n{torch.cuda.get_device_name(0)}: MLA split kernel, bf16, pages of {PAGE}, graph replay median")
     for heads in (16, 128):
         for batch in (1, 32):
             for length in (4096, 16384):

@@ -20,7 +20,7 @@ KV_DTYPES = ("same", "float8_e4m3fn")
 HEAD_DIM = 576
 HEAD_DIM_V = 512
 #: Keys per KV tile (one TMA tile of 576 features: 72 KiB in 16 bits), packed q rows per CTA
-#: (wgmma's M) and K tiles in flight: Q (72 KiB) + 2 stages (144 KiB) fit 227 KiB.
+#: (wgmma's M) and K tiles in flight: Q (72 KiB), 2 stages (144 KiB) and P (8 KiB) fit 227 KiB.
 TILE_N = 64
 ROWS = 64
 STAGES = 2
@@ -44,14 +44,12 @@ CONSUMER_REGISTERS = 232
 class MLAConfig:
     """Compile key of the MLA split kernel: q's and the cache's 16-bit ``dtype``, whether the
     cache is ``paged`` (``[num_pages, page, 1, 576]``, page a runtime multiple of
-    :data:`TILE_N`) or dense (``[B, L, 1, 576]``), the bottom-right ``causal`` mask, and how the
-    two consumer warpgroups share ``S`` (``split_keys``: each computes half the keys and P goes
-    through shared memory; else each computes the whole tile, :mod:`~flashsplit.cute.mla_consumer`)."""
+    :data:`TILE_N`) or dense (``[B, L, 1, 576]``), the bottom-right ``causal`` mask and the
+    cache's element type."""
 
     dtype: str
     paged: bool
     causal: bool
-    split_keys: bool = False
     #: "same" (q's dtype) or "float8_e4m3fn": fp8 tiles land by TMA in staging slots and the
     #: consumers convert each into one 16-bit operand buffer (a per-tensor descale).
     kv_dtype: str = "same"
@@ -69,18 +67,17 @@ class MLAConfig:
     @property
     def smem_bytes(self) -> int:
         """Shared memory of one CTA: the Q tile, the K stages (fp8: one 16-bit operand buffer
-        and the fp8 staging slots), their mbarrier pairs and (split keys) the P tile and the two
-        warpgroups' row maxima."""
+        and the fp8 staging slots), their mbarrier pairs, the P tile and the two warpgroups' row
+        maxima."""
         tile = TILE_N * HEAD_DIM
         stages = tile * 2 + STAGES * tile if self.fp8 else STAGES * tile * 2
         fixed = ROWS * HEAD_DIM * 2 + stages + STAGES * 2 * 8
-        return fixed + (ROWS * TILE_N * 2 + CONSUMER_WARPGROUPS * ROWS * 4 if self.split_keys else 0)
+        return fixed + ROWS * TILE_N * 2 + CONSUMER_WARPGROUPS * ROWS * 4
 
 
 def all_mla_configs() -> list[MLAConfig]:
     """Every configuration the launcher can compile."""
-    return [MLAConfig(d, p, c, k, kv) for d in DTYPES for p in (False, True) for c in (False, True)
-            for k in (False, True) for kv in KV_DTYPES]
+    return [MLAConfig(d, p, c, kv) for d in DTYPES for p in (False, True) for c in (False, True) for kv in KV_DTYPES]
 
 
 def mla_supports(*, dtype, kv_dtype, head_dim, head_dim_v, num_heads_q, seqlen_q, paged, page_size) -> str | None:

@@ -36,7 +36,7 @@ from cutlass.tensor_utils import LayoutEnum
 from . import split_rule
 from .mla_configs import (CONSUMER_REGISTERS, CONSUMER_WARPGROUPS, HEAD_DIM, HEAD_DIM_V, PRODUCER_REGISTERS,
                           PRODUCER_WARP, ROWS, STAGES, THREADS, TILE_N, MLAConfig)
-from .mla_consumer import COLS, MLAConsumer
+from .mla_consumer import COLS, KEYS, MLAConsumer
 from .mla_storage import mla_shared_storage
 
 
@@ -47,12 +47,11 @@ class MLASplitKernel:
         self.config = config
         self.dtype = cutlass.Float16 if config.dtype == "float16" else cutlass.BFloat16
         self.paged = config.paged
-        self.split_keys = config.split_keys
         self.fp8 = config.fp8
         self.kv_dtype = cutlass.Float8E4M3FN if config.fp8 else self.dtype
         # 16-bit operand stages: the TMA stages, or one buffer the consumers convert fp8 tiles into.
         self.operand_stages = 1 if config.fp8 else STAGES
-        self.consumer = MLAConsumer(config.causal, config.split_keys, self.dtype, self.kv_dtype)
+        self.consumer = MLAConsumer(config.causal, self.dtype, self.kv_dtype)
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -130,15 +129,13 @@ class MLASplitKernel:
 
         op = self.dtype
         k_major = LayoutEnum.ROW_MAJOR
-        # S per warpgroup: the whole tile, or its half of the keys. P: registers, or (split keys)
-        # the shared P tile, K-major like Q.
+        # S per warpgroup: its half of the keys. P: the shared P tile, K-major like Q.
         qk_mma = sm90_utils.make_trivial_tiled_mma(
-            op, op, k_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(), Float32, (1, 1, 1),
-            (ROWS, self.consumer.keys),
+            op, op, k_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(), Float32, (1, 1, 1), (ROWS, KEYS),
         )
         pv_mma = sm90_utils.make_trivial_tiled_mma(
             op, op, cute.nvgpu.OperandMajorMode.K, LayoutEnum.COL_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1),
-            (ROWS, COLS), warpgroup.OperandSource.SMEM if self.split_keys else warpgroup.OperandSource.RMEM,
+            (ROWS, COLS), warpgroup.OperandSource.SMEM,
         )
         q_layout = sm90_utils.make_smem_layout_a(k_major, (ROWS, TILE_N, HEAD_DIM), op, 1)
         p_layout = sm90_utils.make_smem_layout_a(k_major, (ROWS, COLS, TILE_N), op, 1)
@@ -228,12 +225,10 @@ class MLASplitKernel:
             wg = warp_idx // 4
             # This warpgroup's 256 V columns: the second's start 4 feature blocks further on.
             sV = cute.flat_divide(self.v_view(storage, k_layout), (COLS,))[None, wg, None, None]
-            sS_K, sP, sRed = sK, None, None
-            if cutlass.const_expr(self.split_keys):
-                # This warpgroup's 32 keys of each K stage: S's B operand.
-                sS_K = cute.flat_divide(sK, (self.consumer.keys,))[None, wg, None, None]
-                sP = storage.sP.get_tensor(p_layout.outer, swizzle=p_layout.inner)
-                sRed = storage.red.get_tensor(cute.make_layout((CONSUMER_WARPGROUPS, ROWS), stride=(ROWS, 1)))
+            # This warpgroup's 32 keys of each K stage: S's B operand.
+            sS_K = cute.flat_divide(sK, (KEYS,))[None, wg, None, None]
+            sP = storage.sP.get_tensor(p_layout.outer, swizzle=p_layout.inner)
+            sRed = storage.red.get_tensor(cute.make_layout((CONSUMER_WARPGROUPS, ROWS), stride=(ROWS, 1)))
             qk_scale = softmax_scale_log2
             v_scale = None
             if cutlass.const_expr(self.fp8):  # the descale multiplies every score and the output

@@ -30,11 +30,6 @@ MLA_ARGS: tuple[Arg, ...] = (
     Arg("stream", "stream"),
 )
 
-#: How the consumer warpgroups share S (``MLAConfig.split_keys``); tests and timings set it to
-#: compare the two. Split keys: on the H100 (bf16, pages of 64, H_q = 128, B = 32, 2 splits) 6%
-#: faster at 4k keys (119.7 vs 127.5 us) and 9% at 16k (357.4 vs 393.9 us) than whole tiles.
-SPLIT_KEYS = True
-
 _CACHE: dict[MLAConfig, object] = {}
 _LOCK = threading.Lock()
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn"}
@@ -136,7 +131,7 @@ def mla_split_forward(q, kv_cache, cache_seqlens, block_table, out_partial, lse_
            and kv_cache.data_ptr() % 16 == 0, "kv_cache", "16-byte aligned rows, last dim contiguous",
            kv_cache.stride())
 
-    config = MLAConfig(_DTYPE_NAMES[q.dtype], paged, bool(causal), SPLIT_KEYS, "float8_e4m3fn" if fp8 else "same")
+    config = MLAConfig(_DTYPE_NAMES[q.dtype], paged, bool(causal), "float8_e4m3fn" if fp8 else "same")
     descale = kv_descale
     if descale is None:  # (16-bit: never read)
         descale = _ONES.get(q.device)
