@@ -255,8 +255,10 @@ class MLAConsumer:
         for r in cutlass.range_constexpr(2):
             row = warp * 16 + lane // 4 + 8 * r
             for v in cutlass.range_constexpr(KEYS // 8):
+                pair = cute.make_rmem_tensor((2,), self.dtype)  # two adjacent keys: one 4-byte store
                 for c in cutlass.range_constexpr(2):
-                    sP[row, wg * KEYS + (lane % 4) * 2 + c + 8 * v, 0] = acc_s[c + 2 * r + 4 * v].to(self.dtype)
+                    pair[c] = acc_s[c + 2 * r + 4 * v].to(self.dtype)
+                cute.autovec_copy(pair, cute.local_tile(sP[row, None, 0], (2,), (wg * (KEYS // 2) + lane % 4 + 4 * v,)))
 
     @cute.jit
     def epilogue(self, acc_o, row_max, row_sum, mO, mLSE, wg, lane, warp, batch_idx, split_idx, row_block, seqlen_q,
