@@ -235,7 +235,7 @@ class MLAConsumer:
     @cute.jit
     def exp_row(self, acc_s, acc_o, row_max, row_sum, tile_max, r):
         """Online-softmax update of row ``r`` with the tile's max ``tile_max[r]``: ``acc_s`` -> P,
-        the thread's part of the row's sum, ``acc_o`` rescaled."""
+        the thread's part of the row's sum, ``acc_o`` rescaled where the max rose."""
         safe_max, rescale = softmax.raise_max(row_max, r, tile_max[r])
         tile_sum = Float32(0.0)
         for v in cutlass.range_constexpr(KEYS // 8):
@@ -245,9 +245,10 @@ class MLAConsumer:
                 acc_s[idx] = p
                 tile_sum += p
         row_sum[r] = row_sum[r] * rescale + tile_sum
-        for v in cutlass.range_constexpr(COLS // 8):
-            for c in cutlass.range_constexpr(2):
-                acc_o[c + 2 * r + 4 * v] = acc_o[c + 2 * r + 4 * v] * rescale
+        if rescale < 1.0:  # the max rose (else the factor is exactly 1: 64 multiplies saved)
+            for v in cutlass.range_constexpr(COLS // 8):
+                for c in cutlass.range_constexpr(2):
+                    acc_o[c + 2 * r + 4 * v] = acc_o[c + 2 * r + 4 * v] * rescale
 
     @cute.jit
     def store_p(self, acc_s, sP, wg, warp, lane):
