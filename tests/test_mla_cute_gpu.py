@@ -25,10 +25,11 @@ pytestmark = CUTE_GPU_MARKS
 D, DV, PAGE = 576, 512, 64
 
 
-def _inputs(batch, seqlen_q, heads, lengths, dtype, paged, gen, capacity=None, fp8=False):
+def _inputs(batch, seqlen_q, heads, lengths, dtype, paged, gen, capacity=None, fp8=False, descale_rows=False):
     """q, the cache (NaN past each row's length and in unused pages), its block table (or None),
     the int32 lengths, the keys the cache holds (fp32 ``[B, capacity, 576]``, dequantized) and
-    the descale of an e4m3 cache (else None), on the GPU."""
+    the descale of an e4m3 cache (one element, or ``[B, 1]`` with ``descale_rows``; else None),
+    on the GPU."""
     capacity = capacity or max(max(lengths), 1)
     q = torch.randn(batch, seqlen_q, heads, D, generator=gen).to(dtype)
     keys = torch.randn(batch, capacity, D, generator=gen).to(dtype).float()
@@ -36,8 +37,9 @@ def _inputs(batch, seqlen_q, heads, lengths, dtype, paged, gen, capacity=None, f
         keys[b, n:] = float("nan")
     storage, descale = dtype, None
     if fp8:  # the cache holds keys / descale in e4m3; the reference attends what it holds
-        storage, descale = torch.float8_e4m3fn, torch.tensor([0.02])
-        keys = (keys / descale).to(storage).float()
+        storage = torch.float8_e4m3fn
+        descale = 0.01 + 0.02 * torch.rand(batch if descale_rows else 1, 1, generator=gen)
+        keys = (keys / descale[:, :, None]).to(storage).float()
     if not paged:
         cache, table = keys[:, :, None, :], None
     else:
@@ -53,9 +55,9 @@ def _inputs(batch, seqlen_q, heads, lengths, dtype, paged, gen, capacity=None, f
                 rows = keys[b, p * PAGE:(p + 1) * PAGE]
                 cache[page, :rows.shape[0], 0] = rows
         table = table.cuda()
-    real_keys = keys * descale if fp8 else keys
+    real_keys = keys * descale[:, :, None] if fp8 else keys
     return (q.cuda(), cache.to(storage).cuda(), table, torch.tensor(lengths, dtype=torch.int32).cuda(),
-            real_keys.cuda(), None if descale is None else descale.cuda())
+            real_keys.cuda(), None if descale is None else (descale if descale_rows else descale.view(1)).cuda())
 
 
 def _attend(q, keys, n, lo, hi, causal, scale, dtype):
@@ -94,11 +96,12 @@ def _merge(out_partial, lse_partial):
     return out, lse
 
 
-def _run(batch, seqlen_q, heads, lengths, dtype, paged, causal, num_splits, gen, capacity=None, fp8=False):
+def _run(batch, seqlen_q, heads, lengths, dtype, paged, causal, num_splits, gen, capacity=None, fp8=False,
+         descale_rows=False):
     from flashsplit.cute.mla_launcher import mla_split_forward
 
     q, cache, table, seqlens, keys, descale = _inputs(batch, seqlen_q, heads, lengths, dtype, paged, gen, capacity,
-                                                      fp8)
+                                                      fp8, descale_rows)
     scale = D ** -0.5
     out_p = torch.full((num_splits, batch, seqlen_q, heads, DV), float("nan"), device="cuda")
     lse_p = torch.full((num_splits, batch, heads, seqlen_q), float("nan"), device="cuda")
@@ -140,11 +143,12 @@ def test_mla_split_matches_reference(dtype, paged, heads, seqlen_q, causal, gene
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("heads,seqlen_q,causal", [(16, 1, False), (128, 2, True)])
-def test_mla_fp8_cache_matches_reference(dtype, heads, seqlen_q, causal, generator):
-    """An e4m3 cache with a per-tensor descale, paged: the reference attends its dequantized keys."""
+@pytest.mark.parametrize("heads,seqlen_q,causal,descale_rows", [(16, 1, False, False), (128, 2, True, True)])
+def test_mla_fp8_cache_matches_reference(dtype, heads, seqlen_q, causal, descale_rows, generator):
+    """An e4m3 cache, paged, with one descale or one per batch row ([B, 1]): the reference
+    attends its dequantized keys."""
     lengths = [int(torch.randint(200, 700, (1,), generator=generator)), 0, 1]
-    _run(3, seqlen_q, heads, lengths, dtype, True, causal, 3, generator, fp8=True)
+    _run(3, seqlen_q, heads, lengths, dtype, True, causal, 3, generator, fp8=True, descale_rows=descale_rows)
 
 
 @pytest.mark.parametrize("num_splits", [1, 2, 7])

@@ -15,7 +15,8 @@ computed on the device from ``cache_seqlens[b]`` with the shared rule of :mod:`f
 
 An e4m3 cache (``MLAConfig.kv_dtype``) lands in two fp8 staging slots; per tile the consumers
 convert it into one 16-bit operand buffer (exact: e4m3 values are bf16 and fp16 values) and hand
-the slot back at once, and the per-tensor descale multiplies the scores and the output.
+the slot back at once, and the descale (per tensor or per batch row) multiplies the scores and
+the output.
 
 The caches are viewed as ``(slot, 576, cache row)``: a dense ``[B, L, 1, 576]`` cache has cache
 row = batch row, a paged ``[num_pages, page, 1, 576]`` one cache row = page (its page size a
@@ -87,6 +88,7 @@ class MLASplitKernel:
         lse_stride_l: Int64,
         softmax_scale_log2: Float32,
         descale_ptr: cute.Pointer,
+        descale_stride_b: Int64,
         stream,
     ):
         """Launch on raw pointers; sizes and strides are runtime values.
@@ -98,7 +100,8 @@ class MLASplitKernel:
         keys at most (lengths are clamped to it). Writes the fp32 partials ``o`` ``[num_splits,
         batch, seqlen_q, num_heads, 512]`` (16-byte aligned, strides multiples of 4) and ``lse`` ``[num_splits, batch, num_heads,
         seqlen_q]``. ``softmax_scale_log2``: the softmax scale times log2(e). An fp8 cache's
-        fp32 ``descale`` (one element) scales the scores and the output (16-bit: never read).
+        fp32 ``descale`` (row ``b``'s at ``b * descale_stride_b``: stride 0 for one element)
+        scales the scores and the output (16-bit: never read).
         """
         row_blocks = (seqlen_q * num_heads + ROWS - 1) // ROWS
         mQ = cute.make_tensor(
@@ -151,7 +154,7 @@ class MLASplitKernel:
         tx_bytes = cute.size_in_bytes(self.kv_dtype, cute.slice_(load_layout, (None, None, 0)))
         mDescale = None
         if cutlass.const_expr(self.fp8):
-            mDescale = cute.make_tensor(descale_ptr, cute.make_layout((1,)))
+            mDescale = cute.make_tensor(descale_ptr, cute.make_layout((batch,), stride=(descale_stride_b,)))
         self.shared_storage = mla_shared_storage(self.config, op, self.kv_dtype, q_layout, k_layout, p_layout,
                                                  load_layout)
         self.tx_bytes = tx_bytes
@@ -232,8 +235,8 @@ class MLASplitKernel:
             qk_scale = softmax_scale_log2
             v_scale = None
             if cutlass.const_expr(self.fp8):  # the descale multiplies every score and the output
-                qk_scale = softmax_scale_log2 * mDescale[0]
-                v_scale = mDescale[0]
+                qk_scale = softmax_scale_log2 * mDescale[batch_idx]
+                v_scale = mDescale[batch_idx]
             self.consumer.run(qk_mma, pv_mma, mO, mLSE, sQ, sS_K, sV, sP, sRed, kv_pipeline, wg, tidx % 128,
                               batch_idx, split_idx, row_block, seqlen_q, num_heads, n_keys, end, first_tile, num_tiles,
                               qk_scale, sK, sK8, v_scale)

@@ -26,7 +26,7 @@ MLA_ARGS: tuple[Arg, ...] = (
     *(Arg(n, "i64") for n in ("block_table_stride_b", "q_stride_b", "q_stride_l", "q_stride_h", "kv_stride_b",
                               "kv_stride_l", "o_stride_s", "o_stride_b", "o_stride_l", "o_stride_h", "lse_stride_s",
                               "lse_stride_b", "lse_stride_h", "lse_stride_l")),
-    Arg("softmax_scale_log2", "f32"), Arg("descale_ptr", "ptr", "float32", 4),
+    Arg("softmax_scale_log2", "f32"), Arg("descale_ptr", "ptr", "float32", 4), Arg("descale_stride_b", "i64"),
     Arg("stream", "stream"),
 )
 
@@ -80,8 +80,9 @@ def mla_split_forward(q, kv_cache, cache_seqlens, block_table, out_partial, lse_
     ``causal``: query token ``i`` sees keys ``< n - s_q + 1 + i``. Writes ``out_partial`` fp32
     ``[num_splits, B, s_q, H_q, 512]`` (zeros where a row saw no key of the split) and
     ``lse_partial`` fp32 ``[num_splits, B, H_q, s_q]`` (natural log, -inf where a row saw no
-    key). An e4m3 cache (``torch.float8_e4m3fn``) holds values times ``1 / kv_descale``: fp32,
-    one element on q's device (None: 1); a 16-bit cache takes none.
+    key). An e4m3 cache (``torch.float8_e4m3fn``) holds values times ``1 / kv_descale``: fp32
+    on q's device, one element or one per batch row (``[B]`` or ``[B, 1]``, any stride; None:
+    1); a 16-bit cache takes none.
     """
     _check(q.dim() == 4, "q", "[B, s_q, H_q, 576]", tuple(q.shape))
     batch, seqlen_q, num_heads, head_dim = q.shape
@@ -97,8 +98,10 @@ def mla_split_forward(q, kv_cache, cache_seqlens, block_table, out_partial, lse_
     if kv_descale is not None:
         _check(fp8, "kv_descale", "None for a 16-bit cache", "a tensor")
         _check(isinstance(kv_descale, torch.Tensor) and kv_descale.dtype == torch.float32
-               and kv_descale.numel() == 1 and kv_descale.device == q.device, "kv_descale",
-               f"a one-element fp32 tensor on {q.device}", kv_descale)
+               and kv_descale.device == q.device
+               and (kv_descale.numel() == 1 or tuple(kv_descale.shape) in ((batch,), (batch, 1))), "kv_descale",
+               f"fp32 on {q.device}, one element or [{batch}] or [{batch}, 1]",
+               f"{getattr(kv_descale, 'dtype', type(kv_descale))} {tuple(getattr(kv_descale, 'shape', ()))}")
     _check(kv_cache.shape[3] == HEAD_DIM, "kv_cache", f"a last dim of {HEAD_DIM}", tuple(kv_cache.shape))
     _check(isinstance(num_splits, int) and num_splits >= 1, "num_splits", "an int >= 1", num_splits)
     _check(tuple(out_partial.shape) == (num_splits, batch, seqlen_q, num_heads, HEAD_DIM_V)
@@ -132,7 +135,9 @@ def mla_split_forward(q, kv_cache, cache_seqlens, block_table, out_partial, lse_
            kv_cache.stride())
 
     config = MLAConfig(_DTYPE_NAMES[q.dtype], paged, bool(causal), "float8_e4m3fn" if fp8 else "same")
-    descale = kv_descale
+    descale, descale_stride = kv_descale, 0
+    if descale is not None and descale.numel() > 1:
+        descale_stride = descale.stride(0)
     if descale is None:  # (16-bit: never read)
         descale = _ONES.get(q.device)
         if descale is None:
@@ -151,6 +156,6 @@ def mla_split_forward(q, kv_cache, cache_seqlens, block_table, out_partial, lse_
            batch, seqlen_q, num_heads, num_splits, cache_rows, cache_len, capacity, max_pages,
            bt_stride, q.stride(0), q.stride(1), q.stride(2), kv_cache.stride(0), kv_cache.stride(1),
            *out_partial.stride()[:4], *lse_partial.stride(),
-           float(softmax_scale) * math.log2(math.e), descale.data_ptr(),
+           float(softmax_scale) * math.log2(math.e), descale.data_ptr(), descale_stride,
            torch.cuda.current_stream(q.device).cuda_stream)
     compiled(*cute_args(MLA_ARGS, _elements(config), raw))
