@@ -172,6 +172,23 @@ def test_mla_same_compile_for_new_shapes(generator):
     assert mla_compile_cache_size() == before
 
 
+def test_mla_empty_batch_and_empty_cache():
+    """No batch rows: nothing to write. A cache of no keys: every split empty (LSE -inf, O 0)."""
+    from flashsplit.cute.mla_launcher import mla_split_forward
+
+    q = torch.randn(0, 1, 16, D, device="cuda", dtype=torch.bfloat16)
+    mla_split_forward(q, torch.randn(0, 64, 1, D, device="cuda", dtype=torch.bfloat16),
+                      torch.zeros(0, dtype=torch.int32, device="cuda"), None, torch.empty(2, 0, 1, 16, DV, device="cuda"),
+                      torch.empty(2, 0, 16, 1, device="cuda"), softmax_scale=0.1, causal=False, num_splits=2)
+    q = torch.randn(2, 1, 16, D, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((2, 2, 1, 16, DV), float("nan"), device="cuda")
+    lse = torch.full((2, 2, 16, 1), float("nan"), device="cuda")
+    mla_split_forward(q, torch.randn(2, 0, 1, D, device="cuda", dtype=torch.bfloat16),
+                      torch.tensor([5, 0], dtype=torch.int32, device="cuda"), None, out, lse, softmax_scale=0.1,
+                      causal=False, num_splits=2)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+
+
 def test_mla_rejects_bad_input():
     from flashsplit.cute.mla_launcher import mla_split_forward
 

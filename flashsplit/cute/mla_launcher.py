@@ -134,6 +134,13 @@ def mla_split_forward(q, kv_cache, cache_seqlens, block_table, out_partial, lse_
            and kv_cache.data_ptr() % 16 == 0, "kv_cache", "16-byte aligned rows, last dim contiguous",
            kv_cache.stride())
 
+    if batch == 0:
+        return
+    if kv_cache.shape[0] == 0 or kv_cache.shape[1] == 0 or (paged and block_table.shape[1] == 0):
+        # A cache of no keys (which no TMA descriptor can describe): every split is empty.
+        out_partial.zero_()
+        lse_partial.fill_(-math.inf)
+        return
     config = MLAConfig(_DTYPE_NAMES[q.dtype], paged, bool(causal), "float8_e4m3fn" if fp8 else "same")
     descale, descale_stride = kv_descale, 0
     if descale is not None and descale.numel() > 1:
