@@ -178,8 +178,9 @@ def test_mla_empty_batch_and_empty_cache():
 
     q = torch.randn(0, 1, 16, D, device="cuda", dtype=torch.bfloat16)
     mla_split_forward(q, torch.randn(0, 64, 1, D, device="cuda", dtype=torch.bfloat16),
-                      torch.zeros(0, dtype=torch.int32, device="cuda"), None, torch.empty(2, 0, 1, 16, DV, device="cuda"),
-                      torch.empty(2, 0, 16, 1, device="cuda"), softmax_scale=0.1, causal=False, num_splits=2)
+                      torch.zeros(0, dtype=torch.int32, device="cuda"), None,
+                      torch.empty(2, 0, 1, 16, DV, device="cuda"), torch.empty(2, 0, 16, 1, device="cuda"),
+                      softmax_scale=0.1, causal=False, num_splits=2)
     q = torch.randn(2, 1, 16, D, device="cuda", dtype=torch.bfloat16)
     out = torch.full((2, 2, 1, 16, DV), float("nan"), device="cuda")
     lse = torch.full((2, 2, 16, 1), float("nan"), device="cuda")

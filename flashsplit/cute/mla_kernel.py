@@ -98,8 +98,8 @@ class MLASplitKernel:
         paged: ``cache_rows = num_pages``, ``cache_len`` = the page size, and the int32
         ``block_table`` is ``[batch, max_pages]``, never read when dense); ``capacity``: a row's
         keys at most (lengths are clamped to it). Writes the fp32 partials ``o`` ``[num_splits,
-        batch, seqlen_q, num_heads, 512]`` (16-byte aligned, strides multiples of 4) and ``lse`` ``[num_splits, batch, num_heads,
-        seqlen_q]``. ``softmax_scale_log2``: the softmax scale times log2(e). An fp8 cache's
+        batch, seqlen_q, num_heads, 512]`` (16-byte aligned, strides multiples of 4) and ``lse``
+        ``[num_splits, batch, num_heads, seqlen_q]``. ``softmax_scale_log2``: the softmax scale times log2(e). An fp8 cache's
         fp32 ``descale`` (row ``b``'s at ``b * descale_stride_b``: stride 0 for one element)
         scales the scores and the output (16-bit: never read).
         """
@@ -220,8 +220,8 @@ class MLASplitKernel:
         if warp_idx >= PRODUCER_WARP:
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
         if warp_idx == PRODUCER_WARP:
-            self.produce(tma_k, mK_tma, mBlockTable, sK8 if cutlass.const_expr(self.fp8) else sK, kv_pipeline, batch_idx, first_tile, num_tiles,
-                         tiles_per_page)
+            self.produce(tma_k, mK_tma, mBlockTable, sK8 if cutlass.const_expr(self.fp8) else sK, kv_pipeline,
+                         batch_idx, first_tile, num_tiles, tiles_per_page)
         if warp_idx < PRODUCER_WARP:
             cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
             self.consumer.load_q(mQ, sQ, tidx, batch_idx, row_block, seqlen_q, num_heads)
