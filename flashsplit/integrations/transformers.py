@@ -32,33 +32,19 @@ transformers is imported only when :func:`register` is called: flashsplit import
 
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass
-
 import torch
 
 from ..api import decode
 from .mask_rows import RowsCache
+from .transformers_paged import make_paged_attention
+from .transformers_routing import DEFAULT_MAX_DECODE_QUERIES, DecodeSettings, decode_blocker, prefill_attention
 
 #: The name :func:`register` uses by default.
 DEFAULT_NAME = "split_kv"
-#: Query tokens per row up to which a step counts as decode (speculative drafts included).
-DEFAULT_MAX_DECODE_QUERIES = 16
-#: Activation dtypes flashsplit decodes (others go to SDPA / eager).
-DECODE_DTYPES = (torch.float16, torch.bfloat16)
 #: Each mask's rows, read once per forward and layer type (eager).
 MASK_ROWS = RowsCache()
 _RESERVED = ("flash", "sdpa", "flex_attention", "|", "/", ":")
 _INSTALL_HINT = "pip install 'flashsplit[transformers]'"
-
-
-@dataclass(frozen=True)
-class DecodeSettings:
-    """How a registered implementation decodes: flashsplit's ``backend`` and the largest query
-    block per row that still counts as a decode step."""
-
-    backend: str = "auto"
-    max_decode_queries: int = DEFAULT_MAX_DECODE_QUERIES
 
 
 def register(name: str = DEFAULT_NAME, *, backend: str = "auto",
@@ -78,7 +64,6 @@ def register(name: str = DEFAULT_NAME, *, backend: str = "auto",
         from transformers.masking_utils import sdpa_mask
     except ImportError as error:
         raise ImportError(f"flashsplit.integrations.transformers needs transformers ({_INSTALL_HINT})") from error
-    from .transformers_paged import make_paged_attention
 
     AttentionInterface.register(name, make_attention(settings))
     # The decode path reads the live keys from a boolean mask (True: attend), SDPA's format.
@@ -124,30 +109,6 @@ def make_attention(settings: DecodeSettings):
     return split_kv_attention
 
 
-def decode_blocker(module, query, key, value, attention_mask, dropout, settings: DecodeSettings,
-                   kwargs: dict) -> str | None:
-    """Why this call does not run through flashsplit (None: it does). Reads static facts only
-    (shapes, dtypes, module flags), so it costs no host sync and traces under torch.compile."""
-    seqlen_q, seqlen_k = query.shape[2], key.shape[2]
-    if seqlen_q > settings.max_decode_queries:
-        return f"{seqlen_q} query tokens: prefill"
-    if seqlen_q > 1 and (attention_mask is None or seqlen_k <= seqlen_q):
-        return "a query block with no cache before it: prefill"
-    if query.dtype not in DECODE_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
-        return f"dtype {query.dtype}: flashsplit decodes fp16 and bf16"
-    head_dim = query.shape[-1]
-    if key.shape[-1] != head_dim or value.shape[-1] != head_dim or head_dim % 8 or head_dim > 256:
-        return f"head dims q/k/v {head_dim}/{key.shape[-1]}/{value.shape[-1]}: flashsplit takes one of 8..256"
-    if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor)
-                                       or attention_mask.dtype != torch.bool):
-        return "a mask that is not boolean (an additive bias)"
-    if module.training and dropout:
-        return "dropout in training"
-    if not kwargs.get("is_causal", getattr(module, "is_causal", True)):
-        return "bidirectional attention"
-    return None
-
-
 def decode_attention(module, query, key, value, attention_mask, scaling, settings: DecodeSettings,
                      sliding_window=None, softcap=None, s_aux=None, **kwargs) -> torch.Tensor:
     """One decode step through :func:`flashsplit.decode`: ``[B, L_q, H, D]``."""
@@ -165,26 +126,3 @@ def decode_attention(module, query, key, value, attention_mask, scaling, setting
            softcap=float(softcap or 0.0), sinks=None if s_aux is None else s_aux.detach().contiguous(),
            backend=settings.backend)
     return out
-
-
-def prefill_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """What a step flashsplit does not decode runs: transformers' SDPA, or the model's own eager
-    attention for a layer with a softcap or sinks (SDPA has neither)."""
-    if kwargs.get("softcap") or kwargs.get("s_aux") is not None:
-        eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
-        if eager is None:
-            raise ValueError(f"{type(module).__name__}: a layer with a softcap or sinks needs its model's "
-                             f"eager_attention_forward for prefill, and {type(module).__module__} has none")
-        if isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.bool:
-            attention_mask = additive_mask(attention_mask, query.dtype)
-        return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                                  **kwargs)
-
-
-def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A boolean mask (True: attend) as the additive one eager attention adds to its scores."""
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
-

@@ -25,13 +25,12 @@ from __future__ import annotations
 import torch
 
 from ..api import decode
+from .transformers_routing import decode_blocker, prefill_attention
 
 
 def make_paged_attention(settings):
     """The ``"paged|" + name`` attention function for ``settings`` (a
-    :class:`~flashsplit.integrations.transformers.DecodeSettings`)."""
-    from .transformers import decode_blocker, prefill_attention
-
+    :class:`~flashsplit.integrations.transformers_routing.DecodeSettings`)."""
     def paged_split_kv_attention(module, query, key, value, attention_mask, cache=None, cu_seq_lens_q=None,
                                  cu_seq_lens_k=None, max_seqlen_q=None, max_seqlen_k=None, block_table=None,
                                  **kwargs):
