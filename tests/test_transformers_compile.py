@@ -27,6 +27,55 @@ def _transient_spy(monkeypatch):
     return seen
 
 
+def _mask_like_transformers(pad_mask: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+    """``[B, 1, L_q, L_k]``: causal over the cache from int64 positions, and the 0/1 padding mask,
+    the way transformers builds a decode step's mask (what the mask reductions fuse with)."""
+    keys = torch.arange(pad_mask.shape[1], device=pad_mask.device)
+    return (keys[None, :] <= cache_position[:, None])[None, None] & pad_mask[:, None, None, :].bool()
+
+
+def test_mask_reductions_stay_in_one_integer_dtype_under_dynamic_shapes():
+    """A recompile at a new shape (generate called again at another batch or cache length) traces
+    the mask reductions with symbolic sizes, the key count among them. Every select and reduction
+    of the rows must be int64, the dtype of sizes: Inductor (torch 2.11) loaded an int32 scalar made
+    from a size as int64 inside a looped reduction, whose carried value then changed type, which
+    Triton refuses to compile (GPU caches over one reduction block)."""
+    from flashsplit.integrations.mask_rows import rows_from_mask
+
+    graphs = []
+
+    def keep_graph(gm, example_inputs):
+        from torch._functorch.aot_autograd import aot_module_simplified
+
+        def keep(gm, _):
+            graphs.append(gm)
+            return gm
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep)
+
+    def rows(pad_mask, cache_position):
+        return rows_from_mask(_mask_like_transformers(pad_mask, cache_position))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(rows, backend=keep_graph, dynamic=True, fullgraph=True)
+    for batch, width, pad in [(3, 40, 5), (2, 70, 9)]:
+        pad_mask = torch.ones(batch, width, dtype=torch.long)
+        pad_mask[0, :pad] = 0
+        position = torch.tensor([width - 2])
+        seqlens, leftpad = compiled(pad_mask, position)
+        assert seqlens.tolist() == [width - 1] * batch
+        assert leftpad.tolist() == [pad] + [0] * (batch - 1)
+    assert graphs
+    checked = 0
+    for gm in graphs:
+        for node in gm.graph.nodes:
+            if node.op != "call_function" or not str(node.target).startswith(
+                    ("aten.where", "aten.amax", "aten.amin", "aten.minimum", "aten.scalar_tensor")):
+                continue
+            assert node.meta["val"].dtype == torch.int64, f"{node.format_node()}: {node.meta['val'].dtype}"
+            checked += 1
+    assert checked >= 4, checked
+
+
 def test_compiled_static_cache_generate_equals_eager(monkeypatch, generator):
     """fullgraph=True: the attention (mask reductions, decode) traces without a break; the
     compiled decode steps run flashsplit's operator in transient scratch, token for token as eager."""
@@ -78,6 +127,72 @@ def test_transformers_default_compiled_static_generate(arch, monkeypatch):
     free = generate(model, name, input_ids, attention_mask, "static", 12, compile_config="default")
     check_greedy(free.tokens, reference.tokens, reference32.logits, ERR_FACTOR * ref_err + LOGITS_ATOL[torch.bfloat16],
                  f"{arch} compiled, free", free=True)
+
+
+#: Llama-3-8B's widths on 2 layers, positions for a 32k cache.
+LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+                 head_dim=128, num_hidden_layers=2, initializer_range=0.05, max_position_embeddings=33000)
+#: (batch, prompt tokens) of compiled decode steps over caches of more than one reduction block:
+#: B = 1 x 32k, then B = 16 x 4k in the same process, so the second compiles with dynamic shapes.
+LONG_CACHES = [(1, 32760), (16, 4088)]
+
+
+@pytest.mark.gpu
+def test_compiled_generate_at_long_caches_and_a_recompile(monkeypatch):
+    """transformers' default-compiled static-cache generate (cudagraph trees) at B = 1 x 32k and
+    B = 16 x 4k, left-padded, one after the other (the second shape recompiles with symbolic
+    sizes): it compiles and runs, flashsplit decodes, and the logits are within eager's bound."""
+    assert HAS_CUDA
+    generator = torch.Generator(device=DEVICE).manual_seed(17)
+    name = fs_transformers.register()
+    model, model32 = with_fields(ARCHS["llama"], **LLAMA3_8B).build(torch.bfloat16, DEVICE)
+    torch._dynamo.reset()
+    for batch, prompt in LONG_CACHES:
+        lengths = [prompt] + [prompt - 37 * (i + 1) for i in range(batch - 1)]
+        input_ids, attention_mask = left_padded_prompts(lengths, generator, DEVICE)
+        reference = generate(model, "sdpa", input_ids, attention_mask, "static", 6)
+        reference32 = generate(model32, "sdpa", input_ids, attention_mask, "static", 6, force=reference.tokens)
+        counter = DecodeCounter(monkeypatch)
+        compiled = generate(model, name, input_ids, attention_mask, "static", 6, force=reference.tokens,
+                            compile_config="default")
+        assert hasattr(model, "_compiled_call"), "generate did not compile the decode step"
+        assert counter.calls, "flashsplit was not traced into the compiled decode step"
+        assert torch.isfinite(compiled.logits).all()
+        tolerance = (ERR_FACTOR * (reference.logits - reference32.logits).abs().amax().item()
+                     + LOGITS_ATOL[torch.bfloat16])
+        err = (compiled.logits - reference32.logits).abs().amax().item()
+        assert err <= tolerance, f"B={batch} x {prompt}: logits error {err:.4g} exceeds {tolerance:.4g}"
+        check_greedy(compiled.logits.argmax(-1), reference.tokens, reference32.logits, tolerance,
+                     f"compiled B={batch} x {prompt}")
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+def test_reduce_overhead_decode_loop_at_long_caches():
+    """``torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)`` at B = 1 x 32k, then
+    B = 16 x 4k (a dynamic-shape recompile), left-padded: no cudagraph skipped, logits within
+    2x bf16 SDPA's error of float32's."""
+    from torch._dynamo.utils import counters
+
+    assert HAS_CUDA
+    generator = torch.Generator(device=DEVICE).manual_seed(19)
+    name = fs_transformers.register()
+    model, model32 = with_fields(ARCHS["llama"], **LLAMA3_8B).build(torch.bfloat16, DEVICE)
+    torch._dynamo.reset()
+    counters.clear()
+    for batch, prompt in LONG_CACHES:
+        lengths = [prompt] + [prompt - 53 * (i + 1) for i in range(batch - 1)]
+        input_ids, attention_mask = left_padded_prompts(lengths, generator, DEVICE)
+        tokens = torch.randint(1, VOCAB, (batch, 4), generator=generator, device=DEVICE)
+        reference32 = decode_steps(model32, "sdpa", input_ids, attention_mask, tokens)
+        sdpa = decode_steps(model, "sdpa", input_ids, attention_mask, tokens)
+        compiled = decode_steps(model, name, input_ids, attention_mask, tokens, compile_mode="reduce-overhead")
+        assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+        assert torch.isfinite(compiled).all()
+        tolerance = ERR_FACTOR * (sdpa - reference32).abs().amax().item() + LOGITS_ATOL[torch.bfloat16]
+        err = (compiled - reference32).abs().amax().item()
+        assert err <= tolerance, f"B={batch} x {prompt}: logits error {err:.4g} exceeds {tolerance:.4g}"
+    torch._dynamo.reset()
 
 
 #: Llama-3-8B's attention (32 q / 8 KV heads of 128) on 4 layers.
