@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .flex_prefill import flex_prefill
+
 #: Query tokens per row up to which a step counts as decode (speculative drafts included).
 DEFAULT_MAX_DECODE_QUERIES = 16
 #: Activation dtypes flashsplit decodes (others go to SDPA / eager).
@@ -51,13 +53,23 @@ def decode_blocker(module, query, key, value, attention_mask, dropout, settings:
 
 
 def prefill_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """What a step flashsplit does not decode runs: transformers' SDPA, or the model's own eager
-    attention for a layer with a softcap or sinks (SDPA has neither)."""
-    if kwargs.get("softcap") or kwargs.get("s_aux") is not None:
+    """What a step flashsplit does not decode runs: transformers' SDPA; for a layer with a softcap
+    or sinks (SDPA has neither), FlexAttention (:func:`~flashsplit.integrations.flex_prefill.flex_prefill`,
+    O(L) memory) under a boolean mask or none, else the model's own eager attention (an additive
+    mask, dropout in training)."""
+    softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
+    if softcap or sinks is not None:
+        flex_mask = attention_mask is None or (isinstance(attention_mask, torch.Tensor)
+                                               and attention_mask.dtype == torch.bool)
+        if flex_mask and not (module.training and dropout):
+            out = flex_prefill(query, key, value, attention_mask, scaling=scaling,
+                               sliding_window=kwargs.get("sliding_window"), softcap=softcap,
+                               sinks=None if sinks is None else sinks.detach())
+            return out, None
         eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
         if eager is None:
             raise ValueError(f"{type(module).__name__}: a layer with a softcap or sinks needs its model's "
-                             f"eager_attention_forward for prefill, and {type(module).__module__} has none")
+                             f"eager_attention_forward for an additive mask, and {type(module).__module__} has none")
         if isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.bool:
             attention_mask = additive_mask(attention_mask, query.dtype)
         return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
@@ -70,4 +82,3 @@ def prefill_attention(module, query, key, value, attention_mask, scaling=None, d
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A boolean mask (True: attend) as the additive one eager attention adds to its scores."""
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
-

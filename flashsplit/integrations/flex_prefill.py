@@ -1,0 +1,84 @@
+"""Prefill of attention layers with a softcap or sinks through PyTorch's FlexAttention: O(L) memory.
+
+SDPA has neither a softcap (Gemma 2) nor sinks (gpt-oss), and a model's eager attention builds
+``[B, H, L_q, L_k]`` scores, which at a 16k prompt no longer fit beside the model. FlexAttention
+computes the same attention in one fused kernel over the blocks that a block mask keeps:
+
+- the softcap is a ``score_mod`` on the scaled scores: ``softcap * tanh(score / softcap)``;
+- sinks (one logit per head that takes part in the softmax but has no value) rescale the output
+  with the log-sum-exp FlexAttention returns: ``out * sigmoid(lse - sink)``;
+- the mask is the boolean one transformers builds (True: attend; causal, windowed, left padding),
+  or, when it builds none, causal with the queries at the last keys, within the window;
+- GQA runs on the KV heads in place (``enable_gqa``).
+
+On a GPU the kernel is compiled once per shape (``torch.compile`` of ``flex_attention``); inside an
+outer ``torch.compile`` the call traces with the rest. Elsewhere FlexAttention runs eagerly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_COMPILED = {}
+
+
+def flex_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask, scaling=None,
+                 sliding_window=None, softcap=None, sinks=None) -> torch.Tensor:
+    """Attention of ``query`` ``[B, H, L_q, D]`` over ``key``/``value`` ``[B, H_kv, L_k, D]``
+    (``H`` a multiple of ``H_kv``) under ``attention_mask`` (bool ``[B or 1, 1, L_q, L_k]``, True:
+    attend; or None: causal, the queries at the last ``L_q`` keys, within ``sliding_window`` keys
+    counting the query's own), scores scaled by ``scaling`` (default ``D ** -0.5``), capped by
+    ``softcap`` (0/None: none), with ``sinks`` (float ``[H]``, or None). Returns ``[B, L_q, H, D]``
+    in the query's dtype; a query that sees no key gets zeros."""
+    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask
+
+    batch, num_heads, seqlen_q, head_dim = query.shape
+    seqlen_k = key.shape[2]
+    mask_mod = _mask_mod(attention_mask, seqlen_q, seqlen_k, sliding_window)
+    mask_batch = None if attention_mask is None or attention_mask.shape[0] == 1 else batch
+    on_gpu = query.is_cuda and not torch.compiler.is_compiling()
+    block_mask = create_block_mask(mask_mod, mask_batch, None, seqlen_q, seqlen_k, device=query.device,
+                                   _compile=on_gpu)
+    score_mod = _softcap_mod(float(softcap)) if softcap else None
+    out, aux = _flex(query.is_cuda)(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling,
+                                    enable_gqa=key.shape[1] != num_heads, return_aux=AuxRequest(lse=True))
+    lse = aux.lse  # [B, H, L_q], natural log
+    if sinks is not None:
+        # softmax over the keys and the sink: the keys' share is exp(lse) / (exp(lse) + exp(sink)).
+        share = torch.sigmoid(lse.float() - sinks.float()[None, :, None])  # [B, H, L_q]
+        out = (out.float() * share[..., None]).to(query.dtype)
+    return out.transpose(1, 2)
+
+
+def _flex(on_gpu: bool):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if torch.compiler.is_compiling() or not on_gpu:
+        return flex_attention
+    if "flex" not in _COMPILED:  # eager flex_attention materializes the scores: compile it once
+        _COMPILED["flex"] = torch.compile(flex_attention)
+    return _COMPILED["flex"]
+
+
+def _mask_mod(attention_mask, seqlen_q: int, seqlen_k: int, sliding_window):
+    if attention_mask is not None:
+        if attention_mask.dtype != torch.bool or attention_mask.dim() != 4:
+            raise ValueError(f"attention_mask: expected a bool [B, 1, L_q, L_k] tensor or None, got "
+                             f"{attention_mask.dtype} of shape {tuple(attention_mask.shape)}")
+        mask = attention_mask[:, 0]
+        if mask.shape[0] == 1:
+            mask = mask[0]
+            return lambda b, h, q, k: mask[q, k]
+        return lambda b, h, q, k: mask[b, q, k]
+    offset = seqlen_k - seqlen_q  # bottom-right alignment: query i sits at key offset + i
+    if sliding_window:
+        window = int(sliding_window)
+        return lambda b, h, q, k: (k <= q + offset) & (k > q + offset - window)
+    return lambda b, h, q, k: k <= q + offset
+
+
+def _softcap_mod(softcap: float):
+    def softcapped(score, b, h, q, k):
+        return softcap * torch.tanh(score / softcap)
+
+    return softcapped

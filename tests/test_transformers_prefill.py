@@ -1,0 +1,78 @@
+"""Prefill of softcap and sink layers through FlexAttention (flashsplit.integrations.flex_prefill),
+against a float64 reference written from the semantics: softmax over the visible keys (and the
+sink logit, which has no value) of scaled, optionally softcapped scores."""
+
+import math
+
+import pytest
+import torch
+
+from conftest import DEVICE
+
+from flashsplit.integrations.flex_prefill import flex_prefill
+
+pytest.importorskip("torch.nn.attention.flex_attention", reason="this torch has no FlexAttention")
+# On the CPU FlexAttention runs unfused (it says so): the semantics are what these tests check.
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+
+def reference(query, key, value, visible, scale, softcap, sinks, dtype=torch.float64):
+    """``[B, L_q, H, D]`` computed in ``dtype``; ``visible`` bool ``[B, L_q, L_k]``."""
+    q, k, v = query.to(dtype), key.to(dtype), value.to(dtype)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("bhqd,bhkd->bhqk", q, k) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    scores = scores.masked_fill(~visible[:, None], -math.inf)
+    if sinks is not None:
+        sink = sinks.to(dtype)[None, :, None, None].expand(*scores.shape[:3], 1)
+        scores = torch.cat([scores, sink], dim=-1)
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)[..., :k.shape[2]]
+    return torch.einsum("bhqk,bhkd->bqhd", weights, v)
+
+
+def visible_keys(pads, seqlen_q, seqlen_k, window):
+    """bool ``[B, L_q, L_k]``: causal (queries at the last keys), within ``window`` keys counting
+    the query's own, never a row's left pads."""
+    q = torch.arange(seqlen_q)[:, None] + seqlen_k - seqlen_q
+    k = torch.arange(seqlen_k)[None, :]
+    seen = k <= q
+    if window:
+        seen &= k > q - window
+    return torch.stack([seen & (k >= pad) for pad in pads])
+
+
+@pytest.mark.parametrize("softcap, with_sinks", [(5.0, False), (0.0, True), (5.0, True)])
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("with_mask", [True, False], ids=["bool-mask", "no-mask"])
+def test_flex_prefill_matches_float64_reference(softcap, with_sinks, window, with_mask, generator):
+    batch, heads, heads_kv, seqlen, head_dim = 3, 4, 2, 21, 64
+    pads = [0, 5, 11] if with_mask else [0, 0, 0]
+    dtype = torch.float16
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator, device=generator.device).to(DEVICE, dtype)
+
+    q, k, v = randn(batch, heads, seqlen, head_dim), randn(batch, heads_kv, seqlen, head_dim), \
+        randn(batch, heads_kv, seqlen, head_dim)
+    sinks = torch.randn(heads, generator=generator, device=generator.device).to(DEVICE) if with_sinks else None
+    visible = visible_keys(pads, seqlen, seqlen, window).to(DEVICE)
+    mask = visible[:, None] if with_mask else None
+    scale = head_dim ** -0.5
+    out = flex_prefill(q, k, v, mask, scaling=scale, sliding_window=window, softcap=softcap, sinks=sinks)
+    assert out.shape == (batch, seqlen, heads, head_dim) and out.dtype == dtype
+    expected = reference(q, k, v, visible, scale, softcap, sinks)
+    # The same attention in fp16 through PyTorch's own math: the error to allow (2x its own).
+    torch_fp16 = reference(q, k, v, visible, scale, softcap, sinks, dtype=dtype)
+    live = visible.any(-1)  # [B, L_q]: queries that see a key (a pad query sees none)
+    assert torch.isfinite(out[live]).all()
+    err = (out.double() - expected)[live].abs().amax().item()
+    own = (torch_fp16.double() - expected)[live].abs().amax().item()
+    assert err <= 2 * own + 2e-3, (err, own)
+
+
+def test_flex_prefill_rejects_an_additive_mask():
+    q = torch.randn(1, 2, 4, 64, device=DEVICE).half()
+    with pytest.raises(ValueError, match="attention_mask: expected a bool"):
+        flex_prefill(q, q, q, torch.zeros(1, 1, 4, 4, device=DEVICE), softcap=5.0)
