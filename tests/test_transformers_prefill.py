@@ -12,8 +12,6 @@ from conftest import DEVICE
 from flashsplit.integrations.flex_prefill import flex_prefill
 
 pytest.importorskip("torch.nn.attention.flex_attention", reason="this torch has no FlexAttention")
-# On the CPU FlexAttention runs unfused (it says so): the semantics are what these tests check.
-pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
 
 def reference(query, key, value, visible, scale, softcap, sinks, dtype=torch.float64):

@@ -17,6 +17,8 @@ outer ``torch.compile`` the call traces with the rest. Elsewhere FlexAttention r
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 _COMPILED = {}
@@ -40,8 +42,12 @@ def flex_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, at
     block_mask = create_block_mask(mask_mod, mask_batch, None, seqlen_q, seqlen_k, device=query.device,
                                    _compile=on_gpu)
     score_mod = _softcap_mod(float(softcap)) if softcap else None
-    out, aux = _flex(query.is_cuda)(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling,
-                                    enable_gqa=key.shape[1] != num_heads, return_aux=AuxRequest(lse=True))
+    with warnings.catch_warnings():
+        # Off the GPU FlexAttention runs unfused and says so on every call; the result is the same.
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        out, aux = _flex(query.is_cuda)(query, key, value, score_mod=score_mod, block_mask=block_mask,
+                                        scale=scaling, enable_gqa=key.shape[1] != num_heads,
+                                        return_aux=AuxRequest(lse=True))
     lse = aux.lse  # [B, H, L_q], natural log
     if sinks is not None:
         # softmax over the keys and the sink: the keys' share is exp(lse) / (exp(lse) + exp(sink)).
