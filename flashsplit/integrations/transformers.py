@@ -16,11 +16,12 @@ What runs where:
   layer's sliding window (Mistral, Gemma 2/3, gpt-oss), softcap (Gemma 2), sinks (gpt-oss) and
   scale go to flashsplit as ``window_size``, ``softcap``, ``sinks``, ``softmax_scale``.
 - **Prefill** (more query tokens, or a query block with no cache before it) goes to PyTorch SDPA
-  (transformers' ``sdpa_attention_forward``), or to the model's own eager attention for a layer
-  with a softcap or sinks, which SDPA does not have.
+  (transformers' ``sdpa_attention_forward``), or, for a layer with a softcap or sinks (which SDPA
+  does not have), to FlexAttention (:mod:`~flashsplit.integrations.flex_prefill`, O(L) memory);
+  the model's own eager attention only for an additive mask or dropout in training.
 - Anything flashsplit does not run (fp32 activations, head dims that are not a multiple of 8 or
   exceed 256, key and value head dims that differ, dropout in training, an additive float mask,
-  a bidirectional layer) also goes to SDPA / eager.
+  a bidirectional layer) also goes to that prefill path.
 
 ``register()`` also registers ``"paged|" + name`` for continuous batching
 (``model.generate_batch``): :mod:`flashsplit.integrations.transformers_paged`.
