@@ -74,3 +74,51 @@ def test_flex_prefill_rejects_an_additive_mask():
     q = torch.randn(1, 2, 4, 64, device=DEVICE).half()
     with pytest.raises(ValueError, match="attention_mask: expected a bool"):
         flex_prefill(q, q, q, torch.zeros(1, 1, 4, 4, device=DEVICE), softcap=5.0)
+
+
+@pytest.mark.parametrize("cache_kind", ["dynamic", "static"])
+@pytest.mark.parametrize("arch", ["gemma2", "gpt-oss", "mistral"])
+def test_long_prompts_prefill_through_the_lazy_mask(arch, cache_kind, monkeypatch, generator):
+    """Prompts over max_decode_queries (here 40, 23 and 31 tokens, windows of 6): the prefill
+    forward gets a PrefillMask, softcap and sink layers read its block mask (FlexAttention), SDPA
+    layers its dense mask; generation matches the reference as the short-prompt tests do."""
+    pytest.importorskip("transformers", reason="the transformers extra is not installed")
+    from flashsplit.integrations import prefill_mask
+    from transformers_models import ARCHS, check_generation
+
+    built = {"dense": 0, "block": 0}
+    for kind in built:
+        real = getattr(prefill_mask.PrefillMask, kind if kind == "dense" else "block_mask")
+
+        def counting(self, *args, _real=real, _kind=kind):
+            built[_kind] += 1
+            return _real(self, *args)
+
+        monkeypatch.setattr(prefill_mask.PrefillMask, kind if kind == "dense" else "block_mask", counting)
+    check_generation(ARCHS[arch], torch.float16, DEVICE, (40, 23, 31), cache_kind, 4, monkeypatch, generator)
+    if arch == "mistral":
+        assert built["dense"] > 0 and built["block"] == 0, built
+    else:
+        assert built["block"] > 0 and built["dense"] == 0, built
+
+
+def test_prefill_mask_dense_is_sdpa_mask_and_block_mask_matches_it():
+    pytest.importorskip("transformers", reason="the transformers extra is not installed")
+    from torch.nn.attention.flex_attention import create_mask
+    from transformers.masking_utils import sdpa_mask, sliding_window_causal_mask_function
+
+    from flashsplit.integrations.prefill_mask import PrefillMask, make_mask_function
+
+    padding = torch.ones(2, 30, dtype=torch.bool)  # transformers hands mask functions a bool padding mask
+    padding[1, :7] = False
+    kwargs = dict(batch_size=2, q_length=30, kv_length=34, mask_function=sliding_window_causal_mask_function(5),
+                  attention_mask=padding, allow_is_causal_skip=True, local_size=5, device=torch.device("cpu"))
+    lazy = make_mask_function(16)(**kwargs)
+    assert isinstance(lazy, PrefillMask)
+    dense = sdpa_mask(**kwargs)
+    assert torch.equal(lazy.dense(), dense) and lazy.dense() is lazy.dense()
+    block = lazy.block_mask(torch.device("cpu"))
+    from_blocks = create_mask(block.mask_mod, 2, 1, 30, 34, device="cpu")
+    assert torch.equal(from_blocks, dense)
+    short = make_mask_function(16)(**dict(kwargs, q_length=3, kv_length=34))
+    assert isinstance(short, torch.Tensor) and short.dtype == torch.bool

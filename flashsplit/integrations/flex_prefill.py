@@ -25,22 +25,26 @@ _COMPILED = {}
 
 
 def flex_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask, scaling=None,
-                 sliding_window=None, softcap=None, sinks=None) -> torch.Tensor:
+                 sliding_window=None, softcap=None, sinks=None, block_mask=None) -> torch.Tensor:
     """Attention of ``query`` ``[B, H, L_q, D]`` over ``key``/``value`` ``[B, H_kv, L_k, D]``
     (``H`` a multiple of ``H_kv``) under ``attention_mask`` (bool ``[B or 1, 1, L_q, L_k]``, True:
     attend; or None: causal, the queries at the last ``L_q`` keys, within ``sliding_window`` keys
     counting the query's own), scores scaled by ``scaling`` (default ``D ** -0.5``), capped by
-    ``softcap`` (0/None: none), with ``sinks`` (float ``[H]``, or None). Returns ``[B, L_q, H, D]``
-    in the query's dtype; a query that sees no key gets zeros."""
+    ``softcap`` (0/None: none), with ``sinks`` (float ``[H]``, or None). ``block_mask``: a
+    FlexAttention ``BlockMask`` to use instead of ``attention_mask`` (which must then be None).
+    Returns ``[B, L_q, H, D]`` in the query's dtype; a query that sees no key gets zeros."""
     from torch.nn.attention.flex_attention import AuxRequest, create_block_mask
 
     batch, num_heads, seqlen_q, head_dim = query.shape
     seqlen_k = key.shape[2]
-    mask_mod = _mask_mod(attention_mask, seqlen_q, seqlen_k, sliding_window)
-    mask_batch = None if attention_mask is None or attention_mask.shape[0] == 1 else batch
-    on_gpu = query.is_cuda and not torch.compiler.is_compiling()
-    block_mask = create_block_mask(mask_mod, mask_batch, None, seqlen_q, seqlen_k, device=query.device,
-                                   _compile=on_gpu)
+    if block_mask is None:
+        mask_mod = _mask_mod(attention_mask, seqlen_q, seqlen_k, sliding_window)
+        mask_batch = None if attention_mask is None or attention_mask.shape[0] == 1 else batch
+        on_gpu = query.is_cuda and not torch.compiler.is_compiling()
+        block_mask = create_block_mask(mask_mod, mask_batch, None, seqlen_q, seqlen_k, device=query.device,
+                                       _compile=on_gpu)
+    elif attention_mask is not None:
+        raise ValueError("attention_mask: expected None with a block_mask")
     score_mod = _softcap_mod(float(softcap)) if softcap else None
     with warnings.catch_warnings():
         # Off the GPU FlexAttention runs unfused and says so on every call; the result is the same.

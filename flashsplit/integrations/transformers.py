@@ -37,6 +37,7 @@ import torch
 
 from ..api import decode
 from .mask_rows import RowsCache
+from .prefill_mask import make_mask_function
 from .transformers_paged import make_paged_attention
 from .transformers_routing import DEFAULT_MAX_DECODE_QUERIES, DecodeSettings, decode_blocker, prefill_attention
 
@@ -62,13 +63,13 @@ def register(name: str = DEFAULT_NAME, *, backend: str = "auto",
     settings = _check_register_args(name, backend, max_decode_queries)
     try:
         from transformers import AttentionInterface, AttentionMaskInterface
-        from transformers.masking_utils import sdpa_mask
     except ImportError as error:
         raise ImportError(f"flashsplit.integrations.transformers needs transformers ({_INSTALL_HINT})") from error
 
     AttentionInterface.register(name, make_attention(settings))
-    # The decode path reads the live keys from a boolean mask (True: attend), SDPA's format.
-    AttentionMaskInterface.register(name, sdpa_mask)
+    # Decode steps read the live keys from SDPA's boolean mask (True: attend); a prefill forward's
+    # mask is built only in the form its layers read (dense for SDPA, blocks for FlexAttention).
+    AttentionMaskInterface.register(name, make_mask_function(settings.max_decode_queries))
     # Continuous batching switches a model to "paged|" + its implementation.
     AttentionInterface.register(f"paged|{name}", make_paged_attention(settings))
     return name

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .flex_prefill import flex_prefill
+from .prefill_mask import PrefillMask
 
 #: Query tokens per row up to which a step counts as decode (speculative drafts included).
 DEFAULT_MAX_DECODE_QUERIES = 16
@@ -55,17 +56,23 @@ def decode_blocker(module, query, key, value, attention_mask, dropout, settings:
 def prefill_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """What a step flashsplit does not decode runs: transformers' SDPA; for a layer with a softcap
     or sinks (SDPA has neither), FlexAttention (:func:`~flashsplit.integrations.flex_prefill.flex_prefill`,
-    O(L) memory) under a boolean mask or none, else the model's own eager attention (an additive
-    mask, dropout in training)."""
+    O(L) memory) under a :class:`~flashsplit.integrations.prefill_mask.PrefillMask` (its block
+    mask), a boolean mask or none, else the model's own eager attention (an additive mask, dropout
+    in training)."""
     softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
     if softcap or sinks is not None:
-        flex_mask = attention_mask is None or (isinstance(attention_mask, torch.Tensor)
-                                               and attention_mask.dtype == torch.bool)
+        lazy = isinstance(attention_mask, PrefillMask)
+        flex_mask = lazy or attention_mask is None or (isinstance(attention_mask, torch.Tensor)
+                                                       and attention_mask.dtype == torch.bool)
         if flex_mask and not (module.training and dropout):
-            out = flex_prefill(query, key, value, attention_mask, scaling=scaling,
+            out = flex_prefill(query, key, value, None if lazy else attention_mask, scaling=scaling,
                                sliding_window=kwargs.get("sliding_window"), softcap=softcap,
-                               sinks=None if sinks is None else sinks.detach())
+                               sinks=None if sinks is None else sinks.detach(),
+                               block_mask=attention_mask.block_mask(query.device) if lazy else None)
             return out, None
+    if isinstance(attention_mask, PrefillMask):
+        attention_mask = attention_mask.dense()
+    if softcap or sinks is not None:
         eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
         if eager is None:
             raise ValueError(f"{type(module).__name__}: a layer with a softcap or sinks needs its model's "
