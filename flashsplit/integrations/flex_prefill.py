@@ -33,16 +33,14 @@ def flex_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, at
     ``softcap`` (0/None: none), with ``sinks`` (float ``[H]``, or None). ``block_mask``: a
     FlexAttention ``BlockMask`` to use instead of ``attention_mask`` (which must then be None).
     Returns ``[B, L_q, H, D]`` in the query's dtype; a query that sees no key gets zeros."""
-    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask
+    from torch.nn.attention.flex_attention import AuxRequest
 
     batch, num_heads, seqlen_q, head_dim = query.shape
     seqlen_k = key.shape[2]
     if block_mask is None:
         mask_mod = _mask_mod(attention_mask, seqlen_q, seqlen_k, sliding_window)
         mask_batch = None if attention_mask is None or attention_mask.shape[0] == 1 else batch
-        on_gpu = query.is_cuda and not torch.compiler.is_compiling()
-        block_mask = create_block_mask(mask_mod, mask_batch, None, seqlen_q, seqlen_k, device=query.device,
-                                       _compile=on_gpu)
+        block_mask = block_mask_from(mask_mod, mask_batch, seqlen_q, seqlen_k, query.device)
     elif attention_mask is not None:
         raise ValueError("attention_mask: expected None with a block_mask")
     score_mod = _softcap_mod(float(softcap)) if softcap else None
@@ -58,6 +56,15 @@ def flex_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, at
         share = torch.sigmoid(lse.float() - sinks.float()[None, :, None])  # [B, H, L_q]
         out = (out.float() * share[..., None]).to(query.dtype)
     return out.transpose(1, 2)
+
+
+def block_mask_from(mask_mod, batch, seqlen_q: int, seqlen_k: int, device: torch.device):
+    """FlexAttention's ``BlockMask`` of ``mask_mod`` over ``[batch (None: any), L_q, L_k]``,
+    evaluated per block by a compiled kernel on a GPU (the eager evaluation is dense)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    compiled = torch.device(device).type == "cuda" and not torch.compiler.is_compiling()
+    return create_block_mask(mask_mod, batch, None, seqlen_q, seqlen_k, device=device, _compile=compiled)
 
 
 def _flex(on_gpu: bool):

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from .flex_prefill import block_mask_from
+
 try:
     from torch.nn.attention.flex_attention import BlockMask as _MaskBase
 except ImportError:  # torch before FlexAttention: no prefill goes through it
@@ -71,7 +73,6 @@ class PrefillMask(_MaskBase):
         """The same pattern as a FlexAttention ``BlockMask``: the mask function, the padding and
         the offsets evaluated per key block (compiled on a GPU), never as a dense tensor."""
         if self._block is None:
-            from torch.nn.attention.flex_attention import create_block_mask
             from transformers.masking_utils import (add_offsets_to_mask_function, and_masks, padding_mask_function,
                                                     prepare_padding_mask)
 
@@ -82,7 +83,5 @@ class PrefillMask(_MaskBase):
                 padding = prepare_padding_mask(kw["attention_mask"].bool(), kw["kv_length"], kv_offset)
                 mask_function, batch = and_masks(mask_function, padding_mask_function(padding)), kw["batch_size"]
             mask_function = add_offsets_to_mask_function(mask_function, q_offset, kv_offset)
-            compiled = device.type == "cuda" and not torch.compiler.is_compiling()
-            self._block = create_block_mask(mask_function, batch, None, kw["q_length"], kw["kv_length"],
-                                            device=device, _compile=compiled)
+            self._block = block_mask_from(mask_function, batch, kw["q_length"], kw["kv_length"], device)
         return self._block
