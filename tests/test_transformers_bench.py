@@ -10,13 +10,14 @@ from flashsplit.__main__ import main  # noqa: E402
 from flashsplit.bench.models import parse_cell  # noqa: E402
 
 
-def test_models_smoke_run_compares_tokens_and_writes_json(tmp_path, capsys):
+@pytest.mark.parametrize("models", [pytest.param(["llama3-8b", "gpt-oss-20b"], marks=pytest.mark.full),
+                                    ["gpt-oss-20b"]], ids=["llama-and-gpt-oss", "gpt-oss"])
+def test_models_smoke_run_compares_tokens_and_writes_json(models, tmp_path, capsys):
     path = tmp_path / "models.json"
-    assert main(["models", "--tiny", "--models", "llama3-8b", "gpt-oss-20b", "--json", str(path)]) == 0
+    assert main(["models", "--tiny", "--models", *models, "--json", str(path)]) == 0
     data = json.loads(path.read_text())
     cells = data["cells"]
-    assert [(c["model"], c["batch"]) for c in cells] == [("llama3-8b", 1), ("llama3-8b", 2), ("gpt-oss-20b", 1),
-                                                          ("gpt-oss-20b", 2)]
+    assert [(c["model"], c["batch"]) for c in cells] == [(model, batch) for model in models for batch in (1, 2)]
     for cell in cells:
         reference, ours = cell["results"]
         assert reference["impl"] == ("sdpa" if cell["model"] == "llama3-8b" else "eager")
