@@ -89,13 +89,11 @@ def combine_kernel(
     total = tl.sum(tl.exp(lse_s - shift), axis=0)
     has_keys = total > 0.0
     lse = tl.where(has_keys, shift + tl.log(tl.where(has_keys, total, 1.0)), float("-inf"))
-    weight_shift = tl.where(has_keys, lse, 0.0)  # no -inf - -inf for a row without keys
 
     if BLOCK_S == CHUNK_S:
         live = lse_s > float("-inf")
-        weight = tl.where(live, tl.exp(lse_s - weight_shift), 0.0)
-        # Select, then multiply: an empty split's garbage may be inf (0 * inf: NaN, which the interpreter warns of).
-        acc = tl.sum(weight[:, None] * tl.where(live[:, None], o_first, 0.0), axis=0)
+        weight = tl.where(live, tl.exp(lse_s - lse), 0.0)
+        acc = tl.sum(tl.where(live[:, None], weight[:, None] * o_first, 0.0), axis=0)
     else:
         acc = tl.zeros([BLOCK_D], tl.float32)
         for s0 in range(0, BLOCK_S, CHUNK_S):  # static bound: BLOCK_S >= num_splits
@@ -103,7 +101,7 @@ def combine_kernel(
             lse_c = tl.load(lse_base + offs_c.to(tl.int64) * stride_lps, mask=offs_c < num_splits,
                             other=float("-inf"))
             live = lse_c > float("-inf")
-            weight = tl.where(live, tl.exp(lse_c - weight_shift), 0.0)
+            weight = tl.where(live, tl.exp(lse_c - lse), 0.0)
             o = tl.load(
                 o_base + offs_c[:, None].to(tl.int64) * stride_ops + offs_d[None, :],
                 mask=live[:, None] & mask_d[None, :],

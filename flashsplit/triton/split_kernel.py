@@ -121,8 +121,7 @@ def merge_splits(OUT_PARTIAL, LSE_PARTIAL, OUT, LSE, sink, b, kvh, row_block, se
         live = lse_c > float("-inf")  # an empty split's output is garbage: dropped by a select
         weight = tl.where(live, tl.exp(lse_c - shift[None, :]), 0.0)
         total = total * rescale + tl.sum(weight, axis=0)
-        # Select, then multiply: an empty split's garbage may be inf (0 * inf: NaN, which the interpreter warns of).
-        acc = acc * rescale[:, None] + tl.sum(weight[:, :, None] * tl.where(live[:, :, None], o, 0.0), axis=0)
+        acc = acc * rescale[:, None] + tl.sum(tl.where(live[:, :, None], weight[:, :, None] * o, 0.0), axis=0)
         m = m_new
     has_keys = total > 0.0
     safe_total = tl.where(has_keys, total, 1.0)
