@@ -124,3 +124,36 @@ def test_prefill_mask_dense_is_sdpa_mask_and_block_mask_matches_it():
     assert torch.equal(from_blocks, dense)
     short = make_mask_function(16)(**dict(kwargs, q_length=3, kv_length=34))
     assert isinstance(short, torch.Tensor) and short.dtype == torch.bool
+
+
+def test_compiled_prefill_calls_compiled_kernels_with_no_recompile_limit(monkeypatch, generator):
+    """On a GPU every call goes through one torch.compile wrapper of create_block_mask and of
+    flex_attention, with torch.compile's recompile limit lifted: past it a call would run the
+    uncompiled FlexAttention, which builds the dense scores (4 TiB at a 128k prompt of 64 heads).
+    The CPU runs the same calls with eager stand-ins for the compiled wrappers."""
+    import torch.nn.attention.flex_attention as flex
+
+    from flashsplit.integrations import flex_prefill as module
+
+    seen = []
+
+    def stand_in(name):
+        real = getattr(flex, name)
+
+        def call(*args, **kwargs):
+            seen.append((name, torch._dynamo.config.recompile_limit))
+            return real(*args, **kwargs)
+        return call
+
+    for name in ("create_block_mask", "flex_attention"):
+        monkeypatch.setitem(module._COMPILED, name, stand_in(name))
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    q = torch.randn(1, 4, 24, 64, generator=generator).half()
+    k = torch.randn(1, 2, 24, 64, generator=generator).half()
+    sinks = torch.randn(4, generator=generator)
+    compiled = flex_prefill(q, k, k, None, sliding_window=6, softcap=5.0, sinks=sinks, compiled=True)
+    assert [name for name, _ in seen] == ["create_block_mask", "flex_attention"]
+    assert all(limit > 10**6 for _, limit in seen), seen
+    assert torch._dynamo.config.recompile_limit == 8
+    eager = flex_prefill(q, k, k, None, sliding_window=6, softcap=5.0, sinks=sinks, compiled=False)
+    assert len(seen) == 2 and torch.equal(compiled, eager)

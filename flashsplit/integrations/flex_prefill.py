@@ -17,6 +17,7 @@ outer ``torch.compile`` the call traces with the rest. Elsewhere FlexAttention r
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import torch
@@ -25,31 +26,35 @@ _COMPILED = {}
 
 
 def flex_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask, scaling=None,
-                 sliding_window=None, softcap=None, sinks=None, block_mask=None) -> torch.Tensor:
+                 sliding_window=None, softcap=None, sinks=None, block_mask=None, compiled: bool | None = None
+                 ) -> torch.Tensor:
     """Attention of ``query`` ``[B, H, L_q, D]`` over ``key``/``value`` ``[B, H_kv, L_k, D]``
     (``H`` a multiple of ``H_kv``) under ``attention_mask`` (bool ``[B or 1, 1, L_q, L_k]``, True:
     attend; or None: causal, the queries at the last ``L_q`` keys, within ``sliding_window`` keys
     counting the query's own), scores scaled by ``scaling`` (default ``D ** -0.5``), capped by
     ``softcap`` (0/None: none), with ``sinks`` (float ``[H]``, or None). ``block_mask``: a
     FlexAttention ``BlockMask`` to use instead of ``attention_mask`` (which must then be None).
+    ``compiled``: run the compiled kernels (default: on a GPU, outside an outer torch.compile).
     Returns ``[B, L_q, H, D]`` in the query's dtype; a query that sees no key gets zeros."""
     from torch.nn.attention.flex_attention import AuxRequest
 
     batch, num_heads, seqlen_q, head_dim = query.shape
     seqlen_k = key.shape[2]
+    if compiled is None:
+        compiled = query.is_cuda and not torch.compiler.is_compiling()
     if block_mask is None:
         mask_mod = _mask_mod(attention_mask, seqlen_q, seqlen_k, sliding_window)
         mask_batch = None if attention_mask is None or attention_mask.shape[0] == 1 else batch
-        block_mask = block_mask_from(mask_mod, mask_batch, seqlen_q, seqlen_k, query.device)
+        block_mask = block_mask_from(mask_mod, mask_batch, seqlen_q, seqlen_k, query.device, compiled)
     elif attention_mask is not None:
         raise ValueError("attention_mask: expected None with a block_mask")
     score_mod = _softcap_mod(float(softcap)) if softcap else None
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _no_recompile_limit(compiled):
         # Off the GPU FlexAttention runs unfused and says so on every call; the result is the same.
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-        out, aux = _flex(query.is_cuda)(query, key, value, score_mod=score_mod, block_mask=block_mask,
-                                        scale=scaling, enable_gqa=key.shape[1] != num_heads,
-                                        return_aux=AuxRequest(lse=True))
+        out, aux = _compiled("flex_attention", compiled)(
+            query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling,
+            enable_gqa=key.shape[1] != num_heads, return_aux=AuxRequest(lse=True))
     lse = aux.lse  # [B, H, L_q], natural log
     if sinks is not None:
         # softmax over the keys and the sink: the keys' share is exp(lse) / (exp(lse) + exp(sink)).
@@ -58,23 +63,38 @@ def flex_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, at
     return out.transpose(1, 2)
 
 
-def block_mask_from(mask_mod, batch, seqlen_q: int, seqlen_k: int, device: torch.device):
-    """FlexAttention's ``BlockMask`` of ``mask_mod`` over ``[batch (None: any), L_q, L_k]``,
-    evaluated per block by a compiled kernel on a GPU (the eager evaluation is dense)."""
-    from torch.nn.attention.flex_attention import create_block_mask
+def block_mask_from(mask_mod, batch, seqlen_q: int, seqlen_k: int, device: torch.device,
+                    compiled: bool | None = None):
+    """FlexAttention's ``BlockMask`` of ``mask_mod`` over ``[batch (None: any), L_q, L_k]``;
+    ``compiled`` (default: on a GPU, outside an outer torch.compile) evaluates it per block in a
+    compiled kernel (the eager evaluation builds the dense ``[B, H, L_q, L_k]`` mask first)."""
+    if compiled is None:
+        compiled = torch.device(device).type == "cuda" and not torch.compiler.is_compiling()
+    with _no_recompile_limit(compiled):
+        return _compiled("create_block_mask", compiled)(mask_mod, batch, None, seqlen_q, seqlen_k, device=device)
 
-    compiled = torch.device(device).type == "cuda" and not torch.compiler.is_compiling()
-    return create_block_mask(mask_mod, batch, None, seqlen_q, seqlen_k, device=device, _compile=compiled)
+
+def _compiled(name: str, compiled: bool):
+    """``flex_attention`` or ``create_block_mask``, through one ``torch.compile`` wrapper per
+    process when ``compiled`` (uncompiled, both evaluate the dense scores or mask)."""
+    from torch.nn.attention import flex_attention as flex
+
+    function = getattr(flex, name)
+    if not compiled:
+        return function
+    if name not in _COMPILED:
+        _COMPILED[name] = torch.compile(function)
+    return _COMPILED[name]
 
 
-def _flex(on_gpu: bool):
-    from torch.nn.attention.flex_attention import flex_attention
+def _no_recompile_limit(compiled: bool):
+    """Every mask pattern, window and prompt length is a new specialization of the same two
+    functions; past torch.compile's recompile limit (8) a call would run uncompiled, with dense
+    ``L_q x L_k`` scores. The limit is lifted around these calls (as FlexAttention does itself)."""
+    from torch._dynamo import utils
 
-    if torch.compiler.is_compiling() or not on_gpu:
-        return flex_attention
-    if "flex" not in _COMPILED:  # eager flex_attention materializes the scores: compile it once
-        _COMPILED["flex"] = torch.compile(flex_attention)
-    return _COMPILED["flex"]
+    lift = getattr(utils, "disable_cache_limit", None)
+    return lift() if compiled and lift is not None else contextlib.nullcontext()
 
 
 def _mask_mod(attention_mask, seqlen_q: int, seqlen_k: int, sliding_window):
