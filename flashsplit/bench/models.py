@@ -145,7 +145,7 @@ def run_cell(cell: Cell, name: str, args, device, model_cache: dict) -> None:
             torch.cuda.empty_cache()
         model_cache[cell.model] = build_model(shape, args, device, dtype)
     model = model_cache[cell.model]
-    total = cell.context + args.warmup + args.steps
+    total = -(-(cell.context + args.warmup + args.steps) // 64) * 64
     need = shape.kv_bytes_per_token(model.config, dtype.itemsize) * cell.batch * total
     if device.type == "cuda":
         free = torch.cuda.mem_get_info()[0]
@@ -166,7 +166,7 @@ def run_cell(cell: Cell, name: str, args, device, model_cache: dict) -> None:
 def build_model(shape: ModelShape, args, device, dtype):
     import transformers
 
-    config = shape.config(args.layers, max(args.context) + args.warmup + args.steps + 8, tiny=args.tiny)
+    config = shape.config(args.layers, max(args.context) + args.warmup + args.steps + 64, tiny=args.tiny)
     torch.manual_seed(0)
     with torch.device(device):
         return getattr(transformers, shape.model_class)(config).to(dtype).eval()
@@ -207,7 +207,9 @@ def run_impl(model, impl: str, prompts, forced, mode: str, args) -> ImplRun:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated() if cuda else 0
-        cache = StaticCache(config=model.config, max_cache_len=context + steps)
+        # Rows of 64-slot multiples: SDPA's masked kernels need aligned mask rows (else its math
+        # fallback builds [B, H, L, L] fp32 scores); the slots past the last token stay masked.
+        cache = StaticCache(config=model.config, max_cache_len=-(-(context + steps) // 64) * 64)
         full_mask = torch.cat([attention_mask, attention_mask.new_ones(batch, steps)], dim=1)
         start = _now(cuda)
         with torch.no_grad():
