@@ -82,8 +82,8 @@ def _compiled(name: str, compiled: bool):
     function = getattr(flex, name)
     if not compiled:
         return function
-    if name not in _COMPILED:  # fullgraph: a graph break would run the dense path, so it raises instead
-        _COMPILED[name] = torch.compile(function, fullgraph=True)
+    if name not in _COMPILED:
+        _COMPILED[name] = torch.compile(function)  # as transformers and torch compile both
     return _COMPILED[name]
 
 
