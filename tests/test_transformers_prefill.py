@@ -147,13 +147,13 @@ def test_compiled_prefill_calls_compiled_kernels_with_no_recompile_limit(monkeyp
 
     for name in ("create_block_mask", "flex_attention"):
         monkeypatch.setitem(module._COMPILED, name, stand_in(name))
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
     q = torch.randn(1, 4, 24, 64, generator=generator).half()
     k = torch.randn(1, 2, 24, 64, generator=generator).half()
     sinks = torch.randn(4, generator=generator)
-    compiled = flex_prefill(q, k, k, None, sliding_window=6, softcap=5.0, sinks=sinks, compiled=True)
+    with torch._dynamo.config.patch(recompile_limit=8):
+        compiled = flex_prefill(q, k, k, None, sliding_window=6, softcap=5.0, sinks=sinks, compiled=True)
+        assert torch._dynamo.config.recompile_limit == 8
     assert [name for name, _ in seen] == ["create_block_mask", "flex_attention"]
     assert all(limit > 10**6 for _, limit in seen), seen
-    assert torch._dynamo.config.recompile_limit == 8
     eager = flex_prefill(q, k, k, None, sliding_window=6, softcap=5.0, sinks=sinks, compiled=False)
     assert len(seen) == 2 and torch.equal(compiled, eager)
