@@ -1,5 +1,6 @@
 """Command line: ``python -m flashsplit demo``, ``python -m flashsplit bench``, ``python -m
-flashsplit tune`` and ``python -m flashsplit native`` (also installed as the ``flashsplit`` script).
+flashsplit tune``, ``python -m flashsplit native`` and ``python -m flashsplit models`` (also
+installed as the ``flashsplit`` script).
 
 Exit codes: 0 on success; 1 when a check failed (``demo``: the output disagrees with the float64
 reference; ``bench``: a contender was wrong, or an output file could not be written; ``tune``: a
@@ -30,6 +31,7 @@ examples:
   flashsplit bench --batch 1 --read-floor # B = 1 against a kernel that only reads the cache
   flashsplit tune --out h200.json         # time both backends over a grid: auto's table for this GPU
   flashsplit native                       # build the native host step now (e.g. in an image), say its status
+  flashsplit models --models llama3-8b    # transformers models end to end: flashsplit vs SDPA / eager
   flashsplit demo --help, flashsplit bench --help   # each command's options
 """
 
@@ -51,6 +53,7 @@ examples:
 def build_parser() -> argparse.ArgumentParser:
     """The ``flashsplit`` parser with its ``demo`` and ``bench`` sub-commands."""
     from .bench.cli import add_bench_parser
+    from .bench.models import add_models_parser
     from .bench.tune import add_tune_parser
 
     parser = argparse.ArgumentParser(prog="flashsplit", description=_DESCRIPTION, epilog=_EPILOG,
@@ -68,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo, parser=demo)
     add_bench_parser(sub)
     add_tune_parser(sub)
+    add_models_parser(sub)
     native = sub.add_parser("native", help="build the native host step now (otherwise built on the first repeated "
                                            "eager decode) and print its status",
                             description="Build flashsplit's native host step (flashsplit.native: repeated eager "

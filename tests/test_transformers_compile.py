@@ -27,6 +27,77 @@ def _transient_spy(monkeypatch):
     return seen
 
 
+def _mask_like_transformers(pad_mask: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+    """``[B, 1, L_q, L_k]``: causal over the cache from int64 positions, and the 0/1 padding mask,
+    the way transformers builds a decode step's mask (what the mask reductions fuse with)."""
+    keys = torch.arange(pad_mask.shape[1], device=pad_mask.device)
+    return (keys[None, :] <= cache_position[:, None])[None, None] & pad_mask[:, None, None, :].bool()
+
+
+def test_mask_reductions_stay_in_one_integer_dtype_under_dynamic_shapes():
+    """A recompile at a new shape (generate called again at another batch or cache length) traces
+    the mask reductions with symbolic sizes, the key count among them. Every select and reduction
+    of the rows must be int64, the dtype of sizes: Inductor (torch 2.11) loaded an int32 scalar made
+    from a size as int64 inside a looped reduction, whose carried value then changed type, which
+    Triton refuses to compile (GPU caches over one reduction block)."""
+    from flashsplit.integrations.mask_rows import rows_from_mask
+
+    graphs = []
+
+    def keep_graph(gm, example_inputs):
+        from torch._functorch.aot_autograd import aot_module_simplified
+
+        def keep(gm, _):
+            graphs.append(gm)
+            return gm
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep)
+
+    def rows(pad_mask, cache_position):
+        return rows_from_mask(_mask_like_transformers(pad_mask, cache_position))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(rows, backend=keep_graph, dynamic=True, fullgraph=True)
+    for batch, width, pad in [(3, 40, 5), (2, 70, 9)]:
+        pad_mask = torch.ones(batch, width, dtype=torch.long)
+        pad_mask[0, :pad] = 0
+        position = torch.tensor([width - 2])
+        seqlens, leftpad = compiled(pad_mask, position)
+        assert seqlens.tolist() == [width - 1] * batch
+        assert leftpad.tolist() == [pad] + [0] * (batch - 1)
+    assert graphs
+    checked = 0
+    for gm in graphs:
+        for node in gm.graph.nodes:
+            if node.op != "call_function" or not str(node.target).startswith(
+                    ("aten.where", "aten.amax", "aten.amin", "aten.minimum", "aten.scalar_tensor")):
+                continue
+            assert node.meta["val"].dtype == torch.int64, f"{node.format_node()}: {node.meta['val'].dtype}"
+            checked += 1
+    assert checked >= 4, checked
+
+
+def test_recompiled_decode_step_with_symbolic_sizes_equals_eager(generator):
+    """A compiled decode loop over left-padded StaticCaches of three shapes: the second compiles
+    with symbolic sizes, the third reuses that graph. Without Inductor's numerics (aot_eager) the
+    logits are eager flashsplit's exactly, so the rows read from the mask under symbolic sizes
+    are the eager ones."""
+    from torch._dynamo.utils import counters
+
+    name = fs_transformers.register()
+    model, _ = ARCHS["llama"].build(torch.float16, DEVICE)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model.forward, backend="aot_eager", fullgraph=True)
+    for lengths in [(40,), (24, 13, 20), (31, 7, 25, 30)]:
+        input_ids, attention_mask = left_padded_prompts(lengths, generator, DEVICE)
+        tokens = torch.randint(1, VOCAB, (len(lengths), 3), generator=generator, device=generator.device).to(DEVICE)
+        eager = decode_steps(model, name, input_ids, attention_mask, tokens)
+        ours = decode_steps(model, name, input_ids, attention_mask, tokens, forward=compiled)
+        assert torch.isfinite(ours).all() and torch.equal(ours, eager), lengths
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+    torch._dynamo.reset()
+
+
 def test_compiled_static_cache_generate_equals_eager(monkeypatch, generator):
     """fullgraph=True: the attention (mask reductions, decode) traces without a break; the
     compiled decode steps run flashsplit's operator in transient scratch, token for token as eager."""
@@ -78,6 +149,88 @@ def test_transformers_default_compiled_static_generate(arch, monkeypatch):
     free = generate(model, name, input_ids, attention_mask, "static", 12, compile_config="default")
     check_greedy(free.tokens, reference.tokens, reference32.logits, ERR_FACTOR * ref_err + LOGITS_ATOL[torch.bfloat16],
                  f"{arch} compiled, free", free=True)
+
+
+#: Llama-3-8B's widths on 2 layers, positions for a 32k cache.
+LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+                 head_dim=128, num_hidden_layers=2, initializer_range=0.05, max_position_embeddings=33000)
+#: (batch, prompt tokens) of compiled decode steps over caches of more than one reduction block:
+#: B = 1 x 32k, then B = 16 x 4k in the same process, so the second compiles with dynamic shapes.
+#: With NEW_TOKENS the caches hold 32768 and 4096 slots (SDPA's masked prefill wants aligned rows).
+LONG_CACHES = [(1, 32760), (16, 4088)]
+NEW_TOKENS = 8
+
+
+def _long_prompts(batch: int, prompt: int, step: int, generator):
+    lengths = [prompt] + [prompt - step * (i + 1) for i in range(batch - 1)]
+    return left_padded_prompts(lengths, generator, DEVICE)
+
+
+def _bound(eager, sdpa) -> float:
+    """Compiled flashsplit may differ from eager flashsplit by 2x what separates two correct bf16
+    attentions (SDPA and eager flashsplit) at these shapes, plus the bf16 slack: a float32 model
+    at a 32k prompt would not fit beside them."""
+    return ERR_FACTOR * (sdpa - eager).abs().amax().item() + LOGITS_ATOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+def test_compiled_generate_at_long_caches_and_a_recompile(monkeypatch):
+    """transformers' default-compiled static-cache generate (cudagraph trees) at B = 1 x 32k and
+    B = 16 x 4k, left-padded, one after the other (the second shape recompiles with symbolic
+    sizes): it compiles and runs, flashsplit decodes, and the logits and greedy picks are eager
+    flashsplit's within what separates it from SDPA."""
+    assert HAS_CUDA
+    generator = torch.Generator(device=DEVICE).manual_seed(17)
+    name = fs_transformers.register()
+    model, _ = with_fields(ARCHS["llama"], **LLAMA3_8B).build(torch.bfloat16, DEVICE)
+    torch._dynamo.reset()
+    for batch, prompt in LONG_CACHES:
+        input_ids, attention_mask = _long_prompts(batch, prompt, 37, generator)
+        eager = generate(model, name, input_ids, attention_mask, "static", NEW_TOKENS)
+        sdpa = generate(model, "sdpa", input_ids, attention_mask, "static", NEW_TOKENS, force=eager.tokens)
+        counter = DecodeCounter(monkeypatch)
+        compiled = generate(model, name, input_ids, attention_mask, "static", NEW_TOKENS, force=eager.tokens,
+                            compile_config="default")
+        monkeypatch.undo()
+        assert hasattr(model, "_compiled_call"), "generate did not compile the decode step"
+        assert counter.calls, "flashsplit was not traced into the compiled decode step"
+        assert torch.isfinite(compiled.logits).all()
+        tolerance = _bound(eager.logits, sdpa.logits)
+        err = (compiled.logits - eager.logits).abs().amax().item()
+        assert err <= tolerance, f"B={batch} x {prompt}: logits differ from eager by {err:.4g} > {tolerance:.4g}"
+        check_greedy(compiled.logits.argmax(-1), eager.tokens, eager.logits, tolerance,
+                     f"compiled B={batch} x {prompt}")
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+def test_reduce_overhead_decode_loop_at_long_caches():
+    """``torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)`` at B = 1 x 32k, then
+    B = 16 x 4k (a dynamic-shape recompile), left-padded: no cudagraph skipped, logits as eager
+    flashsplit's within what separates it from SDPA, or compiled SDPA from eager SDPA."""
+    from torch._dynamo.utils import counters
+
+    assert HAS_CUDA
+    generator = torch.Generator(device=DEVICE).manual_seed(19)
+    name = fs_transformers.register()
+    model, _ = with_fields(ARCHS["llama"], **LLAMA3_8B).build(torch.bfloat16, DEVICE)
+    torch._dynamo.reset()
+    counters.clear()
+    for batch, prompt in LONG_CACHES:
+        input_ids, attention_mask = _long_prompts(batch, prompt, 53, generator)
+        tokens = torch.randint(1, VOCAB, (batch, NEW_TOKENS), generator=generator, device=DEVICE)
+        eager = decode_steps(model, name, input_ids, attention_mask, tokens)
+        sdpa = decode_steps(model, "sdpa", input_ids, attention_mask, tokens)
+        sdpa_compiled = decode_steps(model, "sdpa", input_ids, attention_mask, tokens, compile_mode="reduce-overhead")
+        compiled = decode_steps(model, name, input_ids, attention_mask, tokens, compile_mode="reduce-overhead")
+        assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+        assert torch.isfinite(compiled).all()
+        # Inductor's fusions of the rest of the model (norms, rotary, MLP) move bf16 logits too:
+        # compiled flashsplit may move as far from eager as compiled SDPA moves from eager SDPA.
+        tolerance = max(_bound(eager, sdpa), _bound(sdpa, sdpa_compiled))
+        err = (compiled - eager).abs().amax().item()
+        assert err <= tolerance, f"B={batch} x {prompt}: logits differ from eager by {err:.4g} > {tolerance:.4g}"
+    torch._dynamo.reset()
 
 
 #: Llama-3-8B's attention (32 q / 8 KV heads of 128) on 4 layers.

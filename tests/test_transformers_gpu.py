@@ -68,3 +68,47 @@ def test_wide_generate_batch_matches_plain_generate(arch, monkeypatch):
         tolerance = ERR_FACTOR * (reference.logits - reference32.logits).abs().amax().item() + LOGITS_ATOL[DTYPE]
         check_greedy(torch.tensor([generated], device=DEVICE), reference.tokens, reference32.logits, tolerance,
                      f"{arch} continuous batching, prompt of {len(prompt)}", free=True)
+
+
+#: gpt-oss-20b's attention (64/8 heads of 64, 128-key windows on alternate layers, sinks), a small
+#: MoE, 2 layers (one sliding, one full), positions for a 128k prompt.
+GPT_OSS_20B = dict(hidden_size=2880, intermediate_size=1024, num_attention_heads=64, num_key_value_heads=8,
+                   head_dim=64, sliding_window=128, num_local_experts=4, num_experts_per_tok=2,
+                   num_hidden_layers=2, initializer_range=0.05, max_position_embeddings=131072 + 16)
+#: Gemma-2-9B's attention (16/8 heads of 256, softcap 50, 4096-key windows on alternate layers).
+GEMMA2_9B = dict(hidden_size=3584, intermediate_size=4096, num_attention_heads=16, num_key_value_heads=8,
+                 head_dim=256, sliding_window=4096, query_pre_attn_scalar=256, attn_logit_softcapping=50.0,
+                 num_hidden_layers=2, initializer_range=0.05, max_position_embeddings=8192 + 16)
+
+
+@pytest.mark.parametrize("arch, fields, lengths, bound_gib", [
+    ("gpt-oss", GPT_OSS_20B, (131072,), 32),
+    ("gemma2", GEMMA2_9B, (8192, 8000, 6000, 8192, 4000, 8100, 7000, 8192), 32),
+], ids=["gpt-oss-20b-1x128k", "gemma2-9b-8x8k"])
+def test_long_prompt_prefill_of_sink_and_softcap_layers(arch, fields, lengths, bound_gib):
+    """Prompts that the models' eager attention cannot take ([B, H, L, L] scores: 64 heads x
+    128k^2 are 2 TiB) prefill through FlexAttention on one GPU, with block masks only (no dense
+    L^2 mask): finite logits, and peak memory above the model within ``bound_gib``."""
+    from transformers import DynamicCache
+
+    from transformers_models import left_padded_prompts
+
+    generator = torch.Generator(device=DEVICE).manual_seed(21)
+    name = fs_transformers.register()
+    arch = with_fields(ARCHS[arch], **fields)
+    torch.manual_seed(0)
+    import transformers
+
+    with torch.device(DEVICE):
+        model = getattr(transformers, arch.model)(arch.build_config()).to(DTYPE).eval()
+    model.set_attn_implementation(name)
+    input_ids, attention_mask = left_padded_prompts(lengths, generator, DEVICE)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=DynamicCache(
+            config=model.config), use_cache=True, logits_to_keep=1).logits
+    peak_gib = (torch.cuda.max_memory_allocated() - base) / 2**30
+    assert torch.isfinite(logits).all()
+    assert peak_gib <= bound_gib, f"prefill took {peak_gib:.1f} GiB above the model"

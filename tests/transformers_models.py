@@ -357,19 +357,22 @@ def generate_batch(model, impl: str, prompts, new_tokens: int, max_batch_tokens:
     return [out[key].generated_tokens for key in sorted(out, key=lambda k: int(k.split("_")[-1]))]
 
 
-def decode_steps(model, impl: str, input_ids, attention_mask, tokens, compile_mode: str | None = None) -> torch.Tensor:
+def decode_steps(model, impl: str, input_ids, attention_mask, tokens, compile_mode: str | None = None,
+                 forward=None) -> torch.Tensor:
     """Prefill ``input_ids`` (left-padded) into a StaticCache eagerly, then feed ``tokens``
     ``[B, N]`` one per forward, as a user's own decode loop does. ``compile_mode``: those forwards
     run through ``torch.compile(model.forward, mode=compile_mode, fullgraph=True)`` (the mask
     covers the whole cache, so every step has the same shapes). Returns float32 ``[B, N, V]``:
-    the logits after each fed token."""
+    the logits after each fed token. ``forward``: a compiled ``model.forward`` of the caller's to
+    run the steps through instead."""
     model.set_attn_implementation(impl)
     batch, prompt_len = input_ids.shape
     steps = tokens.shape[1]
     cache = make_cache("static", model, prompt_len + steps)
     full_mask = torch.cat([attention_mask, torch.ones_like(tokens)], dim=1)
     first_position = attention_mask.sum(dim=1, keepdim=True)  # [B, 1]: the position after each prompt
-    forward = model.forward
+    if forward is None:
+        forward = model.forward
     if compile_mode is not None:
         forward = torch.compile(model.forward, mode=compile_mode, fullgraph=True)
     logits = []

@@ -31,9 +31,13 @@ def rows_from_mask(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if mask.dim() != 3:
         raise ValueError(f"mask: expected [B, 1, L_q, L_k] or [B, L_q, L_k], got shape {tuple(mask.shape)}")
     seen = mask.any(dim=1)  # [B, L_k]: keys some query of the row sees
-    slots = torch.arange(1, seen.shape[-1] + 1, dtype=torch.int32, device=seen.device)
-    ends = torch.where(seen, slots, 0).amax(dim=-1)  # one past the last seen key; 0 for none
-    starts = torch.where(seen, slots - 1, seen.shape[-1]).amin(dim=-1)
+    # int64 throughout (the dtype of sizes), cast once at the end: recompiled with symbolic sizes,
+    # an int32 select against the key count became, in Inductor's looped reduction (torch 2.11),
+    # an int64 update of an int32 accumulator, which Triton refuses to compile.
+    slots = torch.arange(1, seen.shape[-1] + 1, dtype=torch.int64, device=seen.device)
+    none = torch.zeros((), dtype=torch.int64, device=seen.device)
+    ends = torch.where(seen, slots, none).amax(dim=-1)  # one past the last seen key; 0 for none
+    starts = torch.where(seen, slots - 1, none + seen.shape[-1]).amin(dim=-1)
     starts = torch.minimum(starts, ends)  # a row with no key: (0, 0)
     return ends.to(torch.int32), starts.to(torch.int32)
 

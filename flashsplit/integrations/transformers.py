@@ -16,11 +16,12 @@ What runs where:
   layer's sliding window (Mistral, Gemma 2/3, gpt-oss), softcap (Gemma 2), sinks (gpt-oss) and
   scale go to flashsplit as ``window_size``, ``softcap``, ``sinks``, ``softmax_scale``.
 - **Prefill** (more query tokens, or a query block with no cache before it) goes to PyTorch SDPA
-  (transformers' ``sdpa_attention_forward``), or to the model's own eager attention for a layer
-  with a softcap or sinks, which SDPA does not have.
+  (transformers' ``sdpa_attention_forward``), or, for a layer with a softcap or sinks (which SDPA
+  does not have), to FlexAttention (:mod:`~flashsplit.integrations.flex_prefill`, O(L) memory);
+  the model's own eager attention only for an additive mask or dropout in training.
 - Anything flashsplit does not run (fp32 activations, head dims that are not a multiple of 8 or
   exceed 256, key and value head dims that differ, dropout in training, an additive float mask,
-  a bidirectional layer) also goes to SDPA / eager.
+  a bidirectional layer) also goes to that prefill path.
 
 ``register()`` also registers ``"paged|" + name`` for continuous batching
 (``model.generate_batch``): :mod:`flashsplit.integrations.transformers_paged`.
@@ -32,33 +33,20 @@ transformers is imported only when :func:`register` is called: flashsplit import
 
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass
-
 import torch
 
 from ..api import decode
 from .mask_rows import RowsCache
+from .prefill_mask import make_mask_function
+from .transformers_paged import make_paged_attention
+from .transformers_routing import DEFAULT_MAX_DECODE_QUERIES, DecodeSettings, decode_blocker, prefill_attention
 
 #: The name :func:`register` uses by default.
 DEFAULT_NAME = "split_kv"
-#: Query tokens per row up to which a step counts as decode (speculative drafts included).
-DEFAULT_MAX_DECODE_QUERIES = 16
-#: Activation dtypes flashsplit decodes (others go to SDPA / eager).
-DECODE_DTYPES = (torch.float16, torch.bfloat16)
 #: Each mask's rows, read once per forward and layer type (eager).
 MASK_ROWS = RowsCache()
 _RESERVED = ("flash", "sdpa", "flex_attention", "|", "/", ":")
 _INSTALL_HINT = "pip install 'flashsplit[transformers]'"
-
-
-@dataclass(frozen=True)
-class DecodeSettings:
-    """How a registered implementation decodes: flashsplit's ``backend`` and the largest query
-    block per row that still counts as a decode step."""
-
-    backend: str = "auto"
-    max_decode_queries: int = DEFAULT_MAX_DECODE_QUERIES
 
 
 def register(name: str = DEFAULT_NAME, *, backend: str = "auto",
@@ -75,14 +63,13 @@ def register(name: str = DEFAULT_NAME, *, backend: str = "auto",
     settings = _check_register_args(name, backend, max_decode_queries)
     try:
         from transformers import AttentionInterface, AttentionMaskInterface
-        from transformers.masking_utils import sdpa_mask
     except ImportError as error:
         raise ImportError(f"flashsplit.integrations.transformers needs transformers ({_INSTALL_HINT})") from error
-    from .transformers_paged import make_paged_attention
 
     AttentionInterface.register(name, make_attention(settings))
-    # The decode path reads the live keys from a boolean mask (True: attend), SDPA's format.
-    AttentionMaskInterface.register(name, sdpa_mask)
+    # Decode steps read the live keys from SDPA's boolean mask (True: attend); a prefill forward's
+    # mask is built only in the form its layers read (dense for SDPA, blocks for FlexAttention).
+    AttentionMaskInterface.register(name, make_mask_function(settings.max_decode_queries))
     # Continuous batching switches a model to "paged|" + its implementation.
     AttentionInterface.register(f"paged|{name}", make_paged_attention(settings))
     return name
@@ -124,30 +111,6 @@ def make_attention(settings: DecodeSettings):
     return split_kv_attention
 
 
-def decode_blocker(module, query, key, value, attention_mask, dropout, settings: DecodeSettings,
-                   kwargs: dict) -> str | None:
-    """Why this call does not run through flashsplit (None: it does). Reads static facts only
-    (shapes, dtypes, module flags), so it costs no host sync and traces under torch.compile."""
-    seqlen_q, seqlen_k = query.shape[2], key.shape[2]
-    if seqlen_q > settings.max_decode_queries:
-        return f"{seqlen_q} query tokens: prefill"
-    if seqlen_q > 1 and (attention_mask is None or seqlen_k <= seqlen_q):
-        return "a query block with no cache before it: prefill"
-    if query.dtype not in DECODE_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
-        return f"dtype {query.dtype}: flashsplit decodes fp16 and bf16"
-    head_dim = query.shape[-1]
-    if key.shape[-1] != head_dim or value.shape[-1] != head_dim or head_dim % 8 or head_dim > 256:
-        return f"head dims q/k/v {head_dim}/{key.shape[-1]}/{value.shape[-1]}: flashsplit takes one of 8..256"
-    if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor)
-                                       or attention_mask.dtype != torch.bool):
-        return "a mask that is not boolean (an additive bias)"
-    if module.training and dropout:
-        return "dropout in training"
-    if not kwargs.get("is_causal", getattr(module, "is_causal", True)):
-        return "bidirectional attention"
-    return None
-
-
 def decode_attention(module, query, key, value, attention_mask, scaling, settings: DecodeSettings,
                      sliding_window=None, softcap=None, s_aux=None, **kwargs) -> torch.Tensor:
     """One decode step through :func:`flashsplit.decode`: ``[B, L_q, H, D]``."""
@@ -165,26 +128,3 @@ def decode_attention(module, query, key, value, attention_mask, scaling, setting
            softcap=float(softcap or 0.0), sinks=None if s_aux is None else s_aux.detach().contiguous(),
            backend=settings.backend)
     return out
-
-
-def prefill_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """What a step flashsplit does not decode runs: transformers' SDPA, or the model's own eager
-    attention for a layer with a softcap or sinks (SDPA has neither)."""
-    if kwargs.get("softcap") or kwargs.get("s_aux") is not None:
-        eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
-        if eager is None:
-            raise ValueError(f"{type(module).__name__}: a layer with a softcap or sinks needs its model's "
-                             f"eager_attention_forward for prefill, and {type(module).__module__} has none")
-        if isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.bool:
-            attention_mask = additive_mask(attention_mask, query.dtype)
-        return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                                  **kwargs)
-
-
-def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A boolean mask (True: attend) as the additive one eager attention adds to its scores."""
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
-

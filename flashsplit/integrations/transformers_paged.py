@@ -15,9 +15,9 @@ attention mask for an implementation of its own, and passes a block table only t
   written) and attend the gathered keys the same way. Rows with fewer queries than the longest
   are left-padded into a ``[B, L, H, D]`` block, so causal alignment puts each row's queries at
   its last keys. One :func:`flashsplit.decode` per layer; no host sync.
-- **Prefill** (a longer row): the cache's ``update`` gathers the keys, and SDPA (or the model's
-  eager attention, for a softcap or sinks) attends them under a block-diagonal causal mask built
-  on the device from ``cu_seq_lens_q``/``cu_seq_lens_k``.
+- **Prefill** (a longer row): the cache's ``update`` gathers the keys, and SDPA (FlexAttention for
+  a softcap or sinks) attends them under a block-diagonal causal mask built on the device from
+  ``cu_seq_lens_q``/``cu_seq_lens_k`` (:class:`PackedMask`: dense for SDPA, blocks for FlexAttention).
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ from __future__ import annotations
 import torch
 
 from ..api import decode
+from .flex_prefill import block_mask_from
+from .prefill_mask import PrefillMask
+from .transformers_routing import decode_blocker, prefill_attention
 
 
 def make_paged_attention(settings):
     """The ``"paged|" + name`` attention function for ``settings`` (a
-    :class:`~flashsplit.integrations.transformers.DecodeSettings`)."""
-    from .transformers import decode_blocker, prefill_attention
-
+    :class:`~flashsplit.integrations.transformers_routing.DecodeSettings`)."""
     def paged_split_kv_attention(module, query, key, value, attention_mask, cache=None, cu_seq_lens_q=None,
                                  cu_seq_lens_k=None, max_seqlen_q=None, max_seqlen_k=None, block_table=None,
                                  **kwargs):
@@ -52,7 +53,7 @@ def make_paged_attention(settings):
                                  kwargs)
         if step.max_q > settings.max_decode_queries or blocker is not None:
             k, v = _gather(cache, module, key, value, kwargs)
-            mask = step.additive_mask(k.shape[0], kwargs.get("sliding_window"), query.dtype)
+            mask = PackedMask(step, k.shape[0], kwargs.get("sliding_window"), query.dtype)
             return prefill_attention(module, query, k.transpose(0, 1)[None], v.transpose(0, 1)[None], mask, **kwargs)
         return decode_packed(module, query, key, value, cache, step, sliding, settings, **kwargs), None
 
@@ -96,9 +97,10 @@ class PackedStep:
         index = self.cu_k[:-1, None] + torch.arange(self.max_k, device=self.cu_k.device)[None, :]
         return slots[index.clamp(0, slots.shape[0] - 1)].to(torch.int32)
 
-    def additive_mask(self, total_k: int, sliding_window, dtype) -> torch.Tensor:
-        """``[1, 1, T_q, T_k]``: 0 where a query may see a key (its row's, causal with the queries at
-        the row's last keys, within ``sliding_window``), the dtype's minimum elsewhere."""
+    def mask_mod(self, total_k: int, sliding_window):
+        """FlexAttention's ``mask_mod(b, h, q, k)`` over ``T_q`` packed queries and ``T_k`` packed
+        keys: True where query q may see key k (its row's, causal with the queries at the row's
+        last keys, within ``sliding_window``). Reads four ``[T]`` vectors, no ``T_q x T_k`` tensor."""
         rows_q = self.token_rows(self.total_q, self.cu_q)
         rows_k = self.token_rows(total_k, self.cu_k)
         valid_q = rows_q < self.batch
@@ -106,12 +108,50 @@ class PackedStep:
         tokens_q = torch.arange(self.total_q, device=self.cu_q.device)
         tokens_k = torch.arange(total_k, device=self.cu_k.device)
         position_q = tokens_q - self.cu_q[rows_q] + self.len_k[rows_q] - self.len_q[rows_q]
+        position_q = torch.where(valid_q, position_q, -1)  # padding queries see nothing
         position_k = tokens_k - self.cu_k[rows_k_clamped]
-        seen = (rows_q[:, None] == rows_k[None, :]) & (position_k[None, :] <= position_q[:, None]) & valid_q[:, None]
-        if sliding_window:
-            seen &= position_k[None, :] > position_q[:, None] - sliding_window
+        window = int(sliding_window) if sliding_window else 0
+
+        def visible(b, h, q, k):
+            seen = (rows_q[q] == rows_k[k]) & (position_k[k] <= position_q[q])
+            if window:
+                seen = seen & (position_k[k] > position_q[q] - window)
+            return seen
+
+        return visible
+
+    def additive_mask(self, total_k: int, sliding_window, dtype) -> torch.Tensor:
+        """``[1, 1, T_q, T_k]``: 0 where a query may see a key (:meth:`mask_mod`), the dtype's
+        minimum elsewhere."""
+        visible = self.mask_mod(total_k, sliding_window)
+        q = torch.arange(self.total_q, device=self.cu_q.device)[:, None]
+        k = torch.arange(total_k, device=self.cu_k.device)[None, :]
+        seen = visible(0, 0, q, k)
         mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device)
         return mask.masked_fill_(~seen, torch.finfo(dtype).min)[None, None]
+
+
+class PackedMask(PrefillMask):
+    """A packed prefill's mask, in the form the layer reads: the additive ``[1, 1, T_q, T_k]``
+    mask for SDPA (:meth:`PackedStep.additive_mask`), a block mask for FlexAttention."""
+
+    def __init__(self, step: PackedStep, total_k: int, sliding_window, dtype) -> None:
+        super().__init__(dict(batch_size=1, q_length=step.total_q, kv_length=total_k))
+        self.step, self.sliding_window, self.dtype = step, sliding_window, dtype
+
+    def dense(self) -> torch.Tensor:
+        if not self._dense_built:
+            total_k = self.mask_kwargs["kv_length"]
+            self._dense = self.step.additive_mask(total_k, self.sliding_window, self.dtype)
+            self._dense_built = True
+        return self._dense
+
+    def block_mask(self, device: torch.device):
+        if self._block is None:
+            total_k = self.mask_kwargs["kv_length"]
+            self._block = block_mask_from(self.step.mask_mod(total_k, self.sliding_window), None,
+                                          self.step.total_q, total_k, device)
+        return self._block
 
 
 def _gather(cache, module, key, value, kwargs):

@@ -1,0 +1,318 @@
+"""``flashsplit models``: end-to-end generation of transformers models through flashsplit against
+the model's reference attention (SDPA; eager for softcap and sink layers).
+
+For every model x batch x context x mode cell, each attention implementation runs the same
+random-weight model (real widths, ``--layers`` layers, bf16) on the same left-padded prompts:
+
+1. **prefill**: one forward over the prompts into a StaticCache (time and peak memory);
+2. **decode**: ``--warmup`` then ``--steps`` greedy steps of one token per row, each timed with
+   CUDA events; ``eager`` runs ``model.forward``, ``compiled`` runs
+   ``torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)`` (cudagraph trees,
+   what transformers compiles for static-cache generation).
+
+The reference generates freely; flashsplit is fed the reference's tokens and its own greedy pick
+is compared at every step: equal, a tie (the reference's logits of the two tokens are within one
+bf16 step of each other) or different. A cell whose cache does not fit is skipped with the reason;
+an implementation that runs out of memory is reported as such (eager attention at long prompts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .model_configs import MODELS, ModelShape
+
+_EPILOG = """\
+examples:
+  flashsplit models --models llama3-8b --batch 1 --context 32k --modes compiled
+  flashsplit models --models qwen2.5-7b --cells 1x32k 8x4k --json qwen.json
+  flashsplit models --models gpt-oss-20b --batch 1 --context 4k 32k 128k --modes eager --json oss.json
+  flashsplit models --tiny                 # any machine: tiny widths, a smoke run of every model
+"""
+
+
+@dataclass
+class ImplResult:
+    """One implementation in one cell."""
+
+    impl: str
+    prefill_s: float | None = None
+    ms_per_token: float | None = None
+    tokens_per_s: float | None = None
+    peak_gib: float | None = None  #: peak memory above the model's weights, prefill and decode
+    error: str | None = None  #: "out of memory", or the exception
+    same: int = 0  #: greedy picks equal to the reference's (flashsplit only)
+    ties: int = 0
+    different: int = 0
+
+
+@dataclass
+class Cell:
+    model: str
+    batch: int
+    context: int
+    mode: str
+    skipped: str | None = None
+    results: list = field(default_factory=list)
+
+
+def parse_count(text: str) -> int:
+    """``"32k"`` -> 32768."""
+    text = text.lower()
+    try:
+        return int(float(text[:-1]) * 1024) if text.endswith("k") else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a token count such as 4096 or 32k, got {text!r}") from None
+
+
+def parse_cell(text: str) -> tuple[int, int]:
+    """``"8x32k"`` -> (8, 32768): batch x context."""
+    batch, _, context = text.lower().partition("x")
+    if not context or not batch.isdigit():
+        raise argparse.ArgumentTypeError(f"expected BATCHxCONTEXT (e.g. 8x32k), got {text!r}")
+    return int(batch), parse_count(context)
+
+
+def add_models_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``models`` sub-command to an argparse ``subparsers`` object; sets ``func``."""
+    parser = subparsers.add_parser(
+        "models", help="generate with random-weight transformers models at real widths through flashsplit and "
+                       "their reference attention: prefill, ms per token, peak memory, tokens compared",
+        description=__doc__.split("\n\n")[0] + " Needs transformers; times on a CUDA GPU.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--context", type=parse_count, nargs="+", default=[4096, 32768, 131072],
+                        help="prompt tokens of the longest row (default 4k 32k 128k)")
+    parser.add_argument("--cells", type=parse_cell, nargs="+",
+                        help="BATCHxCONTEXT cells in this order (e.g. 1x32k 8x4k), instead of --batch x --context")
+    parser.add_argument("--modes", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=16, help="timed decode steps (default 16)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed decode steps first (default 3)")
+    parser.add_argument("--json", help="write the results here (rewritten after every cell)")
+    parser.add_argument("--tiny", action="store_true", help="tiny widths and contexts: a smoke run on any machine")
+    parser.set_defaults(func=run_models_command, parser=parser)
+    return parser
+
+
+def run_models_command(args: argparse.Namespace) -> int:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        args.parser.error("needs transformers: pip install 'flashsplit[transformers]'")
+    import flashsplit.integrations.transformers as fs_transformers
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type != "cuda" and not args.tiny:
+        args.parser.error("timing needs a CUDA GPU; --tiny runs a smoke run on the CPU")
+    if args.tiny:
+        args.batch, args.context, args.cells, args.steps, args.warmup = [1, 2], [48], None, min(args.steps, 2), 1
+        if device.type != "cuda":
+            args.modes = ["eager"]  # cudagraph trees need CUDA
+    name = fs_transformers.register()
+    pairs = args.cells or [(batch, context) for batch in args.batch for context in args.context]
+    args.context = [context for _, context in pairs]
+    cells = [Cell(model, batch, context, mode) for model in args.models for batch, context in pairs
+             for mode in args.modes]
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  transient=True) as progress:
+        task = progress.add_task("models", total=len(cells))
+        model_cache: dict = {}
+        for cell in cells:
+            progress.update(task, description=f"{cell.model} B={cell.batch} x {cell.context} {cell.mode}")
+            run_cell(cell, name, args, device, model_cache)
+            progress.advance(task)
+            if args.json:
+                write_json(args.json, cells, args, device)
+    print(markdown_table([c for c in cells if c.results or c.skipped]))
+    return 0
+
+
+def run_cell(cell: Cell, name: str, args, device, model_cache: dict) -> None:
+    shape = MODELS[cell.model]
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float16  # the CPU interpreter's bf16 is wrong
+    if cell.model not in model_cache:
+        model_cache.clear()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        model_cache[cell.model] = build_model(shape, args, device, dtype)
+    model = model_cache[cell.model]
+    total = -(-(cell.context + args.warmup + args.steps) // 64) * 64
+    need = shape.kv_bytes_per_token(model.config, dtype.itemsize) * cell.batch * total
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info()[0]
+        if need > 0.85 * free:
+            cell.skipped = f"the cache ({need / 2**30:.0f} GiB) does not fit ({free / 2**30:.0f} GiB free)"
+            return
+    generator = torch.Generator(device=device).manual_seed(cell.batch * 7919 + cell.context)
+    prompts = left_padded(cell.batch, cell.context, model.config.vocab_size, generator, device)
+    reference = run_impl(model, shape.reference, prompts, None, cell.mode, args)
+    cell.results.append(reference.result)
+    forced = reference.tokens if reference.result.error is None else None
+    ours = run_impl(model, name, prompts, forced, cell.mode, args)
+    if forced is not None and ours.result.error is None:
+        compare_picks(ours.result, ours.picks, reference.tokens, reference.logits)
+    cell.results.append(ours.result)
+
+
+def build_model(shape: ModelShape, args, device, dtype):
+    import transformers
+
+    config = shape.config(args.layers, max(args.context) + args.warmup + args.steps + 64, tiny=args.tiny)
+    torch.manual_seed(0)
+    with torch.device(device):
+        return getattr(transformers, shape.model_class)(config).to(dtype).eval()
+
+
+def left_padded(batch: int, context: int, vocab: int, generator, device):
+    """``input_ids`` ``[B, context]`` and the 0/1 mask: row b has ``context - b * step`` tokens
+    (``step`` up to a sixteenth of the context over the batch), left-padded."""
+    ids = torch.randint(1, vocab, (batch, context), generator=generator, device=device)
+    step = max(context // (16 * max(batch - 1, 1)), 1) if batch > 1 else 0
+    starts = torch.arange(batch, device=device) * step
+    mask = (torch.arange(context, device=device)[None, :] >= starts[:, None]).long()
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+@dataclass
+class ImplRun:
+    result: ImplResult
+    tokens: torch.Tensor | None = None  #: ``[B, N]`` the tokens fed after the prompt
+    picks: torch.Tensor | None = None  #: ``[B, N]`` the implementation's greedy picks
+    logits: torch.Tensor | None = None  #: float32 ``[B, N, V]``
+
+
+def run_impl(model, impl: str, prompts, forced, mode: str, args) -> ImplRun:
+    """Prefill ``prompts`` and decode ``--warmup + --steps`` tokens with attention ``impl``,
+    feeding ``forced`` ``[B, N]`` (or its own greedy picks)."""
+    from transformers import StaticCache
+
+    result = ImplResult(impl)
+    input_ids, attention_mask = prompts
+    batch, context = input_ids.shape
+    steps = args.warmup + args.steps
+    model.set_attn_implementation(impl)
+    cuda = input_ids.is_cuda
+    cache = forward = None
+    try:
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated() if cuda else 0
+        # Rows of 64-slot multiples: SDPA's masked kernels need aligned mask rows (else its math
+        # fallback builds [B, H, L, L] fp32 scores); the slots past the last token stay masked.
+        cache = StaticCache(config=model.config, max_cache_len=-(-(context + steps) // 64) * 64)
+        full_mask = torch.cat([attention_mask, attention_mask.new_ones(batch, steps)], dim=1)
+        start = _now(cuda)
+        with torch.no_grad():
+            out = model(input_ids=input_ids, attention_mask=attention_mask,
+                        position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0), past_key_values=cache,
+                        use_cache=True, logits_to_keep=1)
+        result.prefill_s = _now(cuda) - start
+        forward = model.forward
+        if mode == "compiled":
+            torch._dynamo.reset()
+            forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+        position = attention_mask.sum(-1, keepdim=True)
+        fed, picks, logits, times = [], [], [], []
+        for step in range(steps):
+            token = forced[:, step:step + 1] if forced is not None else token
+            fed.append(token)
+            begin = _now(cuda)
+            with torch.no_grad():
+                if mode == "compiled":
+                    torch.compiler.cudagraph_mark_step_begin()
+                step_logits = forward(input_ids=token, attention_mask=full_mask, position_ids=position + step,
+                                      past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+                step_logits = step_logits.float().clone()
+            times.append(_now(cuda) - begin)
+            logits.append(step_logits)
+            token = step_logits.argmax(-1, keepdim=True)
+            picks.append(token)
+        result.ms_per_token = sum(times[args.warmup:]) / args.steps * 1e3
+        result.tokens_per_s = batch / result.ms_per_token * 1e3
+        if cuda:
+            result.peak_gib = (torch.cuda.max_memory_allocated() - base) / 2**30
+        return ImplRun(result, torch.cat(fed, 1), torch.cat(picks, 1), torch.stack(logits, 1))
+    except torch.cuda.OutOfMemoryError:
+        result.error = "out of memory"
+    except Exception as error:  # noqa: BLE001  (a cell's failure is reported, the grid goes on)
+        result.error = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    finally:
+        del cache, forward
+        if mode == "compiled":
+            torch._dynamo.reset()  # frees the graphs' memory pools before the next run
+        if cuda:
+            torch.cuda.empty_cache()
+    return ImplRun(result)
+
+
+def _now(cuda: bool) -> float:
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def compare_picks(result: ImplResult, picks, tokens, logits) -> None:
+    """Count ``picks`` equal to the reference's next ``tokens`` (the next fed token; the last
+    step's pick has no reference token after it), ties (the reference's logits of both tokens
+    within one bf16 step, 2^-7 relative) and others."""
+    ours, theirs = picks[:, :-1], tokens[:, 1:]
+    ref = logits[:, :-1]
+    a = ref.gather(-1, ours[..., None])[..., 0]
+    b = ref.gather(-1, theirs[..., None])[..., 0]
+    equal = ours == theirs
+    tie = ~equal & ((a - b).abs() <= 2.0 ** -7 * torch.maximum(a.abs(), b.abs()))
+    result.same, result.ties = int(equal.sum()), int(tie.sum())
+    result.different = int(equal.numel()) - result.same - result.ties
+
+
+def markdown_table(cells) -> str:
+    """The results as a markdown table: one row per cell and implementation."""
+    lines = ["| model | B x context | mode | attention | prefill s | peak GiB | ms / token | tokens/s | vs reference "
+             "| tokens same / tie / diff |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for cell in cells:
+        where = f"{cell.batch} x {_count(cell.context)}"
+        if cell.skipped:
+            lines.append(f"| {cell.model} | {where} | {cell.mode} | | skipped: {cell.skipped} | | | | | |")
+            continue
+        reference = cell.results[0]
+        for result in cell.results:
+            if result.error:
+                lines.append(f"| {cell.model} | {where} | {cell.mode} | {result.impl} | {result.error} | | | | | |")
+                continue
+            speedup = ""
+            if result is not reference and reference.ms_per_token:
+                speedup = f"{reference.ms_per_token / result.ms_per_token:.2f}x"
+            compared = f"{result.same} / {result.ties} / {result.different}" if result is not reference and (
+                result.same + result.ties + result.different) else ""
+            lines.append(f"| {cell.model} | {where} | {cell.mode} | {result.impl} | {result.prefill_s:.3f} | "
+                         f"{_fmt(result.peak_gib, '.1f')} | {result.ms_per_token:.2f} | {result.tokens_per_s:.0f} | "
+                         f"{speedup} | {compared} |")
+    return "\n".join(lines)
+
+
+def _fmt(value, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def _count(tokens: int) -> str:
+    return f"{tokens // 1024}k" if tokens % 1024 == 0 else str(tokens)
+
+
+def write_json(path: str, cells, args, device) -> None:
+    import transformers
+
+    with open(path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                   "torch": torch.__version__, "transformers": transformers.__version__, "layers": args.layers,
+                   "steps": args.steps, "warmup": args.warmup, "cells": [asdict(c) for c in cells]}, f, indent=1)
