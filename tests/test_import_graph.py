@@ -15,11 +15,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "flashsplit"
 
 #: Circles being untangled elsewhere; each is listed as the sorted modules of its cycle.
-KNOWN_CIRCLES = {
-    # The paged cache of the transformers integration and its attention function import each
-    # other; splitting them is under way.
-    ("flashsplit.integrations.transformers", "flashsplit.integrations.transformers_paged"),
-}
 
 
 def _modules(root: Path) -> dict[str, tuple[Path, bool]]:
@@ -95,8 +90,8 @@ def circles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
 
 
 def test_no_import_circles():
-    unexpected = [c for c in circles(import_graph()) if c not in KNOWN_CIRCLES]
-    assert not unexpected, "import circles among flashsplit modules: " + "; ".join(" <-> ".join(c) for c in unexpected)
+    found = circles(import_graph())
+    assert not found, "import circles among flashsplit modules: " + "; ".join(" <-> ".join(c) for c in found)
 
 
 def test_graph_sees_lazy_and_relative_imports(tmp_path):

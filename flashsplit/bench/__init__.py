@@ -29,6 +29,9 @@ Modules, one job each:
   time against a cache as short as the window).
 - :mod:`.render`: rich tables, dry-run listing, the optional matplotlib plot.
 - :mod:`.cli`: the ``bench`` sub-command (``add_bench_parser``, ``run_bench_command``).
+- :mod:`.mla`: ``--mla``: MLA decode cells (DeepSeek-V3 shapes) with their read and tensor-core floors.
+- :mod:`.models`, :mod:`.model_configs`: ``flashsplit models``: transformers models at real widths
+  (random weights), decode and prefill through flashsplit against SDPA or eager attention.
 
 Benchmarks return data; rendering is separate. Nothing here is imported by ``import flashsplit``.
 """
