@@ -1,0 +1,118 @@
+"""The Triton MLA backend: tiles, partial buffers and launches of the MLA split kernel, then
+flashsplit's Triton combine kernel (head dim 512) when a launch has several splits.
+
+Portable (any GPU Triton supports) and exact on the CPU through the Triton interpreter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ..plan import SPLIT_GRANULE, cdiv
+from ..triton import INTERPRETER_OFF, interpreter_active
+from .problem import MLA_HEAD_DIM_V, MLA_ROPE_DIM, MlaProblem
+from .registry import MlaBackend
+from .triton_kernel import LOG2E, mla_split_kernel
+
+
+@dataclass(frozen=True)
+class MlaTiles:
+    """Compile-time tile shape of the MLA split kernel."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+#: Packed rows per tile: the rows of a 16-head query in one tile; wider problems in tiles of
+#: 32 rows, whose fp32 accumulator (32 x 512) takes 64 registers a thread on 8 warps.
+MAX_BLOCK_M = 32
+#: Keys per tile: a 32 x 576 16-bit tile is 36 KB of shared memory; two stages fit twice per SM.
+BLOCK_N = 32
+
+
+def choose_tiles(packed_rows: int) -> MlaTiles:
+    """Tiles for ``packed_rows`` (``seqlen_q x H_q``) rows: the smallest power of two >= the rows,
+    at least 16 (``tl.dot``'s minimum), at most :data:`MAX_BLOCK_M`.
+
+    >>> choose_tiles(16), choose_tiles(128).block_m
+    (MlaTiles(block_m=16, block_n=32, num_warps=4, num_stages=2), 32)
+    """
+    block_m = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(packed_rows)))
+    return MlaTiles(block_m=block_m, block_n=BLOCK_N, num_warps=4 if block_m <= 16 else 8, num_stages=2)
+
+
+class TritonMlaBackend(MlaBackend):
+    name = "triton"
+    priority = 0
+
+    def supports(self, problem: MlaProblem) -> str | None:
+        if problem.device_type == "cuda":
+            return None
+        if problem.device_type == "cpu":
+            return None if interpreter_active() else f"tensors are on the CPU and {INTERPRETER_OFF}"
+        return f"tensors are on {problem.device_type!r}; the Triton backend needs CUDA (or the CPU interpreter)"
+
+    def block_m(self, problem: MlaProblem) -> int:
+        return choose_tiles(problem.packed_rows).block_m
+
+    def units_per_sm(self, problem: MlaProblem) -> int:
+        # A 16-row program holds a 16 x 512 fp32 accumulator on 4 warps: two fit an SM's
+        # registers; a 32-row one on 8 warps fills them alone.
+        return 2 if self.block_m(problem) <= 16 else 1
+
+    def launch_split(self, q, kv_cache, cache_seqlens, block_table, kv_descale, num_splits: int,
+                     softmax_scale: float, causal: bool, out_partial=None, lse_partial=None, out=None,
+                     lse=None) -> None:
+        """The split kernel: partials when ``out_partial`` is given, else (one split) ``out``/``lse``."""
+        batch, seqlen_q, num_heads, _ = q.shape
+        tiles = choose_tiles(seqlen_q * num_heads)
+        row_blocks = cdiv(seqlen_q * num_heads, tiles.block_m)
+        paged = block_table is not None
+        capacity = block_table.shape[1] * kv_cache.shape[1] if paged else kv_cache.shape[1]
+        partials = out_partial is not None
+        mla_split_kernel[(row_blocks, num_splits, batch)](
+            q, kv_cache, cache_seqlens, block_table, kv_descale, out_partial, lse_partial, out, lse,
+            *q.stride()[:3], kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0) if paged else 0,
+            *(out_partial.stride()[:4] if partials else (0,) * 4), *(lse_partial.stride()[:3] if partials else (0,) * 3),
+            *(out.stride()[:3] if out is not None else (0,) * 3), *(lse.stride()[:2] if lse is not None else (0, 0)),
+            seqlen_q, num_heads, capacity, num_splits, kv_cache.shape[0], softmax_scale * LOG2E,
+            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, DV=MLA_HEAD_DIM_V, D_ROPE=MLA_ROPE_DIM,
+            GRANULE=SPLIT_GRANULE, PAGED=paged, PAGE_SIZE=kv_cache.shape[1] if paged else 1,
+            CAUSAL=causal and seqlen_q > 1, HAS_DESCALE=kv_descale is not None, WRITE_PARTIALS=partials,
+            WRITE_LSE=lse is not None, RUNTIME_BOUND_WHILE=interpreter_active(),
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+
+    def run(self, q, kv_cache, cache_seqlens, block_table, out, lse, *, num_splits, softmax_scale, causal,
+            kv_descale) -> None:
+        if num_splits == 1:
+            self.launch_split(q, kv_cache, cache_seqlens, block_table, kv_descale, 1, softmax_scale, causal,
+                              out=out, lse=lse)
+            return
+        out_partial, lse_partial = alloc_partials(q, num_splits)
+        self.launch_split(q, kv_cache, cache_seqlens, block_table, kv_descale, num_splits, softmax_scale, causal,
+                          out_partial, lse_partial)
+        from .. import registry  # the GQA registry's Triton backend owns the combine kernel
+
+        registry.get("triton").combine(out_partial, lse_partial, out, lse)
+
+    def forward_partials(self, q, kv_cache, cache_seqlens, block_table, *, num_splits, softmax_scale, causal,
+                         kv_descale=None):
+        out_partial, lse_partial = alloc_partials(q, num_splits)
+        self.launch_split(q, kv_cache, cache_seqlens, block_table, kv_descale, num_splits, softmax_scale, causal,
+                          out_partial, lse_partial)
+        return out_partial, lse_partial
+
+
+def alloc_partials(q: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fresh fp32 ``out_partial`` ``[S, B, s_q, H_q, 512]`` and ``lse_partial`` ``[S, B, H_q, s_q]``
+    (fresh per call, so a captured CUDA graph owns its own)."""
+    batch, seqlen_q, num_heads, _ = q.shape
+    out_partial = torch.empty((num_splits, batch, seqlen_q, num_heads, MLA_HEAD_DIM_V), dtype=torch.float32,
+                              device=q.device)
+    lse_partial = torch.empty((num_splits, batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
+    return out_partial, lse_partial
