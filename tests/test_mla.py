@@ -173,3 +173,30 @@ def test_combine_takes_512_wide_partials(generator):
     ref = (weights.permute(0, 1, 3, 2)[..., None] * partial.double().nan_to_num()).sum(0)
     check_output(out, ref, ref.float().double(), torch.float32)
     torch.testing.assert_close(lse, torch.logsumexp(lse_partial, dim=0))
+
+
+def test_docstring_examples():
+    import doctest
+    import importlib
+
+    for name in ("flashsplit.mla.api", "flashsplit.mla.triton_backend"):
+        failures, tried = doctest.testmod(importlib.import_module(name))
+        assert tried > 0 and failures == 0, name
+
+
+def test_reference_is_attention_over_the_latent(generator):
+    """The reference against torch's SDPA (float64): K the 576 features, V the first 512, causal
+    bottom-right for two queries."""
+    from flashsplit.mla.reference import mla_attention_ref
+
+    q = torch.randn(1, 2, 4, 576, generator=generator, dtype=torch.float64)
+    kv = torch.randn(1, 9, 1, 576, generator=generator, dtype=torch.float64)
+    out, lse = mla_attention_ref(q, kv, torch.tensor([9], dtype=torch.int32), causal=True)
+    keys = kv[0, :, 0]
+    mask = torch.ones(2, 9, dtype=torch.bool).tril(diagonal=9 - 2)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q[0].transpose(0, 1), keys.expand(4, 9, 576), keys[:, :512].expand(4, 9, 512), attn_mask=mask,
+        scale=576 ** -0.5)
+    torch.testing.assert_close(out[0], expected.transpose(0, 1))
+    scores = torch.einsum("mhd,nd->hmn", q[0], keys) * 576 ** -0.5
+    torch.testing.assert_close(lse[0], torch.logsumexp(scores.masked_fill(~mask, -math.inf), dim=-1))
