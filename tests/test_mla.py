@@ -200,3 +200,17 @@ def test_reference_is_attention_over_the_latent(generator):
     torch.testing.assert_close(out[0], expected.transpose(0, 1))
     scores = torch.einsum("mhd,nd->hmn", q[0], keys) * 576 ** -0.5
     torch.testing.assert_close(lse[0], torch.logsumexp(scores.masked_fill(~mask, -math.inf), dim=-1))
+
+
+def test_64_row_tiles(generator):
+    """The Triton kernel on 64-row tiles (what the bench times as triton-m64): H_q = 128 in two
+    row blocks, several splits, causal queries."""
+    from flashsplit.mla.triton_backend import choose_tiles
+
+    inputs = make_mla_inputs(2, 1, 128, [0, 200], page_size=64, generator=generator)
+    out = torch.full((2, 1, 128, 512), float("nan"), dtype=torch.float16)
+    lse = torch.empty((2, 128, 1))
+    registry.get("triton").run(inputs.q, inputs.kv_cache, inputs.cache_seqlens, inputs.block_table, out, lse,
+                               num_splits=2, softmax_scale=576 ** -0.5, causal=False, kv_descale=None,
+                               tiles=choose_tiles(128, 64))
+    check_mla(out, lse, inputs)

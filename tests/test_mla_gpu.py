@@ -102,6 +102,24 @@ def test_cute_triton_parity(case, fp8, generator):
     torch.testing.assert_close(cute_lse, triton_lse, atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "e4m3"])
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] * c[1] >= 64], ids=str)
+def test_triton_64_row_tiles(case, fp8, generator):
+    """The tiles the bench times as triton-m64 (Hopper's warpgroup MMA shape)."""
+    from flashsplit.mla.triton_backend import choose_tiles
+
+    heads, seqlen_q, causal, page, splits, lengths = case
+    inputs = make_mla_inputs(len(lengths), seqlen_q, heads, lengths, page_size=page, dtype=torch.bfloat16, fp8=fp8,
+                             device="cuda", generator=generator)
+    out = torch.full((len(lengths), seqlen_q, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty((len(lengths), heads, seqlen_q), device="cuda")
+    registry.get("triton").run(inputs.q, inputs.kv_cache, inputs.cache_seqlens, inputs.block_table, out, lse,
+                               num_splits=splits or 3, softmax_scale=576 ** -0.5, causal=causal,
+                               kv_descale=inputs.kv_descale, tiles=choose_tiles(heads * seqlen_q, 64))
+    torch.cuda.synchronize()
+    check_mla(out, lse, inputs, causal=causal)
+
+
 def test_flash_mla_with_kvcache_on_gpu(generator):
     inputs = make_mla_inputs(3, 2, 128, [0, 64, 3000], page_size=64, dtype=torch.bfloat16, device="cuda",
                              generator=generator)

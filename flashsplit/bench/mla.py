@@ -4,7 +4,8 @@ Per cell (H_q, B, L_k, page 64, full rows): device us per call (CUDA-graph repla
 side by side, caches rotated past the L2), TB/s of the bytes a call must move, TFLOPS, the read
 floor (those bytes at the GPU's datasheet bandwidth) and the tensor-core floor (the call's
 flops at the datasheet dense 16-bit peak). Contenders: flashsplit's MLA backends (``triton``,
-``cute`` where it runs) and FlashInfer's ``BatchMLAPagedAttentionWrapper`` when importable.
+``cute`` where it runs; ``triton-m64``, Triton on 64-row tiles, for 64 packed rows or more) and
+FlashInfer's ``BatchMLAPagedAttentionWrapper`` when importable.
 Each contender is checked against a float32 reference of row 0 before it is timed.
 """
 
@@ -33,6 +34,8 @@ DATASHEET_TFLOPS: tuple[tuple[str, float], ...] = (
 DEFAULT_TFLOPS = 989e12
 #: Relative error (to row 0's largest reference value) above which a contender is "wrong".
 GATE_TOLERANCE = 2e-2
+#: The Triton backend on 64-row tiles, timed beside its default tiles where a cell has 64 packed rows.
+WIDE_TRITON = "triton-m64"
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,8 @@ def contender_status(cell: MlaCell, device: str) -> dict[str, str | None]:
             status[backend] = None
         except ValueError as error:
             status[backend] = str(error)
+    status[WIDE_TRITON] = status["triton"] or (None if cell.heads * cell.seqlen_q >= 64 else
+                                               "64-row tiles only for 64 packed rows or more")
     if importlib.util.find_spec("flashinfer") is None:
         status["flashinfer"] = "flashinfer is not installed"
     elif cell.fp8 or cell.page_size == 0:
@@ -146,11 +151,38 @@ def _flashsplit_run(backend: str, cell: MlaCell, sets: list[dict]):
 
     outs = [torch.empty((cell.batch, cell.seqlen_q, cell.heads, MLA_HEAD_DIM_V), device="cuda",
                         dtype=torch.bfloat16) for _ in sets]
+    if backend == WIDE_TRITON:
+        return _wide_triton_run(cell, sets, outs)
 
     def run(i: int):
         s = sets[i]
         return mla_decode(s["q"], s["kv"], s["seqlens"], block_table=s["table"], causal=cell.seqlen_q > 1,
                           out=outs[i], backend=backend, kv_descale=s["descale"])
+
+    return run
+
+
+def _wide_triton_run(cell: MlaCell, sets: list[dict], outs: list[torch.Tensor]):
+    """The Triton backend on 64-row tiles (:func:`flashsplit.mla.triton_backend.choose_tiles`),
+    split as the plan splits 64-row work units at one CTA per SM."""
+    from ..mla import registry
+    from ..mla.plan import mla_num_splits
+    from ..mla.problem import MlaProblem
+    from ..mla.triton_backend import choose_tiles
+
+    tiles = choose_tiles(cell.heads * cell.seqlen_q, 64)
+    problem = MlaProblem(batch=cell.batch, seqlen_q=cell.seqlen_q, num_heads_q=cell.heads, dtype=torch.bfloat16,
+                         kv_dtype=torch.float8_e4m3fn if cell.fp8 else torch.bfloat16, page_size=cell.page_size,
+                         capacity=-(-cell.seqlen // cell.page_size) * cell.page_size, causal=cell.seqlen_q > 1,
+                         num_splits=0, device_type="cuda")
+    splits = mla_num_splits(problem, tiles.block_m, 1)[0]
+    backend = registry.get("triton")
+
+    def run(i: int):
+        s = sets[i]
+        backend.run(s["q"], s["kv"], s["seqlens"], s["table"], outs[i], None, num_splits=splits,
+                    softmax_scale=MLA_HEAD_DIM ** -0.5, causal=cell.seqlen_q > 1, kv_descale=s["descale"], tiles=tiles)
+        return outs[i]
 
     return run
 
@@ -250,7 +282,7 @@ def run_mla_command(args: argparse.Namespace) -> int:
         return 0
     generator = torch.Generator().manual_seed(args.seed)
     report, exit_code = [], 0
-    names_wanted = ("triton", "cute", "flashinfer")
+    names_wanted = ("triton", WIDE_TRITON, "cute", "flashinfer")
     for cell in cells:
         status = contender_status(cell, "cuda")
         names = [n for n in names_wanted if status[n] is None]

@@ -35,14 +35,16 @@ MAX_BLOCK_M = 32
 BLOCK_N = 32
 
 
-def choose_tiles(packed_rows: int) -> MlaTiles:
+def choose_tiles(packed_rows: int, max_block_m: int = MAX_BLOCK_M) -> MlaTiles:
     """Tiles for ``packed_rows`` (``seqlen_q x H_q``) rows: the smallest power of two >= the rows,
-    at least 16 (``tl.dot``'s minimum), at most :data:`MAX_BLOCK_M`.
+    at least 16 (``tl.dot``'s minimum), at most ``max_block_m`` (16, 32 or 64; 64-row tiles run
+    on 8 warps, their 64 x 512 accumulator at 128 registers a thread: the shape of Hopper's
+    warpgroup MMA, which ``flashsplit bench --mla`` times as ``triton-m64``).
 
-    >>> choose_tiles(16), choose_tiles(128).block_m
-    (MlaTiles(block_m=16, block_n=32, num_warps=4, num_stages=2), 32)
+    >>> choose_tiles(16), choose_tiles(128).block_m, choose_tiles(128, 64).block_m
+    (MlaTiles(block_m=16, block_n=32, num_warps=4, num_stages=2), 32, 64)
     """
-    block_m = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(packed_rows)))
+    block_m = min(max_block_m, max(16, triton.next_power_of_2(packed_rows)))
     return MlaTiles(block_m=block_m, block_n=BLOCK_N, num_warps=4 if block_m <= 16 else 8, num_stages=2)
 
 
@@ -67,10 +69,11 @@ class TritonMlaBackend(MlaBackend):
 
     def launch_split(self, q, kv_cache, cache_seqlens, block_table, kv_descale, num_splits: int,
                      softmax_scale: float, causal: bool, out_partial=None, lse_partial=None, out=None,
-                     lse=None) -> None:
-        """The split kernel: partials when ``out_partial`` is given, else (one split) ``out``/``lse``."""
+                     lse=None, tiles: MlaTiles | None = None) -> None:
+        """The split kernel: partials when ``out_partial`` is given, else (one split) ``out``/``lse``;
+        ``tiles``: :func:`choose_tiles`' by default."""
         batch, seqlen_q, num_heads, _ = q.shape
-        tiles = choose_tiles(seqlen_q * num_heads)
+        tiles = tiles or choose_tiles(seqlen_q * num_heads)
         row_blocks = cdiv(seqlen_q * num_heads, tiles.block_m)
         paged = block_table is not None
         capacity = block_table.shape[1] * kv_cache.shape[1] if paged else kv_cache.shape[1]
@@ -88,14 +91,14 @@ class TritonMlaBackend(MlaBackend):
             num_warps=tiles.num_warps, num_stages=tiles.num_stages)
 
     def run(self, q, kv_cache, cache_seqlens, block_table, out, lse, *, num_splits, softmax_scale, causal,
-            kv_descale) -> None:
+            kv_descale, tiles: MlaTiles | None = None) -> None:
         if num_splits == 1:
             self.launch_split(q, kv_cache, cache_seqlens, block_table, kv_descale, 1, softmax_scale, causal,
-                              out=out, lse=lse)
+                              out=out, lse=lse, tiles=tiles)
             return
         out_partial, lse_partial = alloc_partials(q, num_splits)
         self.launch_split(q, kv_cache, cache_seqlens, block_table, kv_descale, num_splits, softmax_scale, causal,
-                          out_partial, lse_partial)
+                          out_partial, lse_partial, tiles=tiles)
         from .. import registry  # the GQA registry's Triton backend owns the combine kernel
 
         registry.get("triton").combine(out_partial, lse_partial, out, lse)
