@@ -130,6 +130,10 @@ def test_flash_mla_with_kvcache_drop_in(generator):
     (lambda i: flashsplit.flash_mla_with_kvcache(i.q, i.kv_cache, None, i.cache_seqlens, 512,
                                                  flashsplit.get_mla_metadata()[0], is_fp8_kvcache=True),
      ValueError, "is_fp8_kvcache:"),
+    (lambda i: flashsplit.mla_decode(i.q, torch.zeros(2, 4, 1, 656, dtype=torch.float8_e4m3fn), i.cache_seqlens,
+                                     kv_descale=torch.ones(1)), ValueError, "kv_descale:"),
+    (lambda i: flashsplit.mla_decode(i.q, torch.zeros(2, 4, 1, 656).half(), i.cache_seqlens), ValueError,
+     "kv_cache:"),
     (lambda i: flashsplit.flash_mla_with_kvcache(i.q, i.kv_cache[:, :, :, :512], None, i.cache_seqlens, 512,
                                                  flashsplit.get_mla_metadata()[0]), ValueError, "k_cache:"),
 ])
@@ -214,3 +218,31 @@ def test_64_row_tiles(generator):
                                num_splits=2, softmax_scale=576 ** -0.5, causal=False, kv_descale=None,
                                tiles=choose_tiles(128, 64))
     check_mla(out, lse, inputs)
+
+
+@pytest.mark.parametrize("page_size", [64, pytest.param(0, marks=pytest.mark.full), pytest.param(1, marks=pytest.mark.full)])
+def test_fp8_tokens_of_flashmla(page_size, generator):
+    """FlashMLA's 656-byte fp8 tokens (DeepSeek-V3.2), through its drop-in call and mla_decode."""
+    inputs = make_mla_inputs(3, 2, 16, [0, 1, 300], page_size=page_size, fp8_tokens=True, generator=generator)
+    assert inputs.kv_cache.shape[-1] == 656 and inputs.kv_cache.dtype == torch.float8_e4m3fn
+    metadata, _ = flashsplit.get_mla_metadata()
+    out, lse = flashsplit.flash_mla_with_kvcache(inputs.q, inputs.kv_cache, inputs.block_table, inputs.cache_seqlens,
+                                                 512, metadata, causal=True, is_fp8_kvcache=True)
+    check_mla(out, torch.where(torch.isposinf(lse), -math.inf, lse), inputs, causal=True)
+    out, lse = flashsplit.mla_decode(inputs.q, inputs.kv_cache, inputs.cache_seqlens, block_table=inputs.block_table,
+                                     num_splits=3, return_lse=True, backend="triton")
+    check_mla(out, lse, inputs)
+
+
+def test_fp8_tokens_round_trip(generator):
+    """Quantizing to FlashMLA's tokens and reading them back gives the keys to e4m3's precision:
+    the test inputs and the reference agree on the byte layout."""
+    from flashsplit.mla.reference import dequantize_fp8_tokens
+    from flashsplit.mla.testing import quantize_fp8_tokens
+
+    keys = torch.randn(2, 3, 1, 576, generator=generator) * torch.tensor([0.01] * 128 + [1.0] * 128 + [30.0] * 256 +
+                                                                          [2.0] * 64)
+    tokens = quantize_fp8_tokens(keys, torch.bfloat16)
+    back = dequantize_fp8_tokens(tokens, torch.bfloat16)
+    torch.testing.assert_close(back[..., 512:], keys[..., 512:].bfloat16().double())
+    torch.testing.assert_close(back[..., :512], keys[..., :512].double(), rtol=0.07, atol=1e-3)

@@ -120,6 +120,19 @@ def test_triton_64_row_tiles(case, fp8, generator):
     check_mla(out, lse, inputs, causal=causal)
 
 
+@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[6]], ids=str)
+def test_fp8_tokens_of_flashmla(case, generator):
+    """FlashMLA's 656-byte fp8 tokens (bf16 rotary part) through its drop-in call."""
+    heads, seqlen_q, causal, page, splits, lengths = case
+    inputs = make_mla_inputs(len(lengths), seqlen_q, heads, lengths, page_size=page, dtype=torch.bfloat16,
+                             fp8_tokens=True, device="cuda", generator=generator)
+    metadata, _ = flashsplit.get_mla_metadata()
+    out, lse = flashsplit.flash_mla_with_kvcache(inputs.q, inputs.kv_cache, inputs.block_table, inputs.cache_seqlens,
+                                                 512, metadata, causal=causal, is_fp8_kvcache=True)
+    torch.cuda.synchronize()
+    check_mla(out, torch.where(torch.isposinf(lse), float("-inf"), lse), inputs, causal=causal)
+
+
 def test_flash_mla_with_kvcache_on_gpu(generator):
     inputs = make_mla_inputs(3, 2, 128, [0, 64, 3000], page_size=64, dtype=torch.bfloat16, device="cuda",
                              generator=generator)

@@ -13,7 +13,7 @@ from ..problem import SUPPORTED_DTYPES
 from ..target import GpuTarget, device_target, gpu_target
 from . import backends  # noqa: F401  (registers the MLA backends)
 from .plan import make_mla_plan, mla_num_splits
-from .problem import MLA_HEAD_DIM_V, MLA_MAX_SEQLEN_Q, MlaProblem
+from .problem import MLA_FP8_TOKEN_BYTES, MLA_HEAD_DIM_V, MLA_MAX_SEQLEN_Q, MlaProblem
 from .registry import select
 from .validation import MLA_FP8_DTYPE, _require_bool, check_mla_inputs
 
@@ -41,7 +41,9 @@ def mla_decode(
             (several tokens for multi-token prediction or speculative decoding), any ``H_q >= 1``.
         kv_cache: the latent cache, q's dtype or ``float8_e4m3fn`` (then ``kv_descale``), last dim
             contiguous: dense ``[B, L, 1, 576]``, or paged ``[num_pages, page_size, 1, 576]``
-            with ``block_table`` (any page size >= 1).
+            with ``block_table`` (any page size >= 1). A ``float8_e4m3fn`` cache 656 wide holds
+            FlashMLA's fp8 tokens (DeepSeek-V3.2): 512 e4m3 latent values, 4 fp32 scales (one
+            per 128 of them), 64 rotary values in q's dtype, rows 4-byte aligned.
         cache_seqlens: int32 ``[B]`` on q's device, contiguous: live keys of each row. Slots
             past a row's length are never read (they may hold NaN). Values outside ``[0,
             capacity]`` are clamped into it on the device.
@@ -177,9 +179,10 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     cache), ``cache_seqlens`` int32 ``[B]``, ``head_dim_v`` 512, ``tile_scheduler_metadata``
     from :func:`get_mla_metadata`, ``num_splits`` None (the plan picks; :func:`mla_decode`
     takes a count). Returns out ``[B, s_q, H_q, 512]`` and lse fp32 ``[B, H_q, s_q]``; a query
-    that sees no key gets ``out = 0`` and, as FlashMLA, ``lse = +inf``. ``is_fp8_kvcache``:
-    FlashMLA's 656-byte fp8 token format is not supported (``ValueError``); an e4m3 cache with a
-    per-tensor scale runs through :func:`mla_decode` with ``kv_descale``.
+    that sees no key gets ``out = 0`` and, as FlashMLA, ``lse = +inf``. ``is_fp8_kvcache``: the
+    cache holds FlashMLA's 656-byte fp8 tokens (DeepSeek-V3.2: ``float8_e4m3fn [..., 1, 656]``,
+    512 e4m3 latent values, 4 fp32 scales of 128 values each, 64 rotary values in q's dtype); an
+    e4m3 cache with one per-tensor scale runs through :func:`mla_decode` with ``kv_descale``.
     """
     if not isinstance(tile_scheduler_metadata, MlaMetadata):
         raise TypeError(f"tile_scheduler_metadata: expected what flashsplit.get_mla_metadata() returns, got "
@@ -188,9 +191,12 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         raise ValueError(f"num_splits: expected None (the plan picks; mla_decode(num_splits=n) fixes a count), "
                          f"got {type(num_splits).__name__}")
     _require_bool("is_fp8_kvcache", is_fp8_kvcache)
-    if is_fp8_kvcache:
-        raise ValueError("is_fp8_kvcache: FlashMLA's 656-byte fp8 format is not supported; for an e4m3 cache with "
-                         "one scale call flashsplit.mla_decode(..., kv_descale=scale)")
+    if isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4:
+        tokens = k_cache.shape[-1] == MLA_FP8_TOKEN_BYTES and k_cache.dtype == MLA_FP8_DTYPE
+        if is_fp8_kvcache != tokens:
+            raise ValueError(f"is_fp8_kvcache: {is_fp8_kvcache}, but k_cache is {k_cache.dtype} of width "
+                             f"{k_cache.shape[-1]}; is_fp8_kvcache=True goes with {MLA_FP8_TOKEN_BYTES}-byte "
+                             f"{MLA_FP8_DTYPE} tokens, False with 576 values in q's dtype")
     if isinstance(q, torch.Tensor) and isinstance(k_cache, torch.Tensor) and q.dim() == 4 and k_cache.dim() == 4:
         config = (*q.shape[:3], k_cache.shape[1], k_cache.shape[2], causal)
         if tile_scheduler_metadata.config is None:

@@ -48,6 +48,8 @@ class CuteMlaBackend(MlaBackend):
         target = problem.target
         if target is None or target.capability != (9, 0):
             return f"needs an sm_90 (Hopper) GPU, got {target.arch if target else 'none'}"
+        if problem.fp8_tokens:
+            return "FlashMLA's 656-byte fp8 tokens run on the Triton backend"
         module = kernel_module()
         if isinstance(module, str):
             return module

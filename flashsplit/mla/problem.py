@@ -18,6 +18,11 @@ MLA_HEAD_DIM_V = 512
 MLA_ROPE_DIM = MLA_HEAD_DIM - MLA_HEAD_DIM_V
 #: Query tokens per row: one decode step, or a few with multi-token prediction / speculation.
 MLA_MAX_SEQLEN_Q = 4
+#: Bytes of a key in FlashMLA's fp8 token format (DeepSeek-V3.2): 512 e4m3 latent values, 4 fp32
+#: scales (one per 128 of them), 64 rotary values in q's 16-bit dtype.
+MLA_FP8_TOKEN_BYTES = 656
+#: Latent values per scale of that format.
+MLA_FP8_SCALE_TILE = 128
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,8 @@ class MlaProblem:
     head_dim_v: int = MLA_HEAD_DIM_V
     #: the GPU a CUDA problem runs on or is planned for; None: the current device's.
     gpu: GpuTarget | None = None
+    #: the cache holds FlashMLA's 656-byte fp8 tokens (their own scales; ``kv_dtype`` e4m3).
+    fp8_tokens: bool = False
 
     @property
     def paged(self) -> bool:

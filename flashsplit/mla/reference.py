@@ -10,7 +10,19 @@ import math
 import torch
 
 from ..plan import split_bounds
-from .problem import MLA_HEAD_DIM, MLA_HEAD_DIM_V
+from .problem import MLA_FP8_SCALE_TILE, MLA_FP8_TOKEN_BYTES, MLA_HEAD_DIM, MLA_HEAD_DIM_V
+
+
+def dequantize_fp8_tokens(cache: torch.Tensor, rope_dtype: torch.dtype) -> torch.Tensor:
+    """float64 ``[..., 576]`` keys of FlashMLA's 656-byte fp8 tokens ``[..., 656]`` (e4m3): 512
+    latent values times their tile's fp32 scale, then the 64 rotary values stored in ``rope_dtype``."""
+    raw = cache.contiguous()
+    latent = raw[..., :MLA_HEAD_DIM_V].double()
+    tiles = MLA_HEAD_DIM_V // MLA_FP8_SCALE_TILE
+    scales = raw[..., MLA_HEAD_DIM_V: MLA_HEAD_DIM_V + 4 * tiles].view(torch.float32).double()
+    latent = latent * scales.repeat_interleave(MLA_FP8_SCALE_TILE, dim=-1)
+    rope = raw[..., MLA_HEAD_DIM_V + 4 * tiles:].view(rope_dtype).double()
+    return torch.cat([latent, rope], dim=-1)
 
 
 def row_keys(kv_cache: torch.Tensor, block_table: torch.Tensor | None, b: int, seqlen: int,
@@ -32,6 +44,8 @@ def mla_attention_ref(q, kv_cache, cache_seqlens, block_table=None, *, softmax_s
     batch, seqlen_q, num_heads, _ = q.shape
     scale = MLA_HEAD_DIM ** -0.5 if softmax_scale is None else softmax_scale
     descale = 1.0 if kv_descale is None else float(kv_descale.reshape(-1)[0])
+    if kv_cache.shape[-1] == MLA_FP8_TOKEN_BYTES:
+        kv_cache = dequantize_fp8_tokens(kv_cache.cpu(), q.dtype)
     out = torch.zeros((batch, seqlen_q, num_heads, MLA_HEAD_DIM_V), dtype=dtype)
     lse = torch.full((batch, num_heads, seqlen_q), -math.inf, dtype=torch.float32 if dtype != torch.float64 else dtype)
     for b in range(batch):

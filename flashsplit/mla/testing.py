@@ -10,7 +10,7 @@ import torch
 
 from ..plan import cdiv
 from ..testing import check_lse, check_output, quantize_fp8
-from .problem import MLA_HEAD_DIM
+from .problem import MLA_FP8_SCALE_TILE, MLA_FP8_TOKEN_BYTES, MLA_HEAD_DIM, MLA_HEAD_DIM_V
 from .reference import mla_attention_ref
 from .validation import MLA_FP8_DTYPE
 
@@ -30,11 +30,30 @@ class MlaInputs:
         return dict(block_table=self.block_table, kv_descale=self.kv_descale)
 
 
+def quantize_fp8_tokens(cache: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """FlashMLA's 656-byte fp8 tokens ``[..., 656]`` (e4m3) of ``cache`` ``[..., 576]``: each 128
+    latent values divided by a power-of-two scale that brings their largest magnitude under e4m3's
+    448, the scales as fp32, the rotary values in ``dtype``. NaN stays NaN. Each page gets one
+    spare token of bytes, as FlashMLA's own test caches have: rows are not ``page x 656`` apart."""
+    *lead, width = cache.shape
+    tiles = MLA_HEAD_DIM_V // MLA_FP8_SCALE_TILE
+    padded = torch.zeros((*lead[:-3], lead[-3], lead[-2] + 1, lead[-1], MLA_FP8_TOKEN_BYTES), dtype=torch.uint8)
+    out = padded[..., : lead[-2], :, :]
+    latent = cache[..., :MLA_HEAD_DIM_V].float().unflatten(-1, (tiles, MLA_FP8_SCALE_TILE))
+    amax = latent.abs().amax(dim=-1) / 448.0
+    scale = torch.pow(2, amax.clamp_min(1e-4).log2().ceil())
+    out[..., :MLA_HEAD_DIM_V] = (latent / scale[..., None]).flatten(-2).to(torch.float8_e4m3fn).view(torch.uint8)
+    out[..., MLA_HEAD_DIM_V: MLA_HEAD_DIM_V + 4 * tiles] = scale.float().contiguous().view(torch.uint8)
+    out[..., MLA_HEAD_DIM_V + 4 * tiles:] = cache[..., MLA_HEAD_DIM_V:].to(dtype).contiguous().view(torch.uint8)
+    return out.view(torch.float8_e4m3fn)
+
+
 def make_mla_inputs(batch: int, seqlen_q: int, num_heads_q: int, lengths: list[int], *, page_size: int = 0,
-                    dtype: torch.dtype = torch.float16, fp8: bool = False, device="cpu", generator=None,
-                    capacity: int = 0) -> MlaInputs:
+                    dtype: torch.dtype = torch.float16, fp8: bool = False, fp8_tokens: bool = False, device="cpu",
+                    generator=None, capacity: int = 0) -> MlaInputs:
     """Random inputs with rows of ``lengths`` keys (``capacity``: at least that many slots per row;
-    ``page_size`` 0: dense). Unused slots and pages hold NaN."""
+    ``page_size`` 0: dense). Unused slots and pages hold NaN. ``fp8``: an e4m3 cache with one
+    scale; ``fp8_tokens``: FlashMLA's 656-byte fp8 tokens (:func:`quantize_fp8_tokens`)."""
     assert len(lengths) == batch
     capacity = max(capacity, max(lengths, default=0), 1)
     q = torch.randn((batch, seqlen_q, num_heads_q, MLA_HEAD_DIM), generator=generator).to(dtype)
@@ -55,7 +74,9 @@ def make_mla_inputs(batch: int, seqlen_q: int, num_heads_q: int, lengths: list[i
                 cache[table[b, i], :live] = torch.randn((live, 1, MLA_HEAD_DIM), generator=generator)
             table[b, used:] = GARBAGE_PAGE
     descale = None
-    if fp8:
+    if fp8_tokens:
+        cache = quantize_fp8_tokens(cache, dtype)
+    elif fp8:
         cache, descale = quantize_fp8(cache, MLA_FP8_DTYPE, per_head=False)
     else:
         cache = cache.to(dtype)

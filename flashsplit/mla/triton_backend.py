@@ -13,7 +13,7 @@ import triton
 
 from ..plan import SPLIT_GRANULE, cdiv
 from ..triton import INTERPRETER_OFF, interpreter_active
-from .problem import MLA_HEAD_DIM_V, MLA_ROPE_DIM, MlaProblem
+from .problem import MLA_FP8_SCALE_TILE, MLA_FP8_TOKEN_BYTES, MLA_HEAD_DIM_V, MLA_ROPE_DIM, MlaProblem
 from .registry import MlaBackend
 from .triton_kernel import LOG2E, mla_split_kernel
 
@@ -78,8 +78,11 @@ class TritonMlaBackend(MlaBackend):
         paged = block_table is not None
         capacity = block_table.shape[1] * kv_cache.shape[1] if paged else kv_cache.shape[1]
         partials = out_partial is not None
+        # FlashMLA's fp8 tokens: the same bytes read as fp32 (their scales) and q's dtype (rotary part)
+        fp8_tokens = kv_cache.shape[-1] == MLA_FP8_TOKEN_BYTES
+        kv_f32, kv_16 = (kv_cache.view(torch.float32), kv_cache.view(q.dtype)) if fp8_tokens else (kv_cache, kv_cache)
         mla_split_kernel[(row_blocks, num_splits, batch)](
-            q, kv_cache, cache_seqlens, block_table, kv_descale, out_partial, lse_partial, out, lse,
+            q, kv_cache, kv_f32, kv_16, cache_seqlens, block_table, kv_descale, out_partial, lse_partial, out, lse,
             *q.stride()[:3], kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0) if paged else 0,
             *(out_partial.stride()[:4] if partials else (0,) * 4), *(lse_partial.stride()[:3] if partials else (0,) * 3),
             *(out.stride()[:3] if out is not None else (0,) * 3), *(lse.stride()[:2] if lse is not None else (0, 0)),
@@ -87,7 +90,8 @@ class TritonMlaBackend(MlaBackend):
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, DV=MLA_HEAD_DIM_V, D_ROPE=MLA_ROPE_DIM,
             GRANULE=SPLIT_GRANULE, PAGED=paged, PAGE_SIZE=kv_cache.shape[1] if paged else 1,
             CAUSAL=causal and seqlen_q > 1, HAS_DESCALE=kv_descale is not None, WRITE_PARTIALS=partials,
-            WRITE_LSE=lse is not None, RUNTIME_BOUND_WHILE=interpreter_active(),
+            WRITE_LSE=lse is not None, RUNTIME_BOUND_WHILE=interpreter_active(), TILE_SCALED=fp8_tokens,
+            SCALE_TILE=MLA_FP8_SCALE_TILE,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages)
 
     def run(self, q, kv_cache, cache_seqlens, block_table, out, lse, *, num_splits, softmax_scale, causal,

@@ -32,10 +32,35 @@ def key_rows(KV, BLOCK_TABLE, b, offs_n, mask_n, stride_kb, stride_kn, stride_bt
 
 
 @triton.jit
-def attend_keys(q_lat, q_rope, KV, BLOCK_TABLE, b, n0, end, last_visible, m_i, l_i, acc, qk_scale_log2,
-                stride_kb, stride_kn, stride_btb, num_pages,
+def load_key_tile(KV, KV_F32, KV_16, rows, mask_n, dtype, DV: tl.constexpr, D_ROPE: tl.constexpr,
+                  TILE_SCALED: tl.constexpr, SCALE_TILE: tl.constexpr):
+    """``(latent [BLOCK_N, DV], rope [BLOCK_N, D_ROPE])`` in ``dtype`` of the keys at element
+    offsets ``rows`` (masked loads: slots past the split's end may hold NaN and are never read).
+
+    A 16-bit or fp8 cache holds 576 values a key (fp8 -> 16 bits is exact). TILE_SCALED:
+    FlashMLA's 656-byte fp8 token, ``rows`` in bytes: 512 e4m3 latent values, 4 fp32 scales (one
+    per SCALE_TILE values: value = e4m3 x scale), 64 rotary values in q's dtype; ``KV_F32`` and
+    ``KV_16`` are the same cache read as fp32 and as q's dtype."""
+    cols = tl.arange(0, DV)
+    latent = tl.load(KV + rows[:, None] + cols[None, :], mask=mask_n[:, None], other=0.0)
+    if TILE_SCALED:
+        scale = tl.load(KV_F32 + (rows // 4)[:, None] + DV // 4 + (cols // SCALE_TILE)[None, :],
+                        mask=mask_n[:, None], other=0.0)
+        latent = (latent.to(tl.float32) * scale).to(dtype)
+        rope_at = (rows // 2)[:, None] + (DV + 4 * (DV // SCALE_TILE)) // 2
+        rope = tl.load(KV_16 + rope_at + tl.arange(0, D_ROPE)[None, :], mask=mask_n[:, None], other=0.0)
+    else:
+        latent = latent.to(dtype)
+        rope = tl.load(KV + rows[:, None] + DV + tl.arange(0, D_ROPE)[None, :], mask=mask_n[:, None], other=0.0)
+    return latent, rope.to(dtype)
+
+
+@triton.jit
+def attend_keys(q_lat, q_rope, KV, KV_F32, KV_16, BLOCK_TABLE, b, n0, end, last_visible, m_i, l_i, acc,
+                qk_scale_log2, stride_kb, stride_kn, stride_btb, num_pages,
                 BLOCK_N: tl.constexpr, DV: tl.constexpr, D_ROPE: tl.constexpr, PAGED: tl.constexpr,
-                PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr):
+                PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr, TILE_SCALED: tl.constexpr,
+                SCALE_TILE: tl.constexpr):
     """Online-softmax update of (max, sum, acc) with keys ``[n0, n0 + BLOCK_N)`` of a split
     ending at ``end``; with CAUSAL, row ``r`` sees keys ``n <= last_visible[r]``. Scores are in
     log2 units (``qk_scale_log2`` holds log2(e) and an fp8 cache's scale)."""
@@ -43,11 +68,8 @@ def attend_keys(q_lat, q_rope, KV, BLOCK_TABLE, b, n0, end, last_visible, m_i, l
     mask_n = offs_n < end
     rows = key_rows(KV, BLOCK_TABLE, b, offs_n, mask_n, stride_kb, stride_kn, stride_btb, num_pages, PAGED,
                     PAGE_SIZE)
-    # Masked loads: slots past the split's end may hold NaN and are never read.
-    latent = tl.load(KV + rows[:, None] + tl.arange(0, DV)[None, :], mask=mask_n[:, None], other=0.0)
-    rope = tl.load(KV + rows[:, None] + DV + tl.arange(0, D_ROPE)[None, :], mask=mask_n[:, None], other=0.0)
-    latent = latent.to(q_lat.dtype)  # fp8 -> 16 bits: exact
-    s = tl.dot(q_lat, tl.trans(latent)) + tl.dot(q_rope, tl.trans(rope.to(q_lat.dtype)))
+    latent, rope = load_key_tile(KV, KV_F32, KV_16, rows, mask_n, q_lat.dtype, DV, D_ROPE, TILE_SCALED, SCALE_TILE)
+    s = tl.dot(q_lat, tl.trans(latent)) + tl.dot(q_rope, tl.trans(rope))
     s = s * qk_scale_log2
     visible = mask_n[None, :]
     if CAUSAL:
@@ -64,7 +86,7 @@ def attend_keys(q_lat, q_rope, KV, BLOCK_TABLE, b, n0, end, last_visible, m_i, l
 
 @triton.jit
 def mla_split_kernel(
-    Q, KV, SEQLENS, BLOCK_TABLE, KV_DESCALE, OUT_PARTIAL, LSE_PARTIAL, OUT, LSE,
+    Q, KV, KV_F32, KV_16, SEQLENS, BLOCK_TABLE, KV_DESCALE, OUT_PARTIAL, LSE_PARTIAL, OUT, LSE,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_btb,
     stride_ops, stride_opb, stride_opm, stride_oph,
@@ -84,6 +106,8 @@ def mla_split_kernel(
     WRITE_PARTIALS: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     RUNTIME_BOUND_WHILE: tl.constexpr,
+    TILE_SCALED: tl.constexpr = False,
+    SCALE_TILE: tl.constexpr = 128,
 ):
     """Attention of one split of row ``b``'s keys for BLOCK_M packed rows.
 
@@ -93,7 +117,8 @@ def mla_split_kernel(
     m, h, :]`` and ``LSE_PARTIAL[split, b, h, m]`` (natural log, -inf for no visible key); else
     (one split) the final ``OUT[b, m, h, :]`` (q's dtype) and, with WRITE_LSE, ``LSE[b, h, m]``;
     a row that sees no key gets 0 and -inf. HAS_DESCALE: an fp8 cache whose values times
-    ``KV_DESCALE[0]`` are the keys and values.
+    ``KV_DESCALE[0]`` are the keys and values. TILE_SCALED: FlashMLA's 656-byte fp8 tokens
+    (:func:`load_key_tile`; strides in bytes).
     """
     row_block, split, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     offs_r = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -123,15 +148,15 @@ def mla_split_kernel(
         # The CPU interpreter cannot take a loaded length as a range() bound (triton 3.6).
         n0 = start
         while n0 < end:
-            m_i, l_i, acc = attend_keys(q_lat, q_rope, KV, BLOCK_TABLE, b, n0, end, last_visible, m_i, l_i, acc, scale,
-                                        stride_kb, stride_kn, stride_btb, num_pages, BLOCK_N, DV, D_ROPE, PAGED,
-                                        PAGE_SIZE, CAUSAL)
+            m_i, l_i, acc = attend_keys(q_lat, q_rope, KV, KV_F32, KV_16, BLOCK_TABLE, b, n0, end, last_visible, m_i,
+                                        l_i, acc, scale, stride_kb, stride_kn, stride_btb, num_pages, BLOCK_N, DV,
+                                        D_ROPE, PAGED, PAGE_SIZE, CAUSAL, TILE_SCALED, SCALE_TILE)
             n0 += BLOCK_N
     else:
         for n0 in range(start, end, BLOCK_N):
-            m_i, l_i, acc = attend_keys(q_lat, q_rope, KV, BLOCK_TABLE, b, n0, end, last_visible, m_i, l_i, acc, scale,
-                                        stride_kb, stride_kn, stride_btb, num_pages, BLOCK_N, DV, D_ROPE, PAGED,
-                                        PAGE_SIZE, CAUSAL)
+            m_i, l_i, acc = attend_keys(q_lat, q_rope, KV, KV_F32, KV_16, BLOCK_TABLE, b, n0, end, last_visible, m_i,
+                                        l_i, acc, scale, stride_kb, stride_kn, stride_btb, num_pages, BLOCK_N, DV,
+                                        D_ROPE, PAGED, PAGE_SIZE, CAUSAL, TILE_SCALED, SCALE_TILE)
 
     has_keys = l_i > 0.0
     safe_l = tl.where(has_keys, l_i, 1.0)

@@ -14,7 +14,7 @@ from ..problem import SUPPORTED_DTYPES
 from ..target import device_target
 from ..validation import (_require_distinct_elements, _require_last_dim_contiguous, _require_rank, _require_tensor,
                           _require_unit_stride, _shape, check_num_splits, check_softmax_scale)
-from .problem import MLA_HEAD_DIM, MLA_HEAD_DIM_V, MLA_MAX_SEQLEN_Q, MlaProblem
+from .problem import MLA_FP8_TOKEN_BYTES, MLA_HEAD_DIM, MLA_HEAD_DIM_V, MLA_MAX_SEQLEN_Q, MlaProblem
 
 #: The fp8 latent cache format (with one fp32 ``kv_descale`` for the whole cache).
 MLA_FP8_DTYPE = torch.float8_e4m3fn
@@ -51,8 +51,14 @@ def _check_cache(kv_cache, q: torch.Tensor) -> None:
     _require_rank("kv_cache", kv_cache, 4, "[batch, seqlen_k, 1, 576] or paged [num_pages, page_size, 1, 576]")
     if kv_cache.shape[2] != 1:
         raise ValueError(f"kv_cache: expected one latent KV head (dim 2 == 1), got shape {_shape(kv_cache)}")
-    if kv_cache.shape[3] != MLA_HEAD_DIM:
-        raise ValueError(f"kv_cache: expected head_dim (dim 3) {MLA_HEAD_DIM}, got shape {_shape(kv_cache)}")
+    if kv_cache.shape[3] == MLA_FP8_TOKEN_BYTES and kv_cache.dtype == MLA_FP8_DTYPE:
+        # FlashMLA's fp8 tokens: the kernel reads their scales as fp32 and rotary part as 16-bit words
+        if any(stride % 4 for stride in kv_cache.stride()[:-1] if stride) or kv_cache.data_ptr() % 4:
+            raise ValueError(f"kv_cache: 656-byte fp8 tokens need 4-byte aligned rows, got strides "
+                             f"{tuple(kv_cache.stride())}")
+    elif kv_cache.shape[3] != MLA_HEAD_DIM:
+        raise ValueError(f"kv_cache: expected head_dim (dim 3) {MLA_HEAD_DIM}, or {MLA_FP8_TOKEN_BYTES} bytes of "
+                         f"FlashMLA's fp8 tokens ({MLA_FP8_DTYPE}), got shape {_shape(kv_cache)} {kv_cache.dtype}")
     if kv_cache.device != q.device:
         raise ValueError(f"kv_cache: expected q's device {q.device}, got {kv_cache.device}")
     _require_last_dim_contiguous("kv_cache", kv_cache)
@@ -137,8 +143,10 @@ def check_mla_inputs(q, kv_cache, cache_seqlens, block_table=None, *, head_dim_v
     _check_cache(kv_cache, q)
     _check_seqlens(cache_seqlens, batch, q.device)
     capacity, page_size = _check_layout(kv_cache, block_table, batch, q.device)
-    fp8 = kv_cache.dtype == MLA_FP8_DTYPE
-    _check_descale(kv_descale, fp8, q.device)
+    fp8_tokens = kv_cache.shape[3] == MLA_FP8_TOKEN_BYTES
+    if fp8_tokens and kv_descale is not None:
+        raise ValueError("kv_descale: 656-byte fp8 tokens carry their own scales; expected None")
+    _check_descale(kv_descale, kv_cache.dtype == MLA_FP8_DTYPE and not fp8_tokens, q.device)
     scale = check_softmax_scale(softmax_scale, MLA_HEAD_DIM)
     _require_bool("causal", causal)
     check_num_splits(num_splits)
@@ -148,6 +156,6 @@ def check_mla_inputs(q, kv_cache, cache_seqlens, block_table=None, *, head_dim_v
         raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
     problem = MlaProblem(batch=batch, seqlen_q=seqlen_q, num_heads_q=num_heads_q, dtype=q.dtype,
                          kv_dtype=kv_cache.dtype, page_size=page_size, capacity=capacity, causal=causal,
-                         num_splits=num_splits, device_type=q.device.type,
+                         num_splits=num_splits, device_type=q.device.type, fp8_tokens=fp8_tokens,
                          gpu=device_target(q.device.index) if q.is_cuda else None)
     return problem, scale
