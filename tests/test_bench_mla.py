@@ -35,3 +35,16 @@ def test_dry_run_lists_cells_and_plans():
     assert len(lines) == 4
     assert any("compute-bound" in line for line in lines) and any("memory-bound" in line for line in lines)
     assert "989 TFLOPS" in result.stdout
+
+
+def test_tile_variants_and_split_sweep_are_contenders():
+    from flashsplit.bench.mla import contender_status, parse_variant
+
+    assert parse_variant("m64-n64-s3") == {"max_block_m": 64, "block_n": 64, "num_stages": 3}
+    with pytest.raises(ValueError, match="--mla"):
+        parse_variant("m48")
+    wide, narrow = MlaCell(128, 1, 4096), MlaCell(16, 1, 4096)
+    status = contender_status(wide, "cpu", ["m64", "n64"], [1, 8])
+    assert all(status[n] is None for n in ("triton", "triton-m64", "triton-n64", "triton/1", "triton/8"))
+    assert "64 packed rows" in contender_status(narrow, "cpu", ["m64"])["triton-m64"]
+    assert status["cute"] is not None

@@ -4,8 +4,10 @@ Per cell (H_q, B, L_k, page 64, full rows): device us per call (CUDA-graph repla
 side by side, caches rotated past the L2), TB/s of the bytes a call must move, TFLOPS, the read
 floor (those bytes at the GPU's datasheet bandwidth) and the tensor-core floor (the call's
 flops at the datasheet dense 16-bit peak). Contenders: flashsplit's MLA backends (``triton``,
-``cute`` where it runs; ``triton-m64``, Triton on 64-row tiles, for 64 packed rows or more) and
-FlashInfer's ``BatchMLAPagedAttentionWrapper`` when importable.
+``cute`` where it runs), Triton on other tiles (``--mla m64 n64 s3``: ``triton-m64``, ...; a
+bare ``--mla`` times ``m64`` for cells of 64 packed rows or more) and at each split count of
+``--sweep-splits`` (``triton/8``, ...), and FlashInfer's ``BatchMLAPagedAttentionWrapper`` when
+importable.
 Each contender is checked against a float32 reference of row 0 before it is timed.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass
 
 import torch
@@ -34,8 +37,9 @@ DATASHEET_TFLOPS: tuple[tuple[str, float], ...] = (
 DEFAULT_TFLOPS = 989e12
 #: Relative error (to row 0's largest reference value) above which a contender is "wrong".
 GATE_TOLERANCE = 2e-2
-#: The Triton backend on 64-row tiles, timed beside its default tiles where a cell has 64 packed rows.
-WIDE_TRITON = "triton-m64"
+#: Triton tile variants timed beside the default tiles by a bare ``--mla``: 64-row tiles (where a
+#: cell has 64 packed rows or more).
+DEFAULT_VARIANTS = ("m64",)
 
 
 @dataclass(frozen=True)
@@ -89,8 +93,27 @@ def build_cells(args: argparse.Namespace) -> list[MlaCell]:
             for b in batches for n in seqlens]
 
 
-def contender_status(cell: MlaCell, device: str) -> dict[str, str | None]:
-    """Each contender's reason not to run ``cell`` (None: it runs)."""
+def parse_variant(text: str) -> dict:
+    """Tile overrides of a Triton variant name: ``m64`` rows, ``n64`` keys, ``s3`` stages,
+    combined with dashes (``m64-s3``); arguments of :func:`~flashsplit.mla.triton_backend.choose_tiles`.
+
+    >>> parse_variant("m64-n64-s3")
+    {'max_block_m': 64, 'block_n': 64, 'num_stages': 3}
+    """
+    fields = {"m": ("max_block_m", (16, 32, 64)), "n": ("block_n", (16, 32, 64, 128)), "s": ("num_stages", (1, 2, 3, 4))}
+    out = {}
+    for part in text.split("-"):
+        key, value = part[:1], part[1:]
+        if key not in fields or not value.isdigit() or int(value) not in fields[key][1]:
+            raise ValueError(f"--mla: expected tile variants like m64, n64, s3 or m64-s3 (m in 16/32/64, n in "
+                             f"16-128, s in 1-4), got {text!r}")
+        out[fields[key][0]] = int(value)
+    return out
+
+
+def contender_status(cell: MlaCell, device: str, variants=(), sweep=()) -> dict[str, str | None]:
+    """Each contender's reason not to run ``cell`` (None: it runs): the backends, Triton's tile
+    ``variants`` and split counts of ``sweep`` (``triton-m64``, ``triton/8``), FlashInfer."""
     import importlib.util
 
     from .. import mla_plan
@@ -104,8 +127,12 @@ def contender_status(cell: MlaCell, device: str) -> dict[str, str | None]:
             status[backend] = None
         except ValueError as error:
             status[backend] = str(error)
-    status[WIDE_TRITON] = status["triton"] or (None if cell.heads * cell.seqlen_q >= 64 else
-                                               "64-row tiles only for 64 packed rows or more")
+    for variant in variants:
+        rows = parse_variant(variant).get("max_block_m", 16)
+        status[f"triton-{variant}"] = status["triton"] or (
+            None if cell.heads * cell.seqlen_q >= rows else f"{rows}-row tiles only for {rows} packed rows or more")
+    for count in sweep:
+        status[f"triton/{count}"] = status["triton"]
     if importlib.util.find_spec("flashinfer") is None:
         status["flashinfer"] = "flashinfer is not installed"
     elif cell.fp8 or cell.page_size == 0:
@@ -146,36 +173,39 @@ def _reference_row0(s: dict, cell: MlaCell) -> torch.Tensor:
     return torch.einsum("mhn,nd->mhd", torch.softmax(scores, dim=-1), kv[:, :MLA_HEAD_DIM_V])
 
 
-def _flashsplit_run(backend: str, cell: MlaCell, sets: list[dict]):
+def _flashsplit_run(name: str, cell: MlaCell, sets: list[dict]):
+    """``run(i)`` of contender ``name``: a backend through ``mla_decode``, or Triton on a tile
+    variant (``triton-m64``) or at a split count (``triton/8``)."""
     from .. import mla_decode
 
     outs = [torch.empty((cell.batch, cell.seqlen_q, cell.heads, MLA_HEAD_DIM_V), device="cuda",
                         dtype=torch.bfloat16) for _ in sets]
-    if backend == WIDE_TRITON:
-        return _wide_triton_run(cell, sets, outs)
+    if name.startswith(("triton-", "triton/")):
+        return _tiled_triton_run(name, cell, sets, outs)
 
     def run(i: int):
         s = sets[i]
         return mla_decode(s["q"], s["kv"], s["seqlens"], block_table=s["table"], causal=cell.seqlen_q > 1,
-                          out=outs[i], backend=backend, kv_descale=s["descale"])
+                          out=outs[i], backend=name, kv_descale=s["descale"])
 
     return run
 
 
-def _wide_triton_run(cell: MlaCell, sets: list[dict], outs: list[torch.Tensor]):
-    """The Triton backend on 64-row tiles (:func:`flashsplit.mla.triton_backend.choose_tiles`),
-    split as the plan splits 64-row work units at one CTA per SM."""
+def _tiled_triton_run(name: str, cell: MlaCell, sets: list[dict], outs: list[torch.Tensor]):
+    """The Triton backend on the tiles of variant ``triton-<variant>`` split as the plan splits
+    them (one CTA per SM from 32 rows), or on its default tiles at ``triton/<count>`` splits."""
     from ..mla import registry
     from ..mla.plan import mla_num_splits
     from ..mla.problem import MlaProblem
     from ..mla.triton_backend import choose_tiles
 
-    tiles = choose_tiles(cell.heads * cell.seqlen_q, 64)
+    variant, _, count = name.partition("/")
+    tiles = choose_tiles(cell.heads * cell.seqlen_q, **parse_variant(variant[len("triton-"):]) if "-" in variant else {})
     problem = MlaProblem(batch=cell.batch, seqlen_q=cell.seqlen_q, num_heads_q=cell.heads, dtype=torch.bfloat16,
                          kv_dtype=torch.float8_e4m3fn if cell.fp8 else torch.bfloat16, page_size=cell.page_size,
                          capacity=-(-cell.seqlen // cell.page_size) * cell.page_size, causal=cell.seqlen_q > 1,
                          num_splits=0, device_type="cuda")
-    splits = mla_num_splits(problem, tiles.block_m, 1)[0]
+    splits = int(count) if count else mla_num_splits(problem, tiles.block_m, 2 if tiles.block_m <= 16 else 1)[0]
     backend = registry.get("triton")
 
     def run(i: int):
@@ -259,6 +289,14 @@ def run_mla_command(args: argparse.Namespace) -> int:
     from .device import cuda_available
 
     cells = build_cells(args)
+    variants = list(DEFAULT_VARIANTS) if not args.mla else args.mla
+    try:
+        for variant in variants:
+            parse_variant(variant)
+    except ValueError as error:
+        print(f"flashsplit bench: error: {error}", file=sys.stderr)
+        return 2
+    sweep = list(args.sweep_splits or ())
     info = device_info()
     peak = datasheet_tflops(info.name)
     print(f"MLA decode cells on {info.name}: read floor at {info.datasheet_bw / 1e12:.2f} TB/s, tensor-core floor "
@@ -275,17 +313,16 @@ def run_mla_command(args: argparse.Namespace) -> int:
             plan = mla_plan(cell.batch, cell.seqlen, cell.heads, seqlen_q=cell.seqlen_q, page_size=cell.page_size,
                             kv_dtype=torch.float8_e4m3fn if cell.fp8 else None, causal=cell.seqlen_q > 1,
                             gpu="h200" if not info.is_cuda else None, backend="triton")
-            status = contender_status(cell, "cuda")
+            status = contender_status(cell, "cuda", variants, sweep)
             able = [n for n, why in status.items() if why is None]
             print(f"  {cell.name:<28} read floor {read_floor:9.1f} us  tensor-core floor {tc_floor:9.1f} us  "
                   f"triton: {plan.num_splits} split(s) ({plan.split_reason.split(':')[0]})  contenders {able}")
         return 0
     generator = torch.Generator().manual_seed(args.seed)
     report, exit_code = [], 0
-    names_wanted = ("triton", WIDE_TRITON, "cute", "flashinfer")
     for cell in cells:
-        status = contender_status(cell, "cuda")
-        names = [n for n in names_wanted if status[n] is None]
+        status = contender_status(cell, "cuda", variants, sweep)
+        names = [n for n in status if status[n] is None]
         row = {"cell": asdict(cell), "name": cell.name, **time_cell(cell, names, generator, args.mem_cap_gb * 1e9),
                "not_run": {n: why for n, why in status.items() if why is not None}}
         report.append(row)

@@ -13,7 +13,8 @@ split buys parallelism only for SMs that would otherwise idle, and every split a
 fp32 partials per batch row, written and read back by the combine (128 rows: 256 KB, the bytes
 of 228 keys). Such problems therefore split only while their work units fill less than
 :data:`COMPUTE_BUSY_FRACTION` of the CTA slots (GQA: 0.8), and never into splits under
-:data:`COMPUTE_MIN_SPLIT_KEYS` keys (partials at most 22% of a split's key bytes).
+:data:`COMPUTE_MIN_SPLIT_KEYS` keys. (A floor of 1024 keys left B = 1 x 1k at H_q = 128 in one
+split: its few CTAs, each a chain of dependent key tiles, took 101 us on an H100.)
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from .problem import MlaProblem
 COMPUTE_BOUND_ROWS = 64
 #: A compute-bound problem is not split once its work units fill this fraction of the CTA slots.
 COMPUTE_BUSY_FRACTION = 0.5
-#: Nor into splits of fewer keys than this.
-COMPUTE_MIN_SPLIT_KEYS = 1024
+#: Nor into splits of fewer keys than this (two granules).
+COMPUTE_MIN_SPLIT_KEYS = 256
 
 
 def mla_num_splits(problem: MlaProblem, block_m: int, units_per_sm: int) -> tuple[int, str]:

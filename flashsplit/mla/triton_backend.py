@@ -28,24 +28,29 @@ class MlaTiles:
     num_stages: int
 
 
-#: Packed rows per tile: the rows of a 16-head query in one tile; wider problems in tiles of
-#: 32 rows, whose fp32 accumulator (32 x 512) takes 64 registers a thread on 8 warps.
-MAX_BLOCK_M = 32
+#: Packed rows per tile: 16 (4 warps, a 16 x 512 fp32 accumulator at 64 registers a thread);
+#: wider problems take several row blocks, whose programs read the same key tiles through the
+#: L2. H100, bf16, pages of 64: 32-row tiles on 8 warps ran H_q = 128 at 78-85 TFLOPS, and
+#: B = 1 x 1k at 101 us.
+MAX_BLOCK_M = 16
 #: Keys per tile: a 32 x 576 16-bit tile is 36 KB of shared memory; two stages fit twice per SM.
 BLOCK_N = 32
+NUM_STAGES = 2
 
 
-def choose_tiles(packed_rows: int, max_block_m: int = MAX_BLOCK_M) -> MlaTiles:
+def choose_tiles(packed_rows: int, max_block_m: int = MAX_BLOCK_M, block_n: int = BLOCK_N,
+                 num_stages: int = NUM_STAGES) -> MlaTiles:
     """Tiles for ``packed_rows`` (``seqlen_q x H_q``) rows: the smallest power of two >= the rows,
-    at least 16 (``tl.dot``'s minimum), at most ``max_block_m`` (16, 32 or 64; 64-row tiles run
-    on 8 warps, their 64 x 512 accumulator at 128 registers a thread: the shape of Hopper's
-    warpgroup MMA, which ``flashsplit bench --mla`` times as ``triton-m64``).
+    at least 16 (``tl.dot``'s minimum), at most ``max_block_m`` (16, 32 or 64: 4 warps up to 16
+    rows, else 8; 64 rows is the shape of Hopper's warpgroup MMA), ``block_n`` keys (16-128: it
+    divides the split granule) and ``num_stages`` pipeline stages. ``flashsplit bench --mla``
+    times other tiles beside these (``--mla m64 n64 s3``).
 
     >>> choose_tiles(16), choose_tiles(128).block_m, choose_tiles(128, 64).block_m
-    (MlaTiles(block_m=16, block_n=32, num_warps=4, num_stages=2), 32, 64)
+    (MlaTiles(block_m=16, block_n=32, num_warps=4, num_stages=2), 16, 64)
     """
     block_m = min(max_block_m, max(16, triton.next_power_of_2(packed_rows)))
-    return MlaTiles(block_m=block_m, block_n=BLOCK_N, num_warps=4 if block_m <= 16 else 8, num_stages=2)
+    return MlaTiles(block_m=block_m, block_n=block_n, num_warps=4 if block_m <= 16 else 8, num_stages=num_stages)
 
 
 class TritonMlaBackend(MlaBackend):
@@ -63,9 +68,8 @@ class TritonMlaBackend(MlaBackend):
         return choose_tiles(problem.packed_rows).block_m
 
     def units_per_sm(self, problem: MlaProblem) -> int:
-        # A 16-row program holds a 16 x 512 fp32 accumulator on 4 warps: two fit an SM's
-        # registers; a 32-row one on 8 warps fills them alone.
-        return 2 if self.block_m(problem) <= 16 else 1
+        # A 16-row program holds a 16 x 512 fp32 accumulator on 4 warps: two fit an SM's registers.
+        return 2
 
     def launch_split(self, q, kv_cache, cache_seqlens, block_table, kv_descale, num_splits: int,
                      softmax_scale: float, causal: bool, out_partial=None, lse_partial=None, out=None,

@@ -17,16 +17,22 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def key_rows(KV, BLOCK_TABLE, b, offs_n, mask_n, stride_kb, stride_kn, stride_btb, num_pages,
-             PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr):
-    """Element offsets (int64) of keys ``offs_n`` of row ``b``: dense ``b * stride_kb + n *
-    stride_kn``; paged through ``BLOCK_TABLE[b, n // PAGE_SIZE]`` (loaded under the key mask, so
-    entries past a row's last page are never read; clamped into the cache, so a wrong id reads
-    a wrong page, never stray memory)."""
+def key_rows(BLOCK_TABLE, b, n0, offs_n, mask_n, stride_kb, stride_kn, stride_btb, num_pages,
+             PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Element offsets (int64) of keys ``offs_n = n0 + [0, BLOCK_N)`` of row ``b``: dense ``b *
+    stride_kb + n * stride_kn``; paged through ``BLOCK_TABLE[b, n // PAGE_SIZE]``, clamped into
+    the cache (a wrong id reads a wrong page, never stray memory). Where whole tiles fit in a
+    page (tiles start on multiples of BLOCK_N) a tile reads one page id, else one per key under
+    the key mask; either way only ids of pages holding the row's keys are read."""
     if PAGED:
-        page = tl.load(BLOCK_TABLE + b * stride_btb + offs_n // PAGE_SIZE, mask=mask_n, other=0)
-        page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
-        return page * stride_kb + (offs_n % PAGE_SIZE).to(tl.int64) * stride_kn
+        if PAGE_SIZE % BLOCK_N == 0:
+            page = tl.load(BLOCK_TABLE + b * stride_btb + n0 // PAGE_SIZE)
+            page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+            return page * stride_kb + (n0 % PAGE_SIZE + tl.arange(0, BLOCK_N)).to(tl.int64) * stride_kn
+        else:
+            page = tl.load(BLOCK_TABLE + b * stride_btb + offs_n // PAGE_SIZE, mask=mask_n, other=0)
+            page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+            return page * stride_kb + (offs_n % PAGE_SIZE).to(tl.int64) * stride_kn
     else:
         return b * stride_kb + offs_n.to(tl.int64) * stride_kn
 
@@ -66,8 +72,8 @@ def attend_keys(q_lat, q_rope, KV, KV_F32, KV_16, BLOCK_TABLE, b, n0, end, last_
     log2 units (``qk_scale_log2`` holds log2(e) and an fp8 cache's scale)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mask_n = offs_n < end
-    rows = key_rows(KV, BLOCK_TABLE, b, offs_n, mask_n, stride_kb, stride_kn, stride_btb, num_pages, PAGED,
-                    PAGE_SIZE)
+    rows = key_rows(BLOCK_TABLE, b, n0, offs_n, mask_n, stride_kb, stride_kn, stride_btb, num_pages, PAGED,
+                    PAGE_SIZE, BLOCK_N)
     latent, rope = load_key_tile(KV, KV_F32, KV_16, rows, mask_n, q_lat.dtype, DV, D_ROPE, TILE_SCALED, SCALE_TILE)
     s = tl.dot(q_lat, tl.trans(latent)) + tl.dot(q_rope, tl.trans(rope))
     s = s * qk_scale_log2
