@@ -246,3 +246,10 @@ def test_fp8_tokens_round_trip(generator):
     back = dequantize_fp8_tokens(tokens, torch.bfloat16)
     torch.testing.assert_close(back[..., 512:], keys[..., 512:].bfloat16().double())
     torch.testing.assert_close(back[..., :512], keys[..., :512].double(), rtol=0.07, atol=1e-3)
+
+
+def test_cute_facts_name_dtypes():
+    """The cute kernel's ``mla_supports`` takes dtypes by name."""
+    facts = _problem_on("cuda").cute_facts()
+    assert facts["dtype"] == "float16" and facts["kv_dtype"] == "float16"
+    assert facts["head_dim"] == 576 and facts["head_dim_v"] == 512 and facts["paged"] is False

@@ -91,7 +91,12 @@ class MlaProblem:
         return self.batch * -(-self.packed_rows // block_m)
 
     def cute_facts(self) -> dict:
-        """The facts the cute MLA kernel's ``mla_supports`` takes (keyword arguments)."""
-        return dict(dtype=self.dtype, kv_dtype=self.kv_dtype, head_dim=self.head_dim, head_dim_v=self.head_dim_v,
-                    num_heads_q=self.num_heads_q, seqlen_q=self.seqlen_q, paged=self.paged,
-                    page_size=self.page_size)
+        """The facts the cute MLA kernel's ``mla_supports`` takes (keyword arguments; dtypes by
+        name, ``"bfloat16"``, ``"float8_e4m3fn"``)."""
+        return dict(dtype=_name(self.dtype), kv_dtype=_name(self.kv_dtype), head_dim=self.head_dim,
+                    head_dim_v=self.head_dim_v, num_heads_q=self.num_heads_q, seqlen_q=self.seqlen_q,
+                    paged=self.paged, page_size=self.page_size)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
