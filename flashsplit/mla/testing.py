@@ -31,14 +31,14 @@ class MlaInputs:
 
 
 def quantize_fp8_tokens(cache: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """FlashMLA's 656-byte fp8 tokens ``[..., 656]`` (e4m3) of ``cache`` ``[..., 576]``: each 128
-    latent values divided by a power-of-two scale that brings their largest magnitude under e4m3's
-    448, the scales as fp32, the rotary values in ``dtype``. NaN stays NaN. Each page gets one
-    spare token of bytes, as FlashMLA's own test caches have: rows are not ``page x 656`` apart."""
-    *lead, width = cache.shape
+    """FlashMLA's 656-byte fp8 tokens ``[pages, slots, 1, 656]`` (e4m3) of ``cache`` ``[pages,
+    slots, 1, 576]``: each 128 latent values divided by a power-of-two scale that brings their
+    largest magnitude under e4m3's 448, the scales as fp32, the rotary values in ``dtype``. NaN
+    stays NaN. Each page gets one spare token of bytes, as FlashMLA's own test caches have: pages
+    are not ``slots x 656`` bytes apart."""
+    pages, slots, heads, _ = cache.shape
     tiles = MLA_HEAD_DIM_V // MLA_FP8_SCALE_TILE
-    padded = torch.zeros((*lead[:-3], lead[-3], lead[-2] + 1, lead[-1], MLA_FP8_TOKEN_BYTES), dtype=torch.uint8)
-    out = padded[..., : lead[-2], :, :]
+    out = torch.zeros((pages, slots + 1, heads, MLA_FP8_TOKEN_BYTES), dtype=torch.uint8)[:, :slots]
     latent = cache[..., :MLA_HEAD_DIM_V].float().unflatten(-1, (tiles, MLA_FP8_SCALE_TILE))
     amax = latent.abs().amax(dim=-1) / 448.0
     scale = torch.pow(2, amax.clamp_min(1e-4).log2().ceil())
