@@ -13,7 +13,7 @@ import importlib.util
 
 from .problem import MlaProblem
 from .registry import MlaBackend
-from .triton_backend import alloc_partials
+from .triton_backend import alloc_partials, combine
 
 #: Modules of ``flashsplit.cute`` that may hold ``mla_split_forward`` and ``mla_supports``.
 KERNEL_MODULES = ("flashsplit.cute.mla_launcher", "flashsplit.cute.mla")
@@ -63,9 +63,7 @@ class CuteMlaBackend(MlaBackend):
         out_partial, lse_partial = self.forward_partials(q, kv_cache, cache_seqlens, block_table,
                                                          num_splits=num_splits, softmax_scale=softmax_scale,
                                                          causal=causal, kv_descale=kv_descale)
-        from .. import registry  # the Triton combine kernel, 512 wide
-
-        registry.get("triton").combine(out_partial, lse_partial, out, lse)
+        combine(out_partial, lse_partial, out, lse)  # the Triton combine kernel
 
     def forward_partials(self, q, kv_cache, cache_seqlens, block_table, *, num_splits, softmax_scale, causal,
                          kv_descale=None):

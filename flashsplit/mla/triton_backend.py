@@ -107,9 +107,7 @@ class TritonMlaBackend(MlaBackend):
         out_partial, lse_partial = alloc_partials(q, num_splits)
         self.launch_split(q, kv_cache, cache_seqlens, block_table, kv_descale, num_splits, softmax_scale, causal,
                           out_partial, lse_partial, tiles=tiles)
-        from .. import registry  # the GQA registry's Triton backend owns the combine kernel
-
-        registry.get("triton").combine(out_partial, lse_partial, out, lse)
+        combine(out_partial, lse_partial, out, lse)
 
     def forward_partials(self, q, kv_cache, cache_seqlens, block_table, *, num_splits, softmax_scale, causal,
                          kv_descale=None):
@@ -117,6 +115,19 @@ class TritonMlaBackend(MlaBackend):
         self.launch_split(q, kv_cache, cache_seqlens, block_table, kv_descale, num_splits, softmax_scale, causal,
                           out_partial, lse_partial)
         return out_partial, lse_partial
+
+
+#: Programs per output row of the combine, each merging 128 of its 512 columns: a decode of few
+#: rows (B = 1, 16 q heads: 16 rows) reads its partials through four times as many programs.
+COMBINE_COLUMN_BLOCKS = 4
+
+
+def combine(out_partial: torch.Tensor, lse_partial: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+    """Merge MLA partials into ``out``/``lse`` with flashsplit's Triton combine kernel."""
+    from .. import registry  # the GQA registry's Triton backend owns the combine kernel
+
+    registry.get("triton").launch_combine(out_partial, lse_partial, None, out, lse, skip_single_split_rows=False,
+                                          column_blocks=COMBINE_COLUMN_BLOCKS)
 
 
 def alloc_partials(q: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
