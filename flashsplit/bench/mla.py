@@ -100,7 +100,8 @@ def parse_variant(text: str) -> dict:
     >>> parse_variant("m64-n64-s3")
     {'max_block_m': 64, 'block_n': 64, 'num_stages': 3}
     """
-    fields = {"m": ("max_block_m", (16, 32, 64)), "n": ("block_n", (16, 32, 64, 128)), "s": ("num_stages", (1, 2, 3, 4))}
+    fields = {"m": ("max_block_m", (16, 32, 64)), "n": ("block_n", (16, 32, 64, 128)),
+              "s": ("num_stages", (1, 2, 3, 4))}
     out = {}
     for part in text.split("-"):
         key, value = part[:1], part[1:]
@@ -200,7 +201,8 @@ def _tiled_triton_run(name: str, cell: MlaCell, sets: list[dict], outs: list[tor
     from ..mla.triton_backend import choose_tiles
 
     variant, _, count = name.partition("/")
-    tiles = choose_tiles(cell.heads * cell.seqlen_q, **parse_variant(variant[len("triton-"):]) if "-" in variant else {})
+    overrides = parse_variant(variant[len("triton-"):]) if "-" in variant else {}
+    tiles = choose_tiles(cell.heads * cell.seqlen_q, **overrides)
     problem = MlaProblem(batch=cell.batch, seqlen_q=cell.seqlen_q, num_heads_q=cell.heads, dtype=torch.bfloat16,
                          kv_dtype=torch.float8_e4m3fn if cell.fp8 else torch.bfloat16, page_size=cell.page_size,
                          capacity=-(-cell.seqlen // cell.page_size) * cell.page_size, causal=cell.seqlen_q > 1,
@@ -265,7 +267,8 @@ def time_cell(cell: MlaCell, names: list[str], generator: torch.Generator, mem_c
                 continue
             runs[name] = run
         except Exception as error:  # a contender that cannot run this cell: reported, not fatal
-            results[name] = {"failed": f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"}
+            first_line = str(error).splitlines()[0][:160] if str(error) else ""
+            results[name] = {"failed": f"{type(error).__name__}: {first_line}"}
     read_floor, tc_floor = floors_us(cell, info.datasheet_bw, datasheet_tflops(info.name))
     estimate = 2 * max(read_floor, tc_floor, 5.0)
     calls = max(num_sets, min(20, math.ceil(2000 / estimate)))

@@ -88,7 +88,8 @@ class TritonMlaBackend(MlaBackend):
         mla_split_kernel[(row_blocks, num_splits, batch)](
             q, kv_cache, kv_f32, kv_16, cache_seqlens, block_table, kv_descale, out_partial, lse_partial, out, lse,
             *q.stride()[:3], kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0) if paged else 0,
-            *(out_partial.stride()[:4] if partials else (0,) * 4), *(lse_partial.stride()[:3] if partials else (0,) * 3),
+            *(out_partial.stride()[:4] if partials else (0,) * 4),
+            *(lse_partial.stride()[:3] if partials else (0,) * 3),
             *(out.stride()[:3] if out is not None else (0,) * 3), *(lse.stride()[:2] if lse is not None else (0, 0)),
             seqlen_q, num_heads, capacity, num_splits, kv_cache.shape[0], softmax_scale * LOG2E,
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, DV=MLA_HEAD_DIM_V, D_ROPE=MLA_ROPE_DIM,
