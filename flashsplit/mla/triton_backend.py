@@ -33,8 +33,11 @@ class MlaTiles:
 #: L2. H100, bf16, pages of 64: 32-row tiles on 8 warps ran H_q = 128 at 78-85 TFLOPS, and
 #: B = 1 x 1k at 101 us.
 MAX_BLOCK_M = 16
-#: Keys per tile: a 32 x 576 16-bit tile is 36 KB of shared memory; two stages fit twice per SM.
-BLOCK_N = 32
+#: Keys per tile. H100, bf16, pages of 64, graph replay, the same split counts: 64-key tiles beat
+#: 32-key ones in all 32 cells of ``flashsplit bench --mla`` (H_q = 16: B = 1 x 1k 10.5 vs
+#: 12.4 us, B = 8 x 64k 211.2 vs 218.7, B = 128 x 64k 3092 vs 3170; H_q = 128: 1.27-1.42x, B = 32 x
+#: 16k 882 vs 1241); three stages did not help (B = 8 x 64k, H_q = 16: 223.0 us).
+BLOCK_N = 64
 NUM_STAGES = 2
 
 
@@ -47,7 +50,7 @@ def choose_tiles(packed_rows: int, max_block_m: int = MAX_BLOCK_M, block_n: int 
     times other tiles beside these (``--mla m64 n64 s3``).
 
     >>> choose_tiles(16), choose_tiles(128).block_m, choose_tiles(128, 64).block_m
-    (MlaTiles(block_m=16, block_n=32, num_warps=4, num_stages=2), 16, 64)
+    (MlaTiles(block_m=16, block_n=64, num_warps=4, num_stages=2), 16, 64)
     """
     block_m = min(max_block_m, max(16, triton.next_power_of_2(packed_rows)))
     return MlaTiles(block_m=block_m, block_n=block_n, num_warps=4 if block_m <= 16 else 8, num_stages=num_stages)
@@ -68,7 +71,7 @@ class TritonMlaBackend(MlaBackend):
         return choose_tiles(problem.packed_rows).block_m
 
     def units_per_sm(self, problem: MlaProblem) -> int:
-        # A 16-row program holds a 16 x 512 fp32 accumulator on 4 warps: two fit an SM's registers.
+        # The split counts the 64-key tiles were measured with (BLOCK_N) planned two per SM.
         return 2
 
     def launch_split(self, q, kv_cache, cache_seqlens, block_table, kv_descale, num_splits: int,
