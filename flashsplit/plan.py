@@ -25,6 +25,9 @@ keys, shifted by ``leftpad``. Worked example, ``G = 128``, ``S = 4``,
 cover [0, 256), [256, 512), [512, 768), [768, 1000). With ``n = 300``: 3 granules, 1 per
 split; [0, 128), [128, 256), [256, 300) and split 3 is empty (LSE = -inf).
 
+MLA decode (:mod:`flashsplit.mla.plan`) is the MQA case of this plan (every packed row shares
+one latent KV head), with compute-bound rows (H_q = 128) split less.
+
 The split count is chosen from static shapes only (cache capacity, never live lengths), so a
 CUDA graph captured once stays valid for any ``cache_seqlens``.
 """

@@ -18,6 +18,9 @@ from .plan import MAX_SPLITS
 from .problem import FP8_DTYPES, MAX_HEAD_DIM, SUPPORTED_DTYPES, DecodeProblem
 from .target import device_target
 
+#: The one head dim past MAX_HEAD_DIM that combine() takes: MLA's value width (flashsplit.mla).
+MLA_HEAD_DIM_V = 512
+
 
 def _shape(t: torch.Tensor) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
@@ -500,8 +503,9 @@ def check_combine_inputs(out_partial, lse_partial, out, out_dtype) -> torch.dtyp
         raise ValueError(f"lse_partial: expected out_partial's device {out_partial.device}, got {lse_partial.device}")
     if not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"out_partial: expected 1..{MAX_SPLITS} splits in dim 0, got {num_splits}")
-    if head_dim > MAX_HEAD_DIM:
-        raise ValueError(f"out_partial: expected head_dim (dim 4) <= {MAX_HEAD_DIM}, got {head_dim}")
+    if head_dim > MAX_HEAD_DIM and head_dim != MLA_HEAD_DIM_V:
+        raise ValueError(f"out_partial: expected head_dim (dim 4) <= {MAX_HEAD_DIM} or {MLA_HEAD_DIM_V} (MLA's "
+                         f"latent), got {head_dim}")
     _require_last_dim_contiguous("out_partial", out_partial)
     _require_last_dim_contiguous("lse_partial", lse_partial)
     if out_dtype is not None and out_dtype not in COMBINE_OUT_DTYPES:

@@ -175,6 +175,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     mode.add_argument("--sweep-splits", type=parse_splits, nargs="?", const="1-64", metavar="LIST",
                       help="time flashsplit at each num_splits (default 1-64; or e.g. 1,2,4,8,30) and compare the "
                            "heuristic's choice with the fastest")
+    mode.add_argument("--mla", nargs="*", metavar="TILES",
+                      help="MLA decode cells instead (DeepSeek-V3: H_q 16 and 128 (--heads Q/1 picks one), "
+                           "B 1 8 32 128, L_k 1k-64k, pages of 64; flashsplit.bench.mla); TILES: Triton tile "
+                           "variants timed beside the default, e.g. m64 n64 s3 m64-s3 (bare: m64)")
     mode.add_argument("--dry-run", action="store_true",
                       help="list cells, contenders and planned num_splits without running anything (works without a GPU)")
     mode.add_argument("--from-json", nargs="+", metavar="FILE",
@@ -305,6 +309,10 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from .device import cuda_available, device_info
     from .render import render_dry_run
 
+    if args.mla is not None:
+        from .mla import run_mla_command
+
+        return run_mla_command(args)
     error = _options_error(args)
     if error:
         print(f"flashsplit bench: error: {error}", file=sys.stderr)

@@ -245,17 +245,18 @@ class TritonBackend(Backend):
 
     def launch_combine(self, out_partial, lse_partial, cache_seqlens, out, lse, skip_single_split_rows: bool,
                        seqlen_k: int = 0, after_split: bool = False, sinks=None,
-                       variant: Variant = Variant(), cache_leftpad=None) -> Relaunch | None:
+                       variant: Variant = Variant(), cache_leftpad=None, column_blocks: int = 1) -> Relaunch | None:
         """``seqlen_k`` (the cache capacity) clamps ``cache_seqlens`` when rows are skipped.
         ``after_split``: launched right behind the split kernel, as its programmatic dependent.
         ``variant``: where skipped rows' splits start (its window) and their length (fixed
         splits); with sinks, ``sinks`` ``[H_q]`` joins each row's softmax here; appended keys and
-        ``cache_leftpad`` as in :meth:`launch_split`."""
+        ``cache_leftpad`` as in :meth:`launch_split`. ``column_blocks``: programs per output row,
+        each merging a block of its columns (a power of two: wide rows, few of them)."""
         num_splits, batch, seqlen_q, num_heads, head_dim = out_partial.shape
-        block_d = max(16, triton.next_power_of_2(head_dim))
+        block_d = max(16, triton.next_power_of_2(head_dim) // column_blocks)
         block_s = max(16, triton.next_power_of_2(num_splits))
         pdl = after_split and _pdl(out)
-        grid = (batch * seqlen_q * num_heads, 1, 1)
+        grid = (batch * seqlen_q * num_heads, triton.cdiv(head_dim, block_d), 1)
         tensors = (out_partial, lse_partial, cache_seqlens, out, lse, sinks if variant.has_sinks else None,
                    cache_leftpad if variant.has_leftpad else None)
         # CHUNK_S: all splits in one chunk (one memory round trip) up to 64 fp32 registers a thread;

@@ -1,6 +1,7 @@
 """Triton combine kernel: merge per-split partials by their log-sum-exp.
 
-Device code only. One program per (batch row, query position, q head)::
+Device code only. One program per (batch row, query position, q head) and block of BLOCK_D
+output columns (grid dim 1: one block up to BLOCK_D columns; MLA's 512 in four)::
 
     lse = log(sum_s exp(lse_s))            computed as max + log(sum exp(lse_s - max))
     out = sum_s exp(lse_s - lse) * O_s     O_s of a split with lse_s = -inf is never read
@@ -69,7 +70,7 @@ def combine_kernel(
 
     lse_base = LSE_PARTIAL + b * stride_lpb + h * stride_lph + m
     o_base = OUT_PARTIAL + b * stride_opb + m * stride_opm + h * stride_oph
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     offs_s = tl.arange(0, BLOCK_S)
     # The partials are loaded without waiting for the LSEs (a live-split mask would make the
@@ -115,4 +116,5 @@ def combine_kernel(
         acc = acc * factor
     tl.store(OUT + b * stride_ob + m * stride_om + h * stride_oh + offs_d, acc.to(OUT.dtype.element_ty), mask=mask_d)
     if WRITE_LSE:
-        tl.store(LSE + b * stride_lb + h * stride_lh + m, lse)
+        if tl.program_id(1) == 0:  # one column block writes the row's LSE
+            tl.store(LSE + b * stride_lb + h * stride_lh + m, lse)
