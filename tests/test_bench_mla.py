@@ -37,6 +37,7 @@ def test_dry_run_lists_cells_and_plans():
     assert "989 TFLOPS" in result.stdout
 
 
+@pytest.mark.cpu  # the cells are planned for CPU tensors, which run only where the interpreter is
 def test_tile_variants_and_split_sweep_are_contenders():
     from flashsplit.bench.mla import contender_status, parse_variant
 
