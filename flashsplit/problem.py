@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 
 from .plan import DEFAULT_NUM_SMS, planned_span
-from .target import GpuTarget, device_target
+from .target import GpuTarget, problem_target
 
 #: Query dtypes (and 16-bit cache dtypes).
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
@@ -135,9 +135,7 @@ class DecodeProblem:
     @property
     def target(self) -> GpuTarget | None:
         """The GPU this problem runs on; None for a problem on another device type (the CPU)."""
-        if self.device_type != "cuda":
-            return None
-        return self.gpu if self.gpu is not None else device_target()
+        return problem_target(self.device_type, self.gpu)
 
     @property
     def num_sms(self) -> int:

@@ -440,8 +440,10 @@ def check_softcap(softcap) -> float:
     return float(softcap)
 
 
-def _check_block_table(block_table, k_cache: torch.Tensor, batch: int, device) -> tuple[int, int]:
-    """Validate a page table against a paged cache; returns (capacity in keys, page size)."""
+def _check_block_table(block_table, k_cache: torch.Tensor, batch: int, device,
+                       cache_name: str = "k_cache") -> tuple[int, int]:
+    """Validate a page table against a paged cache (named ``cache_name`` in errors); returns
+    (capacity in keys, page size)."""
     _require_tensor("block_table", block_table)
     if block_table.dtype != torch.int32:
         raise TypeError(f"block_table: expected dtype int32, got {block_table.dtype}")
@@ -454,10 +456,10 @@ def _check_block_table(block_table, k_cache: torch.Tensor, batch: int, device) -
                          f"block_table.contiguous() fixes it")
     page_size = k_cache.shape[1]
     if page_size == 0:
-        raise ValueError(f"k_cache: expected page_size (dim 1) >= 1, got a cache of shape {_shape(k_cache)}")
+        raise ValueError(f"{cache_name}: expected page_size (dim 1) >= 1, got a cache of shape {_shape(k_cache)}")
     if k_cache.shape[0] == 0 and block_table.shape[1] > 0:
         # The kernels clamp page ids into [0, num_pages - 1]: with no page that is no page at all.
-        raise ValueError(f"k_cache: expected at least one page (dim 0) for a block_table of "
+        raise ValueError(f"{cache_name}: expected at least one page (dim 0) for a block_table of "
                          f"{block_table.shape[1]} pages per row, got a cache of shape {_shape(k_cache)}")
     return block_table.shape[1] * page_size, page_size
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..plan import DEFAULT_NUM_SMS
-from ..target import GpuTarget, device_target
+from ..target import GpuTarget, problem_target
 
 #: q and key width: 512 latent features then 64 rotary ones (DeepSeek-V3's MLA).
 MLA_HEAD_DIM = 576
@@ -77,9 +77,8 @@ class MlaProblem:
 
     @property
     def target(self) -> GpuTarget | None:
-        if self.device_type != "cuda":
-            return None
-        return self.gpu if self.gpu is not None else device_target()
+        """The GPU this problem runs on; None on the CPU."""
+        return problem_target(self.device_type, self.gpu)
 
     @property
     def num_sms(self) -> int:

@@ -12,8 +12,8 @@ import torch
 
 from ..problem import SUPPORTED_DTYPES
 from ..target import device_target
-from ..validation import (_require_distinct_elements, _require_last_dim_contiguous, _require_rank, _require_tensor,
-                          _require_unit_stride, _shape, check_num_splits, check_softmax_scale)
+from ..validation import (_check_block_table, _require_distinct_elements, _require_last_dim_contiguous, _require_rank,
+                          _require_tensor, _require_unit_stride, _shape, check_num_splits, check_softmax_scale)
 from .problem import MLA_FP8_TOKEN_BYTES, MLA_HEAD_DIM, MLA_HEAD_DIM_V, MLA_MAX_SEQLEN_Q, MlaProblem
 
 #: The fp8 latent cache format (with one fp32 ``kv_descale`` for the whole cache).
@@ -84,21 +84,7 @@ def _check_layout(kv_cache: torch.Tensor, block_table, batch: int, device) -> tu
             raise ValueError(f"kv_cache: a dense cache (no block_table) expected shape [{batch}, seqlen_k, 1, "
                              f"{MLA_HEAD_DIM}], got {_shape(kv_cache)}")
         return kv_cache.shape[1], 0
-    _require_tensor("block_table", block_table)
-    if block_table.dtype != torch.int32:
-        raise TypeError(f"block_table: expected dtype int32, got {block_table.dtype}")
-    if block_table.dim() != 2 or block_table.shape[0] != batch:
-        raise ValueError(f"block_table: expected shape [{batch}, max_pages_per_row], got {_shape(block_table)}")
-    if block_table.device != device:
-        raise ValueError(f"block_table: expected q's device {device}, got {block_table.device}")
-    if block_table.shape[1] > 1 and block_table.stride(1) != 1:
-        raise ValueError(f"block_table: the last dim must be contiguous, got strides {tuple(block_table.stride())}")
-    page_size = kv_cache.shape[1]
-    if page_size == 0:
-        raise ValueError(f"kv_cache: expected page_size (dim 1) >= 1, got shape {_shape(kv_cache)}")
-    if kv_cache.shape[0] == 0 and block_table.shape[1] > 0:
-        raise ValueError(f"kv_cache: expected at least one page (dim 0), got shape {_shape(kv_cache)}")
-    return block_table.shape[1] * page_size, page_size
+    return _check_block_table(block_table, kv_cache, batch, device, cache_name="kv_cache")
 
 
 def _check_descale(kv_descale, fp8: bool, device) -> None:
