@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 
 from .plan import DEFAULT_NUM_SMS, planned_span
-from .target import GpuTarget, problem_target
+from .target import GpuTarget, device_target
 
 #: Query dtypes (and 16-bit cache dtypes).
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
@@ -42,8 +42,30 @@ class Variant(NamedTuple):
     rotary_q_per_token: bool = False
 
 
+class OnTarget:
+    """The machine a problem runs on, from its ``device_type`` and ``gpu`` fields (shared by
+    :class:`DecodeProblem` and :class:`~flashsplit.mla.problem.MlaProblem`)."""
+
+    device_type: str
+    gpu: GpuTarget | None
+
+    @property
+    def target(self) -> GpuTarget | None:
+        """The GPU this problem runs on: ``gpu`` where one is named, else the current CUDA device;
+        None for a problem on another device type (the CPU)."""
+        if self.device_type != "cuda":
+            return None
+        return self.gpu if self.gpu is not None else device_target()
+
+    @property
+    def num_sms(self) -> int:
+        """SMs of :attr:`target` (the machine size the split heuristic fills); an H200's otherwise."""
+        target = self.target
+        return target.num_sms if target is not None else DEFAULT_NUM_SMS
+
+
 @dataclass(frozen=True)
-class DecodeProblem:
+class DecodeProblem(OnTarget):
     """Static facts of one decode call; what backends and the plan decide on.
 
     Shapes: q ``[batch, seqlen_q, num_heads, head_dim]``; k/v cache
@@ -131,17 +153,6 @@ class DecodeProblem:
         """This problem's fields of the same names as :class:`Variant`'s (read by name, so the two
         cannot drift apart)."""
         return Variant(*(getattr(self, name) for name in Variant._fields))
-
-    @property
-    def target(self) -> GpuTarget | None:
-        """The GPU this problem runs on; None for a problem on another device type (the CPU)."""
-        return problem_target(self.device_type, self.gpu)
-
-    @property
-    def num_sms(self) -> int:
-        """SMs of :attr:`target` (the machine size the split heuristic fills); an H200's otherwise."""
-        target = self.target
-        return target.num_sms if target is not None else DEFAULT_NUM_SMS
 
     @property
     def cache_dtype(self) -> torch.dtype:

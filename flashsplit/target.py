@@ -56,14 +56,6 @@ def gpu_target(gpu: str | GpuTarget) -> GpuTarget:
 
 
 @functools.lru_cache(maxsize=None)
-def problem_target(device_type: str, gpu: GpuTarget | None) -> GpuTarget | None:
-    """The GPU a problem on ``device_type`` runs on: ``gpu`` where one is named, else the current
-    CUDA device; None for a problem on another device type (the CPU)."""
-    if device_type != "cuda":
-        return None
-    return gpu if gpu is not None else device_target()
-
-
 def device_target(index: int | None = None) -> GpuTarget:
     """The CUDA device ``index`` (the current one when None) as a :class:`GpuTarget`; the
     :data:`DEFAULT_GPU` when CUDA is not available (planning from a machine without a GPU)."""

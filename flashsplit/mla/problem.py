@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..plan import DEFAULT_NUM_SMS
-from ..target import GpuTarget, problem_target
+from ..problem import OnTarget
+from ..target import GpuTarget
 
 #: q and key width: 512 latent features then 64 rotary ones (DeepSeek-V3's MLA).
 MLA_HEAD_DIM = 576
@@ -26,7 +26,7 @@ MLA_FP8_SCALE_TILE = 128
 
 
 @dataclass(frozen=True)
-class MlaProblem:
+class MlaProblem(OnTarget):
     """Static facts of one MLA decode call.
 
     Shapes: q ``[batch, seqlen_q, num_heads_q, head_dim]``; the latent cache dense ``[batch,
@@ -74,16 +74,6 @@ class MlaProblem:
     def right_bound(self) -> bool:
         """Causal with several query tokens: some query does not see the row's last keys."""
         return self.causal and self.seqlen_q > 1
-
-    @property
-    def target(self) -> GpuTarget | None:
-        """The GPU this problem runs on; None on the CPU."""
-        return problem_target(self.device_type, self.gpu)
-
-    @property
-    def num_sms(self) -> int:
-        target = self.target
-        return target.num_sms if target is not None else DEFAULT_NUM_SMS
 
     def work_units(self, block_m: int) -> int:
         """CTAs of one split: batch rows x blocks of ``block_m`` packed rows (one KV head)."""
