@@ -38,9 +38,12 @@ for f in kvcache_properties properties; do
   timeout "$T" $PP -s --hypothesis-verbosity=verbose tests/test_$f.py > "$OUT/pytest-$f.log" 2>&1 &
 done
 # pyproject caps xdist at 4 processes (--maxprocesses): lifted here, where the host has the cores.
+# The transformers tests at long contexts (tens of GiB each) are left to
+# scripts/transformers_gpu_check.sh, which runs them alone.
 timeout "$T" $P -n ${REST_WORKERS:-8} --maxprocesses=${REST_WORKERS:-8} tests --ignore=tests/test_gpu.py --ignore=tests/test_cute_gpu.py \
   --ignore=tests/test_cute_compile.py --ignore=tests/test_triton_compile.py \
-  --ignore=tests/test_kvcache_properties.py --ignore=tests/test_properties.py > "$OUT/pytest-rest.log" 2>&1 &
+  --ignore=tests/test_kvcache_properties.py --ignore=tests/test_properties.py \
+  -k "not long_caches and not long_prompt" > "$OUT/pytest-rest.log" 2>&1 &
 wait
 for f in "$OUT"/pytest-*.log; do
   echo "== $f: $(grep -c ' PASSED' "$f") passed, $(grep -c ' FAILED\| ERROR' "$f") lines with FAILED or ERROR"
@@ -57,8 +60,8 @@ for f in "$OUT"/pytest-kvcache_properties.log "$OUT"/pytest-properties.log; do
 done
 # Tests that ran out of device memory beside the others (the processes share the card: on an 80 GB
 # H100 the largest cells do not fit side by side), each run again in one process on its own.
-mapfile -t oom < <(grep -h -E "^FAILED .* - torch\.OutOfMemoryError" "$OUT"/pytest-*.log \
-  | sed -E 's/^FAILED (.*) - torch\.OutOfMemoryError.*/\1/' | sort -u)
+mapfile -t oom < <(grep -h -E "^FAILED .* - .*([Oo]ut of memory|OUT_OF_MEMORY|OutOfMemoryError)" "$OUT"/pytest-*.log \
+  | sed -E 's/^FAILED ([^ ]*) - .*/\1/' | sort -u)
 if [ ${#oom[@]} -gt 0 ]; then
   echo "== ${#oom[@]} tests ran out of device memory beside the others: again, alone"
   timeout "${OOM_RERUN_TIMEOUT:-240}" ${P/ -v/ -q} "${oom[@]}" > "$OUT/pytest-oom-rerun.log" 2>&1

@@ -5,10 +5,11 @@ For every model x batch x context x mode cell, each attention implementation run
 random-weight model (real widths, ``--layers`` layers, bf16) on the same left-padded prompts:
 
 1. **prefill**: one forward over the prompts into a StaticCache (time and peak memory);
-2. **decode**: ``--warmup`` then ``--steps`` greedy steps of one token per row, each timed with
-   CUDA events; ``eager`` runs ``model.forward``, ``compiled`` runs
-   ``torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)`` (cudagraph trees,
-   what transformers compiles for static-cache generation).
+2. **decode**: ``--warmup`` then ``--steps`` greedy steps of one token per row, queued back to back
+   with no host sync between them (the next token is picked on the device, as a serving loop
+   does); ms per token is the wall time of the ``--steps`` steps over their count. ``eager`` runs
+   ``model.forward``, ``compiled`` runs ``torch.compile(model.forward, mode="reduce-overhead",
+   fullgraph=True)`` (cudagraph trees, what transformers compiles for static-cache generation).
 
 The reference generates freely; flashsplit is fed the reference's tokens and its own greedy pick
 is compared at every step: equal, a tie (the reference's logits of the two tokens are within one
@@ -223,22 +224,24 @@ def run_impl(model, impl: str, prompts, forced, mode: str, args) -> ImplRun:
             forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
         token = out.logits[:, -1].argmax(-1, keepdim=True)
         position = attention_mask.sum(-1, keepdim=True)
-        fed, picks, logits, times = [], [], [], []
+        fed, picks, logits = [], [], []
         for step in range(steps):
+            if step == args.warmup:
+                start = _now(cuda)
+            # No host sync inside the loop: the next token is picked on the device, so the host
+            # queues step after step as a serving loop does.
             token = forced[:, step:step + 1] if forced is not None else token
             fed.append(token)
-            begin = _now(cuda)
             with torch.no_grad():
                 if mode == "compiled":
                     torch.compiler.cudagraph_mark_step_begin()
                 step_logits = forward(input_ids=token, attention_mask=full_mask, position_ids=position + step,
                                       past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-                step_logits = step_logits.float().clone()
-            times.append(_now(cuda) - begin)
+                step_logits = step_logits.float().clone()  # a graph's next replay reuses its output
             logits.append(step_logits)
             token = step_logits.argmax(-1, keepdim=True)
             picks.append(token)
-        result.ms_per_token = sum(times[args.warmup:]) / args.steps * 1e3
+        result.ms_per_token = (_now(cuda) - start) / args.steps * 1e3
         result.tokens_per_s = batch / result.ms_per_token * 1e3
         if cuda:
             result.peak_gib = (torch.cuda.max_memory_allocated() - base) / 2**30
