@@ -104,6 +104,43 @@ def test_long_prompts_prefill_through_the_lazy_mask(arch, cache_kind, monkeypatc
         assert built["block"] > 0 and built["dense"] == 0, built
 
 
+@pytest.mark.parametrize("arch", ["mistral", "gemma2"])
+def test_prompts_into_a_static_cache_that_holds_tokens(arch):
+    """A second prompt into a reset StaticCache, and a prompt that continues one: the lazy mask
+    reads the query offset from when the forward began, not from the cache its first layer has
+    already advanced. Logits as the reference attention's (SDPA; eager for the softcap)."""
+    pytest.importorskip("transformers", reason="the transformers extra is not installed")
+    from transformers import StaticCache
+    from transformers_models import ARCHS
+
+    import flashsplit.integrations.transformers as fs_transformers
+
+    name = fs_transformers.register()
+    model, _ = ARCHS[arch].build(torch.float32, DEVICE)
+    generator = torch.Generator(device="cpu").manual_seed(11)
+    first, second = (torch.randint(1, 500, (1, n), generator=generator).to(DEVICE) for n in (40, 25))
+
+    def logits(impl):
+        model.set_attn_implementation(impl)
+        cache = StaticCache(config=model.config, max_cache_len=128)
+        out = []
+        with torch.no_grad():
+            for prompts in ([first], [first], [first, second]):  # once, again after a reset, then continued
+                cache.reset()
+                for i, ids in enumerate(prompts):
+                    start = sum(p.shape[1] for p in prompts[:i])
+                    mask = torch.ones(1, start + ids.shape[1], dtype=torch.long, device=DEVICE)
+                    positions = torch.arange(start, start + ids.shape[1], device=DEVICE)[None]
+                    out.append(model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                     past_key_values=cache, use_cache=True).logits)
+        return out
+
+    ours, reference = logits(name), logits(ARCHS[arch].reference)
+    for i, (a, b) in enumerate(zip(ours, reference)):
+        assert not torch.isnan(a).any()
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=2e-4, msg=f"forward {i}")
+
+
 def test_prefill_mask_dense_is_sdpa_mask_and_block_mask_matches_it():
     pytest.importorskip("transformers", reason="the transformers extra is not installed")
     from torch.nn.attention.flex_attention import create_mask

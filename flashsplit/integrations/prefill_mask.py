@@ -28,6 +28,11 @@ def make_mask_function(max_decode_queries: int):
 
     def split_kv_mask(batch_size: int, q_length: int, kv_length: int, **kwargs):
         if q_length > max_decode_queries:
+            # The mask is built after the first layer's cache update, which advances a StaticCache's
+            # length in place; ``q_offset`` is that very tensor once the cache holds tokens (a
+            # second prompt, a continued chat, a chunked prefill): snapshot the tensors now.
+            kwargs = {key: value.clone() if isinstance(value, torch.Tensor) else value
+                      for key, value in kwargs.items()}
             return PrefillMask(dict(kwargs, batch_size=batch_size, q_length=q_length, kv_length=kv_length))
         from transformers.masking_utils import sdpa_mask
 
