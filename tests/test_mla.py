@@ -154,6 +154,28 @@ def test_plan_weighs_compute_bound_rows():
         flashsplit.mla_plan(1, 1024, 16, seqlen_q=5)
 
 
+@pytest.mark.parametrize("batch, seqlen_q, capacity, heads, fp8, rule", [
+    (1, 1, 4096, 16, False, "one-short-row"), (1, 1, 4096, 128, False, "one-short-row"),
+    (1, 1, 4160, 16, False, "hopper"), (1, 1, 16384, 128, False, "hopper"), (2, 1, 1024, 16, False, "hopper"),
+    (1, 2, 1024, 16, False, "hopper"), (1, 1, 1024, 16, True, "hopper")])
+def test_auto_rules(batch, seqlen_q, capacity, heads, fp8, rule):
+    """One short single-token row goes to Triton, everything else cute can run to cute; without
+    cute every rule falls through to Triton."""
+    from types import SimpleNamespace
+
+    from flashsplit.mla import selection
+    from flashsplit.mla.problem import MlaProblem
+
+    problem = MlaProblem(batch=batch, seqlen_q=seqlen_q, num_heads_q=heads, dtype=torch.bfloat16,
+                         kv_dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16, page_size=64, capacity=capacity,
+                         causal=False, num_splits=0, device_type="cuda")
+    triton, cute = SimpleNamespace(name="triton"), SimpleNamespace(name="cute")
+    chosen, got, _ = selection.choose(problem, [triton, cute])
+    assert (got, chosen) == (rule, triton if rule == "one-short-row" else cute)
+    assert selection.choose(problem, [triton])[:2] == (triton, "one-short-row" if rule == "one-short-row"
+                                                      else "default")
+
+
 def test_cute_backend_says_why_not_here():
     reason = registry.get("cute").supports(_problem_on("cpu"))
     assert reason is not None and "CUDA" in reason
