@@ -29,27 +29,30 @@ python -c "import torch, triton, cutlass; print('torch', torch.__version__, 'tri
 start=$(date +%s)
 P="python -m pytest -v --full -p no:cacheprovider -n 0 -rfE --tb=short --durations=5"  # (-n: the lines that want workers)
 T=${PYTEST_TIMEOUT:-500}
+# At its time limit a pytest process gets SIGINT, so it still prints its failures and summary
+# (then SIGKILL 20 s later if it hangs).
+STOP="timeout -s INT -k 20"
 if [ "$part" != rest ]; then
   # The GPU matrix is the long part: each backend's half again split by dtype.
-  timeout "$T" $P tests/test_gpu.py -k "triton and bfloat16" > "$OUT/pytest-gpu-triton-bf16.log" 2>&1 &
-  timeout "$T" $P tests/test_gpu.py -k "triton and not bfloat16" > "$OUT/pytest-gpu-triton-rest.log" 2>&1 &
-  timeout "$T" $P tests/test_gpu.py -k "not triton and bfloat16" > "$OUT/pytest-gpu-cute-bf16.log" 2>&1 &
-  timeout "$T" $P tests/test_gpu.py -k "not triton and not bfloat16" > "$OUT/pytest-gpu-cute-rest.log" 2>&1 &
-  timeout "$T" $P -n 2 tests/test_cute_gpu.py > "$OUT/pytest-cute.log" 2>&1 &
+  $STOP "$T" $P tests/test_gpu.py -k "triton and bfloat16" > "$OUT/pytest-gpu-triton-bf16.log" 2>&1 &
+  $STOP "$T" $P tests/test_gpu.py -k "triton and not bfloat16" > "$OUT/pytest-gpu-triton-rest.log" 2>&1 &
+  $STOP "$T" $P tests/test_gpu.py -k "not triton and bfloat16" > "$OUT/pytest-gpu-cute-bf16.log" 2>&1 &
+  $STOP "$T" $P tests/test_gpu.py -k "not triton and not bfloat16" > "$OUT/pytest-gpu-cute-rest.log" 2>&1 &
+  $STOP "$T" $P -n 2 tests/test_cute_gpu.py > "$OUT/pytest-cute.log" 2>&1 &
   # Property tests on their own, each drawn example printed as it runs (-s, verbose): a failure,
   # or a sticky CUDA error it leaves behind, names its example even if the timeout stops the run.
   # Their default example counts here (--full draws 300 per test, several minutes with cute's
   # compiles: run those alone, PROPERTY_FULL=1).
   PP=${P/ --full/}; [ -n "${PROPERTY_FULL:-}" ] && PP=$P
   for f in kvcache_properties properties; do
-    timeout "$T" $PP -s --hypothesis-verbosity=verbose tests/test_$f.py > "$OUT/pytest-$f.log" 2>&1 &
+    $STOP "$T" $PP -s --hypothesis-verbosity=verbose tests/test_$f.py > "$OUT/pytest-$f.log" 2>&1 &
   done
 fi
 if [ "$part" != matrix ]; then
   # pyproject caps xdist at 4 processes (--maxprocesses): lifted here, where the host has the cores.
   # The transformers tests at long contexts (tens of GiB each) are left to
   # scripts/transformers_gpu_check.sh, which runs them alone.
-  timeout "$T" $P -n ${REST_WORKERS:-8} --maxprocesses=${REST_WORKERS:-8} tests --ignore=tests/test_gpu.py --ignore=tests/test_cute_gpu.py \
+  $STOP "$T" $P -n ${REST_WORKERS:-8} --maxprocesses=${REST_WORKERS:-8} tests --ignore=tests/test_gpu.py --ignore=tests/test_cute_gpu.py \
     --ignore=tests/test_cute_compile.py --ignore=tests/test_triton_compile.py \
     --ignore=tests/test_kvcache_properties.py --ignore=tests/test_properties.py \
     -k "not long_caches and not long_prompt" > "$OUT/pytest-rest.log" 2>&1 &
@@ -59,9 +62,11 @@ for f in "$OUT"/pytest-*.log; do
   echo "== $f: $(grep -c ' PASSED' "$f") passed, $(grep -c ' FAILED\| ERROR' "$f") lines with FAILED or ERROR"
   grep -E "(^| )(FAILED|ERROR)( |$)" "$f" | sed -E 's/\[gw[0-9]+\] \[ *[0-9]+%\] //; s/ +\[ *[0-9]+%\]$//' \
     | sort -u | head -8
-  # pytest's summary line, or the timeout's mark: a process it stopped ran only part of its tests.
-  grep -E "^=+ .* in [0-9.]+s( \([0-9:]+\))? =+$" "$f" | tail -1 | grep . \
-    || echo "   STOPPED by the $T s timeout before its summary: the tests after the last PASSED line did not run"
+  # pytest's summary line, and the timeout's mark: a process it stopped ran only part of its tests.
+  grep -E "^=+ .* in [0-9.]+s( \([0-9:]+\))? =+$" "$f" | tail -1
+  if grep -q "KeyboardInterrupt" "$f" || ! grep -qE "^=+ .* in [0-9.]+s" "$f"; then
+    echo "   STOPPED by the $T s timeout: the tests after the last PASSED line did not run"
+  fi
 done
 # The first drawn example whose run raised: the lines from its "Test case" header to the error.
 for f in "$OUT"/pytest-kvcache_properties.log "$OUT"/pytest-properties.log; do
@@ -76,7 +81,7 @@ mapfile -t oom < <(grep -h -E "^FAILED " "$OUT"/pytest-*.log \
   | sed -nE 's/^FAILED (.*) - [A-Za-z_.]+: .*([Oo]ut of memory|OUT_OF_MEMORY).*/\1/p' | sort -u)
 if [ ${#oom[@]} -gt 0 ]; then
   echo "== ${#oom[@]} tests ran out of device memory beside the others: again, alone"
-  timeout "${OOM_RERUN_TIMEOUT:-240}" ${P/ -v/ -q} "${oom[@]}" > "$OUT/pytest-oom-rerun.log" 2>&1
+  $STOP "${OOM_RERUN_TIMEOUT:-240}" ${P/ -v/ -q} "${oom[@]}" > "$OUT/pytest-oom-rerun.log" 2>&1
   grep -E "^FAILED|^ERROR" "$OUT/pytest-oom-rerun.log" | head -8
   grep -E "^=*.* in [0-9.]+s" "$OUT/pytest-oom-rerun.log" | tail -1 | grep . || echo "   STOPPED by its timeout"
 fi
