@@ -265,3 +265,57 @@ def test_reduce_overhead_compiled_decode_loop_matches_eager():
         err = (logits - reference32).abs().amax().item()
         assert err <= tolerance, f"{what} flashsplit: logits error {err:.4g} vs float32 exceeds {tolerance:.4g}"
     torch._dynamo.reset()
+
+
+def test_full_length_static_cache_compiles_one_decode_graph(generator):
+    """Mistral (a window of 6 under prompts of up to 20 tokens): transformers' sliding-window cache
+    layer changes a Python int at every step, which a compiled step guards on. Over a full-length
+    StaticCache the compiled steps (aot_eager) run one graph, give eager flashsplit's logits over
+    the same cache exactly, and the reference's (SDPA over transformers' own sliding cache) within
+    its fp16 error against a float32 model."""
+    from torch._dynamo.utils import counters
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticSlidingWindowLayer
+
+    name = fs_transformers.register()
+    arch = ARCHS["mistral"]
+    model, model32 = arch.build(torch.float16, DEVICE)
+    input_ids, attention_mask = left_padded_prompts((20, 9, 16), generator, DEVICE)
+    tokens = torch.randint(1, VOCAB, (3, 5), generator=generator, device=generator.device).to(DEVICE)
+    capacity = input_ids.shape[1] + tokens.shape[1]
+    cache = fs_transformers.full_length_static_cache(model.config, capacity)
+    assert not any(isinstance(layer, StaticSlidingWindowLayer) for layer in cache.layers)
+    assert any(isinstance(layer, StaticSlidingWindowLayer)
+               for layer in StaticCache(config=model.config, max_cache_len=capacity).layers)
+
+    def steps(impl, model, make_cache, forward=None):
+        model.set_attn_implementation(impl)
+        cache = make_cache(model)
+        full_mask = torch.cat([attention_mask, torch.ones_like(tokens)], dim=1)
+        first = attention_mask.sum(dim=1, keepdim=True)
+        logits = []
+        with torch.no_grad():
+            model(input_ids=input_ids, attention_mask=attention_mask,
+                  position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0), past_key_values=cache, use_cache=True)
+            for step in range(tokens.shape[1]):
+                out = (forward or model.forward)(input_ids=tokens[:, step:step + 1], attention_mask=full_mask,
+                                                 position_ids=first + step, past_key_values=cache, use_cache=True)
+                logits.append(out.logits[:, -1].float())
+        return torch.stack(logits, 1)
+
+    def full(model):
+        return fs_transformers.full_length_static_cache(model.config, capacity)
+
+    def sliding(model):
+        return StaticCache(config=model.config, max_cache_len=capacity)
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = steps(name, model, full, torch.compile(model.forward, backend="aot_eager", fullgraph=True))
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    torch._dynamo.reset()
+    assert torch.isfinite(compiled).all()
+    assert torch.equal(compiled, steps(name, model, full))
+    reference, reference32 = steps(arch.reference, model, sliding), steps(arch.reference, model32, sliding)
+    bound = ERR_FACTOR * (reference - reference32).abs().amax().item() + LOGITS_ATOL[torch.float16]
+    assert (compiled - reference32).abs().amax().item() <= bound

@@ -5,8 +5,8 @@ For every model x batch x context x mode cell, each attention implementation run
 random-weight model (real widths, ``--layers`` layers, bf16) on the same left-padded prompts:
 
 1. **prefill**: one forward over the prompts into a StaticCache whose sliding-window layers hold
-   the whole context too (:func:`full_length_static_cache`), timed on its second run (the first
-   compiles what runs once per shape), and peak memory;
+   the whole context too (:mod:`~flashsplit.integrations.static_cache`: no recompile per token),
+   timed on its second run (the first compiles what runs once per shape), and peak memory;
 2. **decode**: ``--warmup`` then ``--steps`` greedy steps of one token per row, queued back to back
    with no host sync between them (the next token is picked on the device, as a serving loop
    does); ms per token is the wall time of the ``--steps`` steps over their count. ``eager`` runs
@@ -196,6 +196,8 @@ class ImplRun:
 def run_impl(model, impl: str, prompts, forced, mode: str, args) -> ImplRun:
     """Prefill ``prompts`` and decode ``--warmup + --steps`` tokens with attention ``impl``,
     feeding ``forced`` ``[B, N]`` (or its own greedy picks)."""
+    from ..integrations.static_cache import full_length_static_cache
+
     result = ImplResult(impl)
     input_ids, attention_mask = prompts
     batch, context = input_ids.shape
@@ -261,22 +263,6 @@ def run_impl(model, impl: str, prompts, forced, mode: str, args) -> ImplRun:
         if cuda:
             torch.cuda.empty_cache()
     return ImplRun(result)
-
-
-def full_length_static_cache(config, max_cache_len: int):
-    """A transformers ``StaticCache`` whose every layer holds ``max_cache_len`` tokens.
-
-    transformers' sliding-window layers count their tokens in a Python int that changes at every
-    step, so a compiled forward recompiles (and records a new CUDA graph) at every token. A
-    full-length layer leaves the window to the mask, which both attentions apply; flashsplit reads
-    only the window's keys, SDPA the whole masked row."""
-    from transformers import StaticCache
-    from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
-
-    cache = StaticCache(config=config, max_cache_len=max_cache_len)
-    cache.layers = [StaticLayer(max_cache_len=max_cache_len) if isinstance(layer, StaticSlidingWindowLayer) else layer
-                    for layer in cache.layers]
-    return cache
 
 
 def _now(cuda: bool) -> float:

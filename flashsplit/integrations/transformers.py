@@ -23,6 +23,9 @@ What runs where:
   exceed 256, key and value head dims that differ, dropout in training, an additive float mask,
   a bidirectional layer) also goes to that prefill path.
 
+For compiled decoding of sliding-window models, :func:`full_length_static_cache` builds a
+StaticCache whose sliding layers do not recompile the step at every token.
+
 ``register()`` also registers ``"paged|" + name`` for continuous batching
 (``model.generate_batch``): :mod:`flashsplit.integrations.transformers_paged`.
 
@@ -38,6 +41,7 @@ import torch
 from ..api import decode
 from .mask_rows import RowsCache
 from .prefill_mask import make_mask_function
+from .static_cache import full_length_static_cache  # noqa: F401  (public here)
 from .transformers_paged import make_paged_attention
 from .transformers_routing import DEFAULT_MAX_DECODE_QUERIES, DecodeSettings, decode_blocker, prefill_attention
 
