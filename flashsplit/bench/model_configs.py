@@ -3,8 +3,8 @@ real widths of five open models, with random weights and a few layers.
 
 Each entry gives the transformers class and config fields; ``tiny`` scales the widths down so the
 whole grid runs on a CPU through the Triton interpreter (a smoke run). The reference attention is
-SDPA, or the model's eager attention for softcap (Gemma 2) and sink (gpt-oss) layers, which SDPA
-does not have.
+SDPA; for softcap (Gemma 2) and sink (gpt-oss) layers, which SDPA does not have, the model's
+eager attention and transformers' FlexAttention.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ class ModelShape:
     model_class: str  #: e.g. "LlamaForCausalLM"
     config_class: str  #: e.g. "LlamaConfig"
     fields: dict = field(default_factory=dict)  #: config fields at the real widths
-    reference: str = "sdpa"  #: "sdpa" or "eager"
+    #: transformers' attention implementations flashsplit is compared with, the first leading.
+    references: tuple[str, ...] = ("sdpa",)
 
     def config(self, layers: int, max_positions: int, tiny: bool = False):
         """The transformers config with ``layers`` layers, positions for ``max_positions`` tokens."""
@@ -44,6 +45,10 @@ class ModelShape:
         return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * element_size
 
 
+#: A softcap or sinks: SDPA has neither; eager attention builds [B, H, L, L] scores (out of memory
+#: at long prompts), transformers' FlexAttention runs both in O(L) memory.
+_SOFTCAP_OR_SINKS = ("eager", "flex_attention")
+
 #: Widths for a CPU smoke run: small heads and hidden sizes, the same features.
 _TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
              head_dim=64)
@@ -61,9 +66,9 @@ MODELS = {shape.name: shape for shape in [
     ModelShape("gemma2-9b", "Gemma2ForCausalLM", "Gemma2Config", dict(  # softcap; sliding and full layers alternate
         vocab_size=256000, hidden_size=3584, intermediate_size=14336, num_attention_heads=16, num_key_value_heads=8,
         head_dim=256, sliding_window=4096, query_pre_attn_scalar=256, attn_logit_softcapping=50.0,
-        final_logit_softcapping=30.0), reference="eager"),
+        final_logit_softcapping=30.0), references=_SOFTCAP_OR_SINKS),
     ModelShape("gpt-oss-20b", "GptOssForCausalLM", "GptOssConfig", dict(  # sinks, 128-key windows, MoE (8 experts)
         vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_attention_heads=64, num_key_value_heads=8,
         head_dim=64, sliding_window=128, num_local_experts=8, num_experts_per_tok=4,
-        max_position_embeddings=131072), reference="eager"),  # its YaRN scaling is for 128k positions
+        max_position_embeddings=131072), references=_SOFTCAP_OR_SINKS),  # YaRN scaling for 128k positions
 ]}

@@ -1,5 +1,5 @@
 """``flashsplit models``: end-to-end generation of transformers models through flashsplit against
-the model's reference attention (SDPA; eager for softcap and sink layers).
+transformers' own attentions (SDPA; eager and FlexAttention for softcap and sink layers).
 
 For every model x batch x context x mode cell, each attention implementation runs the same
 random-weight model (real widths, ``--layers`` layers, bf16) on the same left-padded prompts:
@@ -13,10 +13,12 @@ random-weight model (real widths, ``--layers`` layers, bf16) on the same left-pa
    ``model.forward``, ``compiled`` runs ``torch.compile(model.forward, mode="reduce-overhead",
    fullgraph=True)`` (cudagraph trees, what transformers compiles for static-cache generation).
 
-The reference generates freely; flashsplit is fed the reference's tokens and its own greedy pick
-is compared at every step: equal, a tie (the reference's logits of the two tokens are within one
-bf16 step of each other) or different. A cell whose cache does not fit is skipped with the reason;
-an implementation that runs out of memory is reported as such (eager attention at long prompts).
+The first reference that runs (SDPA; the model's eager attention, else transformers' FlexAttention,
+for softcap and sink layers) generates freely; the other implementations are fed its tokens and
+their own greedy picks compared at every step: equal, a tie (the leading reference's logits of the
+two tokens are within one bf16 step of each other) or different. A cell whose cache does not fit is
+skipped with the reason; an implementation that runs out of memory is reported as such (eager
+attention at long prompts).
 """
 
 from __future__ import annotations
@@ -49,9 +51,10 @@ class ImplResult:
     tokens_per_s: float | None = None
     peak_gib: float | None = None  #: peak memory above the model's weights, prefill and decode
     error: str | None = None  #: "out of memory", or the exception
-    same: int = 0  #: greedy picks equal to the reference's (flashsplit only)
+    same: int = 0  #: greedy picks equal to the leading reference's (the implementations after it)
     ties: int = 0
     different: int = 0
+    reference: bool = True  #: one of transformers' implementations (False: flashsplit)
 
 
 @dataclass
@@ -157,13 +160,18 @@ def run_cell(cell: Cell, name: str, args, device, model_cache: dict) -> None:
             return
     generator = torch.Generator(device=device).manual_seed(cell.batch * 7919 + cell.context)
     prompts = left_padded(cell.batch, cell.context, model.config.vocab_size, generator, device)
-    reference = run_impl(model, shape.reference, prompts, None, cell.mode, args)
-    cell.results.append(reference.result)
-    forced = reference.tokens if reference.result.error is None else None
-    ours = run_impl(model, name, prompts, forced, cell.mode, args)
-    if forced is not None and ours.result.error is None:
-        compare_picks(ours.result, ours.picks, reference.tokens, reference.logits)
-    cell.results.append(ours.result)
+    # The first reference that runs generates freely; every later implementation is fed its
+    # tokens and its picks are compared (a second reference's counts say how far two correct
+    # attentions differ here).
+    leader = None
+    for impl in (*shape.references, name):
+        run = run_impl(model, impl, prompts, None if leader is None else leader.tokens, cell.mode, args)
+        run.result.reference = impl != name
+        if leader is not None and run.result.error is None:
+            compare_picks(run.result, run.picks, leader.tokens, leader.logits)
+        elif leader is None and run.result.error is None and run.result.reference:
+            leader = run
+        cell.results.append(run.result)
 
 
 def build_model(shape: ModelShape, args, device, dtype):
@@ -294,15 +302,14 @@ def markdown_table(cells) -> str:
         if cell.skipped:
             lines.append(f"| {cell.model} | {where} | {cell.mode} | | skipped: {cell.skipped} | | | | | |")
             continue
-        reference = cell.results[0]
+        references = [r for r in cell.results if r.reference and r.error is None]
         for result in cell.results:
             if result.error:
                 lines.append(f"| {cell.model} | {where} | {cell.mode} | {result.impl} | {result.error} | | | | | |")
                 continue
-            speedup = ""
-            if result is not reference and reference.ms_per_token:
-                speedup = f"{reference.ms_per_token / result.ms_per_token:.2f}x"
-            compared = f"{result.same} / {result.ties} / {result.different}" if result is not reference and (
+            speedup = "" if result.reference else ", ".join(
+                f"{r.ms_per_token / result.ms_per_token:.2f}x {r.impl}" for r in references)
+            compared = f"{result.same} / {result.ties} / {result.different}" if (
                 result.same + result.ties + result.different) else ""
             lines.append(f"| {cell.model} | {where} | {cell.mode} | {result.impl} | {result.prefill_s:.3f} | "
                          f"{_fmt(result.peak_gib, '.1f')} | {result.ms_per_token:.2f} | {result.tokens_per_s:.0f} | "
