@@ -203,6 +203,33 @@ def test_rows_cache_reads_a_mask_once_and_sees_in_place_changes():
     assert cache(other, 2)[1].tolist() == [0, 4] and len(cache._entries) <= 2
 
 
+def test_rows_with_holes_flags_what_is_not_one_run():
+    from flashsplit.integrations.mask_rows import rows_with_holes
+
+    mask = _runs_mask([0, 3, 0], [9, 9, 0], 2, 12, window=4)  # windows, an empty row: one run each
+    assert not rows_with_holes(mask, *rows_from_mask(mask)).any()
+    mask[1, 0, :, 5] = False  # a hidden key inside row 1's run
+    assert rows_with_holes(mask, *rows_from_mask(mask)).tolist() == [False, True, False]
+
+
+@pytest.mark.parametrize("cache_kind", ["dynamic", "static"])
+def test_right_padded_generation_is_refused(cache_kind, generator):
+    """A right-padded prompt puts pads between a row's prompt and its new tokens: the decode
+    step's mask hides keys inside the row's run, which flashsplit would attend. It raises,
+    naming the argument and the fix; the same prompts left-padded generate."""
+    from flashsplit.integrations.mask_rows import MaskHoleError
+
+    fs_transformers.register()
+    model, _ = ARCHS["llama"].build(DTYPE, DEVICE)
+    input_ids, attention_mask = left_padded_prompts((9, 5), generator, DEVICE)
+    generate(model, fs_transformers.DEFAULT_NAME, input_ids, attention_mask, cache_kind, 2)
+    shift = (attention_mask == 0).sum(dim=1)
+    right_ids = torch.stack([row.roll(-int(n)) for row, n in zip(input_ids, shift)])
+    right_mask = torch.stack([row.roll(-int(n)) for row, n in zip(attention_mask, shift)])
+    with pytest.raises(MaskHoleError, match=r"attention_mask: in row\(s\) \[1\].*padding_side = 'left'"):
+        generate(model, fs_transformers.DEFAULT_NAME, right_ids, right_mask, cache_kind, 2)
+
+
 def test_example_generates_the_sdpa_tokens(capsys):
     import importlib.util
     import pathlib

@@ -42,6 +42,20 @@ def rows_from_mask(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return ends.to(torch.int32), starts.to(torch.int32)
 
 
+def rows_with_holes(mask: torch.Tensor, seqlens: torch.Tensor, leftpad: torch.Tensor) -> torch.Tensor:
+    """bool ``[B]``: rows of ``mask`` (as :func:`rows_from_mask` takes it) whose visible keys are
+    not the one run ``[leftpad, seqlen)`` read from it (a right-padded prompt, a custom mask with
+    holes), where flashsplit would attend keys the mask hides. Tensor ops only."""
+    if mask.dim() == 4:
+        mask = mask[:, 0]
+    seen = mask.any(dim=1).sum(dim=-1, dtype=torch.int64)  # [B]: keys some query sees
+    return seen != (seqlens.to(torch.int64) - leftpad.to(torch.int64))[:seen.shape[0]]
+
+
+class MaskHoleError(ValueError):
+    """A decode step's attention mask hides keys inside a row's run of live keys."""
+
+
 class RowsCache:
     """:func:`rows_from_mask` once per mask: transformers hands every layer of a type the same mask
     tensor in a forward, so an eager decode step reads it once per layer type, not once per layer
@@ -51,29 +65,63 @@ class RowsCache:
     holds a reference to the mask, so an id is never reused while its entry lives; a few entries
     are kept. Under torch.compile or a CUDA graph capture it computes every time: the compiler
     merges the repeats, and a capture must record the reductions it replays.
+
+    Eager calls also check each new mask for rows with holes (:func:`rows_with_holes`), without a
+    host sync: the flag is copied to pinned memory behind an event, and a later call whose event
+    has completed raises :class:`MaskHoleError` (on a CPU mask, the call itself raises).
     """
 
     def __init__(self, size: int = 8) -> None:
         self.size = size
         self._entries: dict[tuple[int, int], tuple] = {}
+        self._pending: list[tuple] = []  #: (event, pinned flag [B] bool) of masks not yet read
 
     def __call__(self, mask: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cache_seqlens, cache_leftpad)`` of ``mask`` for a batch of ``batch`` rows (a mask
         broadcast over the batch gives each row its values)."""
         if torch.compiler.is_compiling() or (mask.is_cuda and torch.cuda.is_current_stream_capturing()):
             return _for_batch(*rows_from_mask(mask), batch)
+        self._raise_for_holes_seen()
         key = (id(mask), mask._version)
         entry = self._entries.get(key)
         if entry is not None and entry[0] is mask and entry[1] == batch:
             return entry[2], entry[3]
         if len(self._entries) >= self.size:
             self._entries.clear()
-        seqlens, leftpad = _for_batch(*rows_from_mask(mask), batch)
+        rows = rows_from_mask(mask)
+        self._check_holes(rows_with_holes(mask, *rows))
+        seqlens, leftpad = _for_batch(*rows, batch)
         self._entries[key] = (mask, batch, seqlens, leftpad)
         return seqlens, leftpad
 
+    def _check_holes(self, holes: torch.Tensor) -> None:
+        if not holes.is_cuda:
+            _raise_if_holes(holes)
+            return
+        flag = torch.empty(holes.shape, dtype=torch.bool, pin_memory=True)
+        flag.copy_(holes, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._pending.append((event, flag))
+
+    def _raise_for_holes_seen(self) -> None:
+        while self._pending and self._pending[0][0].query():
+            _, flag = self._pending.pop(0)
+            _raise_if_holes(flag)
+
     def clear(self) -> None:
         self._entries.clear()
+        self._pending.clear()
+
+
+def _raise_if_holes(holes: torch.Tensor) -> None:
+    if holes.any():
+        rows = holes.nonzero().flatten().tolist()
+        raise MaskHoleError(
+            f"attention_mask: in row(s) {rows[:8]} a decode step's visible keys are not one run of live keys "
+            "[leftpad, seqlen): the mask hides keys inside it (a right-padded prompt? pad on the left: "
+            "tokenizer.padding_side = 'left'). flashsplit would attend the hidden keys; pass such a mask as an "
+            "additive float mask (it goes to SDPA) or use another attention implementation")
 
 
 def _for_batch(seqlens: torch.Tensor, leftpad: torch.Tensor, batch: int):
