@@ -40,6 +40,21 @@ def test_models_smoke_run_compares_tokens_and_writes_json(models, tmp_path, caps
     assert "x eager" in table
 
 
+def test_models_generate_mode_compares_free_generations(tmp_path):
+    """``--modes generate``: transformers' generate for each implementation, timed as the
+    difference of two generations; free generations compared up to their first difference."""
+    path = tmp_path / "models.json"
+    assert main(["models", "--tiny", "--models", "llama3-8b", "--modes", "generate", "--json", str(path)]) == 0
+    cells = json.loads(path.read_text())["cells"]
+    assert [(c["batch"], c["mode"]) for c in cells] == [(1, "generate"), (2, "generate")]
+    for cell in cells:
+        reference, ours = cell["results"]
+        assert (reference["impl"], ours["impl"]) == ("sdpa", "split_kv")
+        assert isinstance(reference["ms_per_token"], float) and isinstance(ours["ms_per_token"], float)
+        # --tiny: 1 warm-up + 2 timed steps, 3 new tokens a row, all the reference's.
+        assert (ours["same"], ours["ties"], ours["different"]) == (3 * cell["batch"], 0, 0), cell
+
+
 def test_models_cells_parse_and_bad_cells_are_refused():
     assert parse_cell("8x32k") == (8, 32768)
     with pytest.raises(SystemExit):

@@ -11,12 +11,15 @@ random-weight model (real widths, ``--layers`` layers, bf16) on the same left-pa
    with no host sync between them (the next token is picked on the device, as a serving loop
    does); ms per token is the wall time of the ``--steps`` steps over their count. ``eager`` runs
    ``model.forward``, ``compiled`` runs ``torch.compile(model.forward, mode="reduce-overhead",
-   fullgraph=True)`` (cudagraph trees, what transformers compiles for static-cache generation).
+   fullgraph=True)`` (cudagraph trees, what transformers compiles for static-cache generation);
+   ``generate`` runs transformers' ``generate`` (which compiles its decode step on a GPU): ms per
+   token is the time of ``--warmup + --steps`` new tokens less that of one, over the difference.
 
 The first reference that runs (SDPA; the model's eager attention, else transformers' FlexAttention,
 for softcap and sink layers) generates freely; the other implementations are fed its tokens and
 their own greedy picks compared at every step: equal, a tie (the leading reference's logits of the
-two tokens are within one bf16 step of each other) or different. A cell whose cache does not fit is
+two tokens are within one bf16 step of each other) or different (``generate``: every implementation
+generates freely, compared up to its first difference). A cell whose cache does not fit is
 skipped with the reason; an implementation that runs out of memory is reported as such (eager
 attention at long prompts).
 """
@@ -97,7 +100,10 @@ def add_models_parser(subparsers) -> argparse.ArgumentParser:
                         help="prompt tokens of the longest row (default 4k 32k 128k)")
     parser.add_argument("--cells", type=parse_cell, nargs="+",
                         help="BATCHxCONTEXT cells in this order (e.g. 1x32k 8x4k), instead of --batch x --context")
-    parser.add_argument("--modes", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"])
+    parser.add_argument("--modes", nargs="+", choices=["eager", "compiled", "generate"], default=["eager", "compiled"],
+                        help="eager: model.forward steps; compiled: torch.compile(model.forward, "
+                             "mode='reduce-overhead', fullgraph=True) steps; generate: transformers' generate, "
+                             "which compiles its decode step on a GPU")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=16, help="timed decode steps (default 16)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed decode steps first (default 3)")
@@ -119,8 +125,8 @@ def run_models_command(args: argparse.Namespace) -> int:
         args.parser.error("timing needs a CUDA GPU; --tiny runs a smoke run on the CPU")
     if args.tiny:
         args.batch, args.context, args.cells, args.steps, args.warmup = [1, 2], [48], None, min(args.steps, 2), 1
-        if device.type != "cuda":
-            args.modes = ["eager"]  # cudagraph trees need CUDA
+        if device.type != "cuda":  # cudagraph trees need CUDA (generate compiles on a GPU only)
+            args.modes = [mode for mode in args.modes if mode != "compiled"] or ["eager"]
     name = fs_transformers.register()
     pairs = args.cells or [(batch, context) for batch in args.batch for context in args.context]
     args.context = [context for _, context in pairs]
@@ -164,11 +170,13 @@ def run_cell(cell: Cell, name: str, args, device, model_cache: dict) -> None:
     # tokens and its picks are compared (a second reference's counts say how far two correct
     # attentions differ here).
     leader = None
+    free = cell.mode == "generate"
     for impl in (*shape.references, name):
-        run = run_impl(model, impl, prompts, None if leader is None else leader.tokens, cell.mode, args)
+        run = run_impl(model, impl, prompts, None if leader is None or free else leader.tokens, cell.mode, args)
         run.result.reference = impl != name
         if leader is not None and run.result.error is None:
-            compare_picks(run.result, run.picks, leader.tokens, leader.logits)
+            compare = compare_free if free else compare_picks
+            compare(run.result, run.picks, leader.tokens, leader.logits)
         elif leader is None and run.result.error is None and run.result.reference:
             leader = run
         cell.results.append(run.result)
@@ -232,6 +240,8 @@ def run_impl(model, impl: str, prompts, forced, mode: str, args) -> ImplRun:
                             position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0), past_key_values=cache,
                             use_cache=True, logits_to_keep=1)
             result.prefill_s = _now(cuda) - start
+        if mode == "generate":
+            return _run_generate(model, cache, prompts, steps, result, base)
         forward = model.forward
         if mode == "compiled":
             torch._dynamo.reset()
@@ -266,11 +276,60 @@ def run_impl(model, impl: str, prompts, forced, mode: str, args) -> ImplRun:
         result.error = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
     finally:
         del cache, forward
-        if mode == "compiled":
+        if mode != "eager":
             torch._dynamo.reset()  # frees the graphs' memory pools before the next run
         if cuda:
             torch.cuda.empty_cache()
     return ImplRun(result)
+
+
+def _run_generate(model, cache, prompts, steps: int, result: ImplResult, base: int) -> ImplRun:
+    """transformers' ``generate`` (greedy, compiled as transformers compiles a StaticCache's decode
+    step on a GPU): once to compile, then timed twice with ``steps`` new tokens and twice with
+    one; ms per token is the difference of the faster of each over ``steps - 1``."""
+    input_ids, attention_mask = prompts
+    cuda = input_ids.is_cuda
+
+    def generate(new_tokens: int):
+        cache.reset()
+        with torch.no_grad():
+            return model.generate(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
+                                  max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                                  output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+
+    generate(steps)  # compiles the decode step (a GPU) and warms up
+    times = {}
+    for new_tokens in (steps, 1, steps, 1):  # the faster of two of each
+        start = _now(cuda)
+        generated = generate(new_tokens)
+        elapsed = _now(cuda) - start
+        if elapsed < times.get(new_tokens, (float("inf"),))[0]:
+            times[new_tokens] = (elapsed, generated)
+    out = times[steps][1]
+    result.ms_per_token = (times[steps][0] - times[1][0]) / max(steps - 1, 1) * 1e3
+    result.tokens_per_s = input_ids.shape[0] / result.ms_per_token * 1e3
+    if cuda:
+        result.peak_gib = (torch.cuda.max_memory_allocated() - base) / 2**30
+    tokens = out.sequences[:, input_ids.shape[1]:]
+    return ImplRun(result, tokens, tokens, torch.stack(out.logits, 1).float())
+
+
+def compare_free(result: ImplResult, tokens, leader_tokens, leader_logits) -> None:
+    """Free generations compared row by row up to their first difference: the tokens before it
+    count as same, the differing pick as a tie (the leader's logits of both tokens within one
+    bf16 step) or different; what follows a difference is not compared."""
+    for row in range(tokens.shape[0]):
+        differ = (tokens[row] != leader_tokens[row]).nonzero()
+        if differ.numel() == 0:
+            result.same += tokens.shape[1]
+            continue
+        step = int(differ[0])
+        result.same += step
+        a, b = leader_logits[row, step, tokens[row, step]], leader_logits[row, step, leader_tokens[row, step]]
+        if (a - b).abs() <= 2.0 ** -7 * torch.maximum(a.abs(), b.abs()):
+            result.ties += 1
+        else:
+            result.different += 1
 
 
 def _now(cuda: bool) -> float:
