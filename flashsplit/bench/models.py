@@ -172,6 +172,11 @@ def run_cell(cell: Cell, name: str, args, device, model_cache: dict) -> None:
     leader = None
     free = cell.mode == "generate"
     for impl in (*shape.references, name):
+        if impl == "flex_attention" and device.type != "cuda":
+            # transformers compiles FlexAttention's mask for every call, which takes tens of seconds
+            # on a CPU (and refuses sinks there): a smoke run leaves it out.
+            cell.results.append(ImplResult(impl, error="not run: FlexAttention is timed on CUDA only"))
+            continue
         run = run_impl(model, impl, prompts, None if leader is None or free else leader.tokens, cell.mode, args)
         run.result.reference = impl != name
         if leader is not None and run.result.error is None:
