@@ -76,25 +76,28 @@ def test_mask_reductions_stay_in_one_integer_dtype_under_dynamic_shapes():
     assert checked >= 4, checked
 
 
-def test_recompiled_decode_step_with_symbolic_sizes_equals_eager(generator):
-    """A compiled decode loop over left-padded StaticCaches of three shapes: the second compiles
-    with symbolic sizes, the third reuses that graph. Without Inductor's numerics (aot_eager) the
-    logits are eager flashsplit's exactly, so the rows read from the mask under symbolic sizes
-    are the eager ones."""
-    from torch._dynamo.utils import counters
+@pytest.mark.parametrize("arch", ["llama", *[pytest.param(a, marks=pytest.mark.full)
+                                             for a in ("mistral", "qwen2", "gemma2", "gemma3", "gpt-oss")]])
+def test_recompiled_decode_step_with_symbolic_sizes_equals_eager(arch, generator):
+    """A compiled decode loop over left-padded StaticCaches of three shapes (full-length layers:
+    transformers' sliding layers recompile at every step): the second compiles with symbolic
+    sizes, the third reuses that graph. Without Inductor's numerics (aot_eager) the logits are
+    eager flashsplit's exactly, so the rows read from the mask under symbolic sizes are the eager
+    ones; windows, softcaps and sinks trace as the model passes them."""
+    from torch._dynamo.testing import CompileCounterWithBackend
 
     name = fs_transformers.register()
-    model, _ = ARCHS["llama"].build(torch.float16, DEVICE)
+    model, _ = ARCHS[arch].build(torch.float16, DEVICE)
     torch._dynamo.reset()
-    counters.clear()
-    compiled = torch.compile(model.forward, backend="aot_eager", fullgraph=True)
+    graphs = CompileCounterWithBackend("aot_eager")  # counts this compile's graphs only
+    compiled = torch.compile(model.forward, backend=graphs, fullgraph=True)
     for lengths in [(40,), (24, 13, 20), (31, 7, 25, 30)]:
         input_ids, attention_mask = left_padded_prompts(lengths, generator, DEVICE)
         tokens = torch.randint(1, VOCAB, (len(lengths), 3), generator=generator, device=generator.device).to(DEVICE)
-        eager = decode_steps(model, name, input_ids, attention_mask, tokens)
-        ours = decode_steps(model, name, input_ids, attention_mask, tokens, forward=compiled)
+        eager = decode_steps(model, name, input_ids, attention_mask, tokens, cache_kind="full")
+        ours = decode_steps(model, name, input_ids, attention_mask, tokens, forward=compiled, cache_kind="full")
         assert torch.isfinite(ours).all() and torch.equal(ours, eager), lengths
-    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+    assert graphs.frame_count == 2, graphs.frame_count
     torch._dynamo.reset()
 
 
@@ -273,7 +276,7 @@ def test_full_length_static_cache_compiles_one_decode_graph(generator):
     StaticCache the compiled steps (aot_eager) run one graph, give eager flashsplit's logits over
     the same cache exactly, and the reference's (SDPA over transformers' own sliding cache) within
     its fp16 error against a float32 model."""
-    from torch._dynamo.utils import counters
+    from torch._dynamo.testing import CompileCounterWithBackend
     from transformers import StaticCache
     from transformers.cache_utils import StaticSlidingWindowLayer
 
@@ -310,9 +313,9 @@ def test_full_length_static_cache_compiles_one_decode_graph(generator):
         return StaticCache(config=model.config, max_cache_len=capacity)
 
     torch._dynamo.reset()
-    counters.clear()
-    compiled = steps(name, model, full, torch.compile(model.forward, backend="aot_eager", fullgraph=True))
-    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    graphs = CompileCounterWithBackend("aot_eager")
+    compiled = steps(name, model, full, torch.compile(model.forward, backend=graphs, fullgraph=True))
+    assert graphs.frame_count == 1, graphs.frame_count
     torch._dynamo.reset()
     assert torch.isfinite(compiled).all()
     assert torch.equal(compiled, steps(name, model, full))

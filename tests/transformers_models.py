@@ -102,14 +102,19 @@ def left_padded_prompts(lengths, generator: torch.Generator, device, pad_token: 
 
 
 def make_cache(kind: str, model, max_cache_len: int):
-    """A fresh ``DynamicCache`` or ``StaticCache`` built from the model's config (sliding layers included)."""
+    """A fresh ``DynamicCache`` or ``StaticCache`` built from the model's config (sliding layers
+    included), or (``"full"``) a StaticCache whose every layer holds ``max_cache_len`` tokens."""
     from transformers import DynamicCache, StaticCache
 
     if kind == "dynamic":
         return DynamicCache(config=model.config)
     if kind == "static":
         return StaticCache(config=model.config, max_cache_len=max_cache_len)
-    raise ValueError(f"kind: expected 'dynamic' or 'static', got {kind!r}")
+    if kind == "full":
+        from flashsplit.integrations.static_cache import full_length_static_cache
+
+        return full_length_static_cache(model.config, max_cache_len)
+    raise ValueError(f"kind: expected 'dynamic', 'static' or 'full', got {kind!r}")
 
 
 def poison_dead_slots(cache, pads, prompt_len: int) -> int:
@@ -358,17 +363,18 @@ def generate_batch(model, impl: str, prompts, new_tokens: int, max_batch_tokens:
 
 
 def decode_steps(model, impl: str, input_ids, attention_mask, tokens, compile_mode: str | None = None,
-                 forward=None) -> torch.Tensor:
+                 forward=None, cache_kind: str = "static") -> torch.Tensor:
     """Prefill ``input_ids`` (left-padded) into a StaticCache eagerly, then feed ``tokens``
     ``[B, N]`` one per forward, as a user's own decode loop does. ``compile_mode``: those forwards
     run through ``torch.compile(model.forward, mode=compile_mode, fullgraph=True)`` (the mask
     covers the whole cache, so every step has the same shapes). Returns float32 ``[B, N, V]``:
     the logits after each fed token. ``forward``: a compiled ``model.forward`` of the caller's to
-    run the steps through instead."""
+    run the steps through instead. ``cache_kind``: ``"static"`` (transformers' StaticCache) or
+    ``"full"`` (every layer full-length: ``full_length_static_cache``)."""
     model.set_attn_implementation(impl)
     batch, prompt_len = input_ids.shape
     steps = tokens.shape[1]
-    cache = make_cache("static", model, prompt_len + steps)
+    cache = make_cache(cache_kind, model, prompt_len + steps)
     full_mask = torch.cat([attention_mask, torch.ones_like(tokens)], dim=1)
     first_position = attention_mask.sum(dim=1, keepdim=True)  # [B, 1]: the position after each prompt
     if forward is None:
