@@ -12,7 +12,7 @@ import torch
 
 from ..problem import SUPPORTED_DTYPES
 from ..target import device_target
-from ..validation import (_check_block_table, _require_distinct_elements, _require_last_dim_contiguous, _require_rank,
+from ..validation import (_check_block_table, _check_cpu_dtype, _require_distinct_elements, _require_last_dim_contiguous, _require_rank,
                           _require_tensor, _require_unit_stride, _shape, check_num_splits, check_softmax_scale)
 from .problem import MLA_FP8_TOKEN_BYTES, MLA_HEAD_DIM, MLA_HEAD_DIM_V, MLA_MAX_SEQLEN_Q, MlaProblem
 
@@ -127,6 +127,7 @@ def check_mla_inputs(q, kv_cache, cache_seqlens, block_table=None, *, head_dim_v
         raise ValueError(f"head_dim_v: expected {MLA_HEAD_DIM_V} (V is the first 512 features of the cache), "
                          f"got {head_dim_v}")
     _check_cache(kv_cache, q)
+    _check_cpu_dtype("q", q)
     _check_seqlens(cache_seqlens, batch, q.device)
     capacity, page_size = _check_layout(kv_cache, block_table, batch, q.device)
     fp8_tokens = kv_cache.shape[3] == MLA_FP8_TOKEN_BYTES
