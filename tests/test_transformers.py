@@ -218,14 +218,13 @@ def test_right_padded_generation_is_refused(cache_kind, generator):
     step's mask hides keys inside the row's run, which flashsplit would attend. It raises,
     naming the argument and the fix; the same prompts left-padded generate."""
     from flashsplit.integrations.mask_rows import MaskHoleError
+    from transformers_models import right_padded
 
     fs_transformers.register()
     model, _ = ARCHS["llama"].build(DTYPE, DEVICE)
     input_ids, attention_mask = left_padded_prompts((9, 5), generator, DEVICE)
     generate(model, fs_transformers.DEFAULT_NAME, input_ids, attention_mask, cache_kind, 2)
-    shift = (attention_mask == 0).sum(dim=1)
-    right_ids = torch.stack([row.roll(-int(n)) for row, n in zip(input_ids, shift)])
-    right_mask = torch.stack([row.roll(-int(n)) for row, n in zip(attention_mask, shift)])
+    right_ids, right_mask = right_padded(input_ids, attention_mask)
     with pytest.raises(MaskHoleError, match=r"attention_mask: in row\(s\) \[1\].*padding_side = 'left'"):
         generate(model, fs_transformers.DEFAULT_NAME, right_ids, right_mask, cache_kind, 2)
 

@@ -291,34 +291,14 @@ def test_full_length_static_cache_compiles_one_decode_graph(generator):
     assert any(isinstance(layer, StaticSlidingWindowLayer)
                for layer in StaticCache(config=model.config, max_cache_len=capacity).layers)
 
-    def steps(impl, model, make_cache, forward=None):
-        model.set_attn_implementation(impl)
-        cache = make_cache(model)
-        full_mask = torch.cat([attention_mask, torch.ones_like(tokens)], dim=1)
-        first = attention_mask.sum(dim=1, keepdim=True)
-        logits = []
-        with torch.no_grad():
-            model(input_ids=input_ids, attention_mask=attention_mask,
-                  position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0), past_key_values=cache, use_cache=True)
-            for step in range(tokens.shape[1]):
-                out = (forward or model.forward)(input_ids=tokens[:, step:step + 1], attention_mask=full_mask,
-                                                 position_ids=first + step, past_key_values=cache, use_cache=True)
-                logits.append(out.logits[:, -1].float())
-        return torch.stack(logits, 1)
-
-    def full(model):
-        return fs_transformers.full_length_static_cache(model.config, capacity)
-
-    def sliding(model):
-        return StaticCache(config=model.config, max_cache_len=capacity)
-
     torch._dynamo.reset()
     graphs = CompileCounterWithBackend("aot_eager")
-    compiled = steps(name, model, full, torch.compile(model.forward, backend=graphs, fullgraph=True))
+    compiled = decode_steps(model, name, input_ids, attention_mask, tokens, cache_kind="full",
+                            forward=torch.compile(model.forward, backend=graphs, fullgraph=True))
     assert graphs.frame_count == 1, graphs.frame_count
     torch._dynamo.reset()
     assert torch.isfinite(compiled).all()
-    assert torch.equal(compiled, steps(name, model, full))
-    reference, reference32 = steps(arch.reference, model, sliding), steps(arch.reference, model32, sliding)
+    assert torch.equal(compiled, decode_steps(model, name, input_ids, attention_mask, tokens, cache_kind="full"))
+    reference, reference32 = (decode_steps(m, arch.reference, input_ids, attention_mask, tokens) for m in (model, model32))
     bound = ERR_FACTOR * (reference - reference32).abs().amax().item() + LOGITS_ATOL[torch.float16]
     assert (compiled - reference32).abs().amax().item() <= bound

@@ -118,14 +118,12 @@ def test_right_padded_generation_is_refused_without_a_host_sync():
     """On the GPU the mask check is read behind an event: a right-padded batch raises at a later
     decode step of the same generate (the steps themselves never wait for the device)."""
     from flashsplit.integrations.mask_rows import MaskHoleError
-    from transformers_models import left_padded_prompts
+    from transformers_models import left_padded_prompts, right_padded
 
     generator = torch.Generator(device=DEVICE).manual_seed(13)
     fs_transformers.register()
     model, _ = _wide("llama").build(DTYPE, DEVICE)
     input_ids, attention_mask = left_padded_prompts((300, 120), generator, DEVICE)
-    shift = (attention_mask == 0).sum(dim=1)
-    right_ids = torch.stack([row.roll(-int(n)) for row, n in zip(input_ids, shift)])
-    right_mask = torch.stack([row.roll(-int(n)) for row, n in zip(attention_mask, shift)])
+    right_ids, right_mask = right_padded(input_ids, attention_mask)
     with pytest.raises(MaskHoleError, match=r"row\(s\) \[1\]"):
         generate(model, fs_transformers.DEFAULT_NAME, right_ids, right_mask, "static", 8)

@@ -101,6 +101,12 @@ def left_padded_prompts(lengths, generator: torch.Generator, device, pad_token: 
     return ids.masked_fill(mask == 0, pad_token), mask
 
 
+def right_padded(input_ids, attention_mask):
+    """The left-padded prompts ``input_ids``/``attention_mask`` with their pads moved to the right."""
+    shift = (attention_mask == 0).sum(dim=1).tolist()
+    return tuple(torch.stack([row.roll(-n) for row, n in zip(t, shift)]) for t in (input_ids, attention_mask))
+
+
 def make_cache(kind: str, model, max_cache_len: int):
     """A fresh ``DynamicCache`` or ``StaticCache`` built from the model's config (sliding layers
     included), or (``"full"``) a StaticCache whose every layer holds ``max_cache_len`` tokens."""
