@@ -12,8 +12,8 @@ import torch
 
 from ..problem import SUPPORTED_DTYPES
 from ..target import device_target
-from ..validation import (_check_block_table, _check_cpu_dtype, _require_distinct_elements, _require_last_dim_contiguous, _require_rank,
-                          _require_tensor, _require_unit_stride, _shape, check_num_splits, check_softmax_scale)
+from ..validation import (_check_block_table, _check_cpu_dtype, _check_row_index, _require_distinct_elements, _require_last_dim_contiguous,
+                          _require_rank, _require_tensor, _shape, check_num_splits, check_softmax_scale)
 from .problem import MLA_FP8_TOKEN_BYTES, MLA_HEAD_DIM, MLA_HEAD_DIM_V, MLA_MAX_SEQLEN_Q, MlaProblem
 
 #: The fp8 latent cache format (with one fp32 ``kv_descale`` for the whole cache).
@@ -67,14 +67,7 @@ def _check_cache(kv_cache, q: torch.Tensor) -> None:
 def _check_seqlens(cache_seqlens, batch: int, device) -> None:
     if cache_seqlens is None:
         raise ValueError(f"cache_seqlens: required, an int32 tensor [{batch}] of each row's live keys")
-    _require_tensor("cache_seqlens", cache_seqlens)
-    if cache_seqlens.dtype != torch.int32:
-        raise TypeError(f"cache_seqlens: expected dtype int32, got {cache_seqlens.dtype}")
-    if tuple(cache_seqlens.shape) != (batch,):
-        raise ValueError(f"cache_seqlens: expected shape [{batch}], got {_shape(cache_seqlens)}")
-    if cache_seqlens.device != device:
-        raise ValueError(f"cache_seqlens: expected q's device {device}, got {cache_seqlens.device}")
-    _require_unit_stride("cache_seqlens", cache_seqlens, "vector")
+    _check_row_index("cache_seqlens", cache_seqlens, batch, device)
 
 
 def _check_layout(kv_cache: torch.Tensor, block_table, batch: int, device) -> tuple[int, int]:
