@@ -203,13 +203,15 @@ def test_rows_cache_reads_a_mask_once_and_sees_in_place_changes():
     assert cache(other, 2)[1].tolist() == [0, 4] and len(cache._entries) <= 2
 
 
-def test_rows_with_holes_flags_what_is_not_one_run():
-    from flashsplit.integrations.mask_rows import rows_with_holes
+def test_rows_and_holes_flags_what_is_not_one_run():
+    from flashsplit.integrations.mask_rows import rows_and_holes
 
     mask = _runs_mask([0, 3, 0], [9, 9, 0], 2, 12, window=4)  # windows, an empty row: one run each
-    assert not rows_with_holes(mask, *rows_from_mask(mask)).any()
+    seqlens, leftpad, holes = rows_and_holes(mask)
+    assert (seqlens.tolist(), leftpad.tolist()) == tuple(t.tolist() for t in rows_from_mask(mask))
+    assert not holes.any()
     mask[1, 0, :, 5] = False  # a hidden key inside row 1's run
-    assert rows_with_holes(mask, *rows_from_mask(mask)).tolist() == [False, True, False]
+    assert rows_and_holes(mask)[2].tolist() == [False, True, False]
 
 
 @pytest.mark.parametrize("cache_kind", ["dynamic", "static"])

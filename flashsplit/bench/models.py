@@ -331,10 +331,15 @@ def compare_free(result: ImplResult, tokens, leader_tokens, leader_logits) -> No
         step = int(differ[0])
         result.same += step
         a, b = leader_logits[row, step, tokens[row, step]], leader_logits[row, step, leader_tokens[row, step]]
-        if (a - b).abs() <= 2.0 ** -7 * torch.maximum(a.abs(), b.abs()):
+        if _within_a_bf16_step(a, b):
             result.ties += 1
         else:
             result.different += 1
+
+
+def _within_a_bf16_step(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Whether two logits are a tie: within one bf16 step (2^-7 relative) of each other."""
+    return (a - b).abs() <= 2.0 ** -7 * torch.maximum(a.abs(), b.abs())
 
 
 def _now(cuda: bool) -> float:
@@ -352,7 +357,7 @@ def compare_picks(result: ImplResult, picks, tokens, logits) -> None:
     a = ref.gather(-1, ours[..., None])[..., 0]
     b = ref.gather(-1, theirs[..., None])[..., 0]
     equal = ours == theirs
-    tie = ~equal & ((a - b).abs() <= 2.0 ** -7 * torch.maximum(a.abs(), b.abs()))
+    tie = ~equal & _within_a_bf16_step(a, b)
     result.same, result.ties = int(equal.sum()), int(tie.sum())
     result.different = int(equal.numel()) - result.same - result.ties
 

@@ -22,6 +22,22 @@ def rows_from_mask(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     the first such key; a row that sees no key gets ``(0, 0)``. Tensor ops only: capturable
     in a CUDA graph, traceable by torch.compile.
     """
+    ends, starts = _run_of(_seen_keys(mask))
+    return ends.to(torch.int32), starts.to(torch.int32)
+
+
+def rows_and_holes(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`rows_from_mask`'s ``(cache_seqlens, cache_leftpad)`` and a bool ``[B]``: the rows whose
+    visible keys are not that one run (a right-padded prompt, a custom mask with holes), where
+    flashsplit would attend keys the mask hides. Tensor ops only."""
+    seen = _seen_keys(mask)
+    ends, starts = _run_of(seen)
+    holes = seen.sum(dim=-1, dtype=torch.int64) != ends - starts
+    return ends.to(torch.int32), starts.to(torch.int32), holes
+
+
+def _seen_keys(mask: torch.Tensor) -> torch.Tensor:
+    """bool ``[B, L_k]``: the keys some query of the row sees."""
     if mask.dtype != torch.bool:
         raise TypeError(f"mask: expected a bool tensor, got {mask.dtype}")
     if mask.dim() == 4:
@@ -30,7 +46,11 @@ def rows_from_mask(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mask = mask[:, 0]
     if mask.dim() != 3:
         raise ValueError(f"mask: expected [B, 1, L_q, L_k] or [B, L_q, L_k], got shape {tuple(mask.shape)}")
-    seen = mask.any(dim=1)  # [B, L_k]: keys some query of the row sees
+    return mask.any(dim=1)
+
+
+def _run_of(seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 ``(ends, starts)`` ``[B]`` of the run that covers each row's ``seen`` keys."""
     # int64 throughout (the dtype of sizes), cast once at the end: recompiled with symbolic sizes,
     # an int32 select against the key count became, in Inductor's looped reduction (torch 2.11),
     # an int64 update of an int32 accumulator, which Triton refuses to compile.
@@ -38,18 +58,7 @@ def rows_from_mask(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     none = torch.zeros((), dtype=torch.int64, device=seen.device)
     ends = torch.where(seen, slots, none).amax(dim=-1)  # one past the last seen key; 0 for none
     starts = torch.where(seen, slots - 1, none + seen.shape[-1]).amin(dim=-1)
-    starts = torch.minimum(starts, ends)  # a row with no key: (0, 0)
-    return ends.to(torch.int32), starts.to(torch.int32)
-
-
-def rows_with_holes(mask: torch.Tensor, seqlens: torch.Tensor, leftpad: torch.Tensor) -> torch.Tensor:
-    """bool ``[B]``: rows of ``mask`` (as :func:`rows_from_mask` takes it) whose visible keys are
-    not the one run ``[leftpad, seqlen)`` read from it (a right-padded prompt, a custom mask with
-    holes), where flashsplit would attend keys the mask hides. Tensor ops only."""
-    if mask.dim() == 4:
-        mask = mask[:, 0]
-    seen = mask.any(dim=1).sum(dim=-1, dtype=torch.int64)  # [B]: keys some query sees
-    return seen != (seqlens.to(torch.int64) - leftpad.to(torch.int64))[:seen.shape[0]]
+    return ends, torch.minimum(starts, ends)  # a row with no key: (0, 0)
 
 
 class MaskHoleError(ValueError):
@@ -66,7 +75,7 @@ class RowsCache:
     are kept. Under torch.compile or a CUDA graph capture it computes every time: the compiler
     merges the repeats, and a capture must record the reductions it replays.
 
-    Eager calls also check each new mask for rows with holes (:func:`rows_with_holes`), without a
+    Eager calls also check each new mask for rows with holes (:func:`rows_and_holes`), without a
     host sync: the flag is copied to pinned memory behind an event, and a later call whose event
     has completed raises :class:`MaskHoleError` (on a CPU mask, the call itself raises).
     """
@@ -88,9 +97,9 @@ class RowsCache:
             return entry[2], entry[3]
         if len(self._entries) >= self.size:
             self._entries.clear()
-        rows = rows_from_mask(mask)
-        self._check_holes(rows_with_holes(mask, *rows))
-        seqlens, leftpad = _for_batch(*rows, batch)
+        seqlens, leftpad, holes = rows_and_holes(mask)
+        self._check_holes(holes)
+        seqlens, leftpad = _for_batch(seqlens, leftpad, batch)
         self._entries[key] = (mask, batch, seqlens, leftpad)
         return seqlens, leftpad
 
